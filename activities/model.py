@@ -1,0 +1,170 @@
+"""The `call_model` activity: one chat completion through the `openai` SDK.
+
+The activity's input names a context version, not the messages: it reads the frozen
+context from the workflow with a query (queries write nothing to history), so history
+grows by the model's reply per step instead of by the whole transcript.
+
+Retries belong to Temporal alone (`max_retries=0`): HTTP 408/409/429/5xx and connection
+errors are retryable, honouring `Retry-After`; 400/401/403/404/422 are not.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import openai
+from openai import AsyncOpenAI
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.heartbeat import heartbeating
+from activities.pricing import price_of
+from workflows.tool_specs import openai_tool_schemas
+from workflows.types import Message, ModelCallInput, ModelContext, ModelReply, ToolCall
+
+MODEL_CONTEXT_QUERY = "model_context"
+RETRYABLE_STATUS = frozenset({408, 409, 429})
+REQUEST_TIMEOUT_S = 110.0
+"""Just under the activity's start-to-close timeout, so the SDK's own timeout fires first."""
+
+
+class ModelActivities:
+    """Holds one OpenAI client per worker, created on first use from the worker's env."""
+
+    def __init__(self, client: AsyncOpenAI | None = None) -> None:
+        self._client = client
+
+    def _openai(self) -> AsyncOpenAI:
+        if self._client is not None:
+            return self._client
+        if not os.environ.get("OPENAI_API_KEY"):
+            raise ApplicationError(
+                "OPENAI_API_KEY is not set on the worker; set it (and OPENAI_BASE_URL for a "
+                "non-OpenAI endpoint) in the worker's environment",
+                type="ModelNotConfigured",
+                non_retryable=True,
+            )
+        self._client = AsyncOpenAI(max_retries=0, timeout=REQUEST_TIMEOUT_S)
+        return self._client
+
+    @activity.defn(name="call_model")
+    async def call_model(self, input: ModelCallInput) -> ModelReply:
+        async with heartbeating():
+            context = await _read_context(input)
+            request = _request(input.model, context)
+            try:
+                response = await self._openai().chat.completions.create(**request)
+            except openai.APIStatusError as e:
+                raise _status_error(e) from e
+            except (openai.APIConnectionError, openai.APITimeoutError) as e:
+                raise ApplicationError(f"model endpoint unreachable: {e}", type="ModelUnavailable") from e
+        return _reply(input.model, response)
+
+
+async def _read_context(input: ModelCallInput) -> ModelContext:
+    handle = activity.client().get_workflow_handle(input.workflow_id, run_id=input.run_id)
+    context = await handle.query(MODEL_CONTEXT_QUERY, input.context_version, result_type=ModelContext)
+    if context.context_version != input.context_version:
+        # The workflow moved on (this attempt is stale); nothing to send.
+        raise ApplicationError(
+            f"context version {input.context_version} is gone (now {context.context_version})",
+            type="StaleContext",
+            non_retryable=True,
+        )
+    return context
+
+
+def _request(model: str, context: ModelContext) -> dict[str, Any]:
+    request: dict[str, Any] = {"model": model, "messages": [_to_openai(m) for m in context.messages]}
+    if context.tools:
+        request["tools"] = openai_tool_schemas(context.tools)
+    return request
+
+
+def _to_openai(message: Message) -> dict[str, Any]:
+    if message.role == "tool":
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content or ""}
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+    elif out["content"] is None:
+        out["content"] = ""
+    return out
+
+
+def _reply(model: str, response: Any) -> ModelReply:
+    if not getattr(response, "choices", None):
+        raise ApplicationError("model response has no choices", type="BadModelResponse")
+    choice = response.choices[0]
+    message = choice.message
+    calls = [
+        ToolCall(id=c.id or f"call_{i}", name=c.function.name or "", arguments=c.function.arguments or "")
+        for i, c in enumerate(message.tool_calls or [])
+        if getattr(c, "function", None) is not None
+    ]
+    usage = response.usage
+    return ModelReply(
+        content=message.content,
+        tool_calls=calls,
+        input_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+        output_tokens=getattr(usage, "completion_tokens", 0) or 0,
+        model=getattr(response, "model", None) or model,
+        finish_reason=choice.finish_reason,
+        price=price_of(model),
+    )
+
+
+def _status_error(e: openai.APIStatusError) -> ApplicationError:
+    status = e.status_code
+    detail = _error_detail(e)
+    if status in RETRYABLE_STATUS or status >= 500:
+        return ApplicationError(
+            f"model endpoint returned HTTP {status}: {detail}",
+            type=f"ModelHttp{status}",
+            next_retry_delay=retry_after(e.response),
+        )
+    return ApplicationError(
+        f"model endpoint rejected the request with HTTP {status}: {detail}",
+        type="ModelRequestRejected",
+        non_retryable=True,
+    )
+
+
+def _error_detail(e: openai.APIStatusError) -> str:
+    body = e.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])[:300]
+    return str(e.message)[:300]
+
+
+def retry_after(response: Any) -> timedelta | None:
+    """The server's requested wait: `retry-after-ms`, `Retry-After` seconds or HTTP date."""
+    if response is None:
+        return None
+    headers = response.headers
+    if ms := headers.get("retry-after-ms"):
+        try:
+            return timedelta(milliseconds=float(ms))
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return timedelta(seconds=max(0.0, float(value)))
+    except ValueError:
+        pass
+    try:
+        parsed = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return timedelta(seconds=max(0.0, parsed.timestamp() - time.time()))

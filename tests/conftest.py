@@ -1,0 +1,64 @@
+"""Shared fixtures: one real Temporal dev server per session, a real worker per test."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from durable_agent.connection import connect  # noqa: E402
+from durable_agent.model_server import ModelServer  # noqa: E402
+from durable_agent.server import EmbeddedServer, free_port, start_server  # noqa: E402
+from tests.scripts import Script  # noqa: E402
+from worker import build_worker  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
+    home = tmp_path_factory.mktemp("temporal-home")
+    server = start_server(home, port=free_port(), ui_port=None)
+    os.environ["TEMPORAL_ADDRESS"] = server.address
+    yield server
+    server.stop()
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def client(temporal_server: EmbeddedServer) -> Client:
+    return await connect(temporal_server.address)
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    path = tmp_path / "ws"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def model_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ModelServer]:
+    """A scripted OpenAI-compatible server; tests set `.responder` (default: a Script)."""
+    with ModelServer(Script([])) as server:
+        monkeypatch.setenv("OPENAI_BASE_URL", server.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+        yield server
+
+
+@pytest.fixture
+def task_queue() -> str:
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def worker(client: Client, task_queue: str, model_server: ModelServer) -> AsyncIterator[Worker]:
+    async with build_worker(client, task_queue) as running:
+        yield running

@@ -1,0 +1,206 @@
+"""The agent loop end to end: real dev server, real worker, real HTTP through the openai SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.worker import Worker
+
+from durable_agent.model_server import Failure, ModelServer
+from tests.scripts import Script, answer, tool_results, tools
+from workflows.agent import AgentWorkflow
+from workflows.types import AgentInput, AgentResult, AgentStatus, Message
+
+
+async def start(client: Client, task_queue: str, **fields: object):
+    return await client.start_workflow(
+        AgentWorkflow.run,
+        AgentInput.model_validate(fields),
+        id=f"agent-{uuid.uuid4().hex[:10]}",
+        task_queue=task_queue,
+        result_type=AgentResult,
+    )
+
+
+async def test_multi_step_run_with_parallel_tools(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script(
+        [
+            tools(("write_file", {"path": "a.txt", "content": "alpha\n"}), ("write_file", {"path": "b/c.txt", "content": "gamma\n"})),
+            tools(("list_files", {}), ("read_file", {"path": "a.txt"}), ("run_command", {"command": "cat a.txt b/c.txt | wc -l"})),
+            answer("two files written"),
+        ]
+    )
+    handle = await start(client, task_queue, goal="write two files", workspace=str(workspace))
+    result = await handle.result()
+
+    assert result.state == "completed" and result.stop_reason == "final_answer"
+    assert result.output == "two files written"
+    assert result.steps == 3
+    assert result.usage.model_calls == 3 and result.usage.tool_calls == 5
+    assert result.usage.input_tokens > 0 and result.usage.cost_usd > 0
+    assert (workspace / "b" / "c.txt").read_text() == "gamma\n"
+    # The third call saw the three results of the second step, in the order asked for.
+    third = model_server.requests[-1]
+    listing, content, count = tool_results(third)[-3:]
+    assert "a.txt" in listing and "b/c.txt" in listing
+    assert "alpha" in content
+    assert "2" in count
+    assert third["tools"] and {t["function"]["name"] for t in third["tools"]} >= {"read_file", "run_command"}
+
+
+async def test_history_holds_no_transcript_copy(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    big = "x" * 20_000
+    model_server.responder = Script(
+        [tools(("write_file", {"path": f"f{i}.txt", "content": big})) for i in range(6)] + [answer("ok")]
+    )
+    handle = await start(client, task_queue, goal="write files", workspace=str(workspace))
+    await handle.result()
+    history = await handle.fetch_history()
+    sizes = [
+        e.activity_task_scheduled_event_attributes.input.ByteSize()
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == "call_model"
+    ]
+    # Every model call's input is a few hundred bytes, even as the context reaches 120 KB.
+    assert len(sizes) == 7 and max(sizes) < 1_000
+
+
+async def test_bad_tool_calls_become_tool_errors_and_the_run_goes_on(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    outside = workspace.parent / "outside.txt"
+    outside.write_text("secret")
+    (workspace / "link").symlink_to(outside)
+    (workspace / "blob.bin").write_bytes(b"\x00\x01\x02" * 100)
+    model_server.responder = Script(
+        [
+            tools(
+                ("read_file", "{not json"),
+                ("no_such_tool", {"x": 1}),
+                ("read_file", {}),
+                ("read_file", {"path": "../outside.txt"}),
+                ("read_file", {"path": str(outside)}),
+                ("read_file", {"path": "link"}),
+                ("read_file", {"path": "missing.txt"}),
+                ("read_file", {"path": "blob.bin"}),
+                ("run_command", {"command": "sleep 30", "timeout_s": 1}),
+                ("run_command", {"command": "head -c 3000000 /dev/zero | tr '\\0' 'y'"}),
+            ),
+            answer("handled"),
+        ]
+    )
+    handle = await start(client, task_queue, goal="poke at things", workspace=str(workspace))
+    result = await handle.result()
+    assert result.state == "completed" and result.output == "handled"
+    errors = tool_results(model_server.requests[-1])
+    assert len(errors) == 10
+    bad_json, unknown, missing_arg, dotdot, absolute, symlink, missing, binary, timeout, huge = errors
+    assert "not valid JSON" in bad_json
+    assert "unknown tool 'no_such_tool'" in unknown
+    assert "path" in missing_arg and "required" in missing_arg.lower()
+    for escaped in (dotdot, absolute, symlink):
+        assert escaped.startswith("ERROR") and "workspace" in escaped and "secret" not in escaped
+    assert missing.startswith("ERROR") and "missing.txt" in missing
+    assert binary.startswith("ERROR") and "binary" in binary.lower()
+    assert timeout.startswith("ERROR") and "timed out" in timeout.lower()
+    assert len(huge) < 20_000 and ".durable-agent/outputs/" in huge
+
+
+async def test_python_client_rejects_bad_input_before_a_run_exists() -> None:
+    with pytest.raises(ValueError, match="unknown tool"):
+        AgentInput.model_validate({"goal": "x", "workspace": "/tmp", "tools": ["read_file", "teleport"]})
+    with pytest.raises(ValueError, match="hard_steps"):
+        AgentInput.model_validate({"goal": "x", "workspace": "/tmp", "limits": {"soft_steps": 9, "hard_steps": 3}})
+
+
+async def test_bad_input_from_the_cli_closes_the_run_with_a_clear_error(
+    client: Client, worker: Worker, task_queue: str, temporal_server
+) -> None:
+    run_id = f"bad-{uuid.uuid4().hex[:8]}"
+    cli = _temporal_cli(temporal_server.address)
+    subprocess.run(
+        cli + ["workflow", "start", "--type", "AgentWorkflow", "--task-queue", task_queue,
+               "--workflow-id", run_id, "--input", json.dumps({"goal": "x", "workspace": "relative/path", "limit": {}})],
+        check=True, capture_output=True,
+    )
+    with pytest.raises(WorkflowFailureError) as failure:
+        await asyncio.wait_for(client.get_workflow_handle(run_id).result(), timeout=30)
+    message = str(failure.value.cause)
+    assert "invalid AgentInput" in message and "workspace" in message and "limit" in message
+
+
+async def test_started_from_the_temporal_cli_exactly_as_documented(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path, temporal_server
+) -> None:
+    model_server.responder = Script([tools(("write_file", {"path": "hello.txt", "content": "hi"})), answer("wrote hello")])
+    run_id = f"cli-{uuid.uuid4().hex[:8]}"
+    cli = _temporal_cli(temporal_server.address)
+    subprocess.run(
+        cli + ["workflow", "start", "--type", "AgentWorkflow", "--task-queue", task_queue,
+               "--workflow-id", run_id, "--input", json.dumps({"goal": "say hi", "workspace": str(workspace)})],
+        check=True, capture_output=True,
+    )
+    result = await client.get_workflow_handle(run_id, result_type=AgentResult).result()
+    assert result.state == "completed" and (workspace / "hello.txt").read_text() == "hi"
+    described = subprocess.run(
+        cli + ["workflow", "query", "--workflow-id", run_id, "--name", "transcript", "--input", '{"from_step": 1}', "-o", "json"],
+        check=True, capture_output=True, text=True,
+    )
+    assert "wrote hello" in described.stdout
+
+
+async def test_status_and_transcript_queries(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([tools(("list_files", {})), answer("listed")])
+    handle = await start(client, task_queue, goal="list", workspace=str(workspace))
+    await handle.result()
+    status = await handle.query("status", result_type=AgentStatus)
+    assert status.state == "completed" and status.step == 2 and status.result is not None
+    messages = await handle.query("transcript", {"from_step": 2}, result_type=list[Message])
+    assert [m.role for m in messages] == ["assistant"] and messages[0].content == "listed"
+
+
+async def test_model_reply_with_unexpected_shape_is_retried_then_needs_attention(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = lambda request: Failure(401, "bad key")
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    status = await _wait_for(handle, lambda s: s.state == "needs_attention")
+    assert status.attention is not None and "401" in status.attention.last_error
+    assert len(model_server.requests) == 1  # 401 is not retried
+    model_server.responder = Script([], final="recovered")
+    await handle.execute_update("resolve", {"action": "retry"})
+    result = await handle.result()
+    assert result.state == "completed" and result.output == "recovered"
+
+
+async def _wait_for(handle, predicate, timeout_s: float = 30) -> AgentStatus:
+    async def poll() -> AgentStatus:
+        while True:
+            status = await handle.query("status", result_type=AgentStatus)
+            if predicate(status):
+                return status
+            await asyncio.sleep(0.1)
+
+    return await asyncio.wait_for(poll(), timeout=timeout_s)
+
+
+def _temporal_cli(address: str) -> list[str]:
+    from durable_agent.server import temporal_binary
+
+    return [temporal_binary(), "--address", address]
+
+
+

@@ -1,0 +1,43 @@
+"""The worker process: connects, registers the agent workflow and its activities, runs.
+
+`python worker.py` is the same as `durable-agent worker`. Only wiring lives here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.model import ModelActivities
+from activities.tools import ToolActivities
+from durable_agent.connection import connect, task_queue
+from workflows.agent import AgentWorkflow
+
+STICKY_TIMEOUT = timedelta(seconds=1)
+"""How long the server holds a run's next task for the worker that has it cached. The
+default 10 s is what a dead worker would cost before another one takes over its runs;
+1 s still keeps nearly every task on the cached worker in normal operation."""
+
+
+def build_worker(client: Client, queue: str | None = None, **overrides: object) -> Worker:
+    options: dict[str, object] = {
+        "task_queue": queue or task_queue(),
+        "workflows": [AgentWorkflow],
+        "activities": [ModelActivities().call_model, *ToolActivities().all()],
+        "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,
+        "graceful_shutdown_timeout": timedelta(seconds=5),
+    }
+    options.update(overrides)
+    return Worker(client, **options)  # type: ignore[arg-type]
+
+
+async def run_worker(address: str | None = None, queue: str | None = None) -> None:
+    client = await connect(address)
+    await build_worker(client, queue).run()
+
+
+if __name__ == "__main__":
+    asyncio.run(run_worker())

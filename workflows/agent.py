@@ -1,0 +1,615 @@
+"""`AgentWorkflow`: the agent loop, whose event history is its checkpoint.
+
+One step = one `call_model` activity plus the tool activities it asked for (run
+concurrently). Every decision here is deterministic and made from recorded results:
+limits, approvals, pauses, needs-attention and continue-as-new. All I/O is in activities.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from pydantic import ValidationError
+from temporalio import workflow
+from temporalio.common import SearchAttributeKey
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.model import MODEL_CONTEXT_QUERY
+    from workflows import limits as budget
+    from workflows import options
+    from workflows.approval import approval_reason
+    from workflows.context import estimate_tokens, initial_messages, last_answer, progress_summary
+    from workflows.livelock import LIVELOCK_REPEATS, LivelockTracker, call_key
+    from workflows.status_view import details_markdown
+    from workflows.tool_specs import ToolArgumentError, call_summary, parse_tool_call
+    from workflows.types import (
+        WORKFLOW_TYPE,
+        AgentInput,
+        AgentResult,
+        AgentStatus,
+        ApprovalDecision,
+        AttentionReport,
+        Carry,
+        Degradation,
+        Limits,
+        LimitsPatch,
+        Message,
+        ModelCallInput,
+        ModelContext,
+        ModelReply,
+        PauseRequest,
+        PendingApproval,
+        Price,
+        Resolution,
+        RunState,
+        StopReason,
+        ToolCall,
+        ToolCallInput,
+        ToolOutcome,
+        TranscriptRequest,
+        Usage,
+        UserMessage,
+    )
+
+AGENT_STATE = SearchAttributeKey.for_keyword("AgentState")
+AGENT_STEP = SearchAttributeKey.for_int("AgentStep")
+AGENT_TOKENS = SearchAttributeKey.for_int("AgentTokens")
+AGENT_COST = SearchAttributeKey.for_float("AgentCostUsd")
+
+
+class _Terminate(Exception):
+    """A person chose `terminate` while the run needed attention; unwinds to `run`."""
+
+
+@workflow.defn(name=WORKFLOW_TYPE)
+class AgentWorkflow:
+    def __init__(self) -> None:
+        self._input: AgentInput | None = None
+        self._limits = Limits()
+        self._model = ""
+        self._step = 0
+        self._steps_this_run = 0
+        self._usage = Usage()
+        self._messages: list[Message] = []
+        self._frozen: ModelContext | None = None
+        self._context_version = 0
+        self._last_price: Price | None = None
+        self._output_tokens: list[int] = []
+        self._tokens_per_step: list[int] = []
+        self._tokens_before_step = 0
+        self._elapsed_before_s = 0.0
+        self._paused = False
+        self._paused_reason: str | None = None
+        self._pending_user: list[str] = []
+        self._pending_approvals: dict[str, PendingApproval] = {}
+        self._decisions: dict[str, ApprovalDecision] = {}
+        self._attention: AttentionReport | None = None
+        self._resolution: Resolution | None = None
+        self._degradations: list[Degradation] = []
+        self._warned: set[str] = set()
+        self._livelock = LivelockTracker()
+        self._first_run_id = ""
+        self._doing = "starting"
+        self._result: AgentResult | None = None
+        self._published: tuple[Any, ...] = ()
+
+    @property
+    def _agent(self) -> AgentInput:
+        if self._input is None:  # handlers and queries check _input first; this never fires
+            raise ApplicationError("the run has no input yet", non_retryable=True)
+        return self._input
+
+    # --- run ---------------------------------------------------------------------------
+
+    @workflow.run
+    async def run(self, raw_input: Any) -> AgentResult:
+        # Decoded here, not by the SDK: a bad input from the Temporal CLI must close the run
+        # with a clear error, not fail the workflow task forever.
+        self._start(_parse_input(raw_input))
+        try:
+            result = await self._loop()
+        except _Terminate:
+            result = self._finish("terminated", "terminated")
+        except asyncio.CancelledError:
+            result = self._finish("cancelled", "cancelled")
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return result
+
+    def _start(self, input: AgentInput) -> None:
+        info = workflow.info()
+        self._input = input
+        self._limits = input.limits
+        self._started_at = workflow.now()
+        carry = input.carry
+        if carry is None:
+            self._model = input.model
+            self._messages = initial_messages(input)
+            self._first_run_id = info.first_execution_run_id or info.run_id
+        else:
+            self._restore(carry)
+        self._publish()
+
+    def _restore(self, carry: Carry) -> None:
+        self._step = carry.step
+        self._usage = carry.usage
+        self._messages = carry.messages
+        self._elapsed_before_s = carry.elapsed_before_s
+        self._model = carry.model
+        self._degradations = carry.degradations
+        self._warned = {d.detail.split(":", 1)[0] for d in carry.degradations if d.kind == "soft_warning"}
+        self._pending_user = carry.pending_user_messages
+        self._paused = carry.paused
+        self._paused_reason = carry.paused_reason
+        self._tokens_per_step = carry.tokens_per_step
+        self._output_tokens = carry.output_tokens
+        self._last_price = carry.last_price
+        self._livelock = carry.livelock
+        self._first_run_id = carry.first_run_id
+
+    async def _loop(self) -> AgentResult:
+        while True:
+            await self._wait_while_paused()
+            stop = self._hard_stop()
+            if stop is not None:
+                return self._finish("stopped", stop)
+            self._enter_soft_tiers()
+            self._take_user_messages()
+            reply = await self._call_model()
+            if not reply.tool_calls:
+                return self._finish("completed", "final_answer", output=reply.content or "")
+            if budget.tool_calls_exceed(self._usage, self._limits, len(reply.tool_calls)):
+                return self._finish("stopped", "tool_call_budget", open_calls=reply.tool_calls)
+            await self._run_tools(reply.tool_calls)
+            self._end_step()
+            if self._should_continue_as_new():
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(self._input_for_next_run())
+
+    # --- limits ------------------------------------------------------------------------
+
+    def _spend(self) -> budget.Spend:
+        return budget.Spend(step=self._step, usage=self._usage_now(), elapsed_s=self._usage_now().elapsed_s)
+
+    def _usage_now(self) -> Usage:
+        elapsed = self._elapsed_before_s + (workflow.now() - self._started_at).total_seconds()
+        return self._usage.model_copy(update={"elapsed_s": round(elapsed, 3)})
+
+    def _hard_stop(self) -> StopReason | None:
+        estimate = budget.estimate_next_call(estimate_tokens(self._messages), self._output_tokens, self._last_price)
+        return budget.hard_stop(self._spend(), self._limits, estimate)
+
+    def _enter_soft_tiers(self) -> None:
+        spend = self._spend()
+        entered = [b for b in budget.soft_tier(spend, self._limits) if b not in self._warned]
+        if not entered:
+            return
+        self._warned.update(entered)
+        text = budget.warning_text(entered, spend, self._limits)
+        self._add_message("system", text, kind="warning")
+        self._degrade("soft_warning", f"{', '.join(entered)}: {text}")
+        self._switch_to_fallback()
+
+    def _switch_to_fallback(self) -> None:
+        fallback = self._agent.fallback_model if self._input else None
+        if not fallback or fallback == self._model:
+            return
+        self._degrade("fallback_model", f"switched from {self._model} to {fallback}")
+        self._model = fallback
+
+    def _degrade(self, kind: Any, detail: str) -> None:
+        self._degradations.append(Degradation(step=self._step, kind=kind, detail=detail))
+
+    def _end_step(self) -> None:
+        step_tokens = self._usage.tokens - self._tokens_before_step
+        spike = budget.is_spike(step_tokens, self._tokens_per_step)
+        self._tokens_per_step = (self._tokens_per_step + [step_tokens])[-budget.PACING_WINDOW :]
+        if spike and "tokens" not in self._warned:
+            self._degrade("early_soft_tier", f"step {self._step} used {step_tokens} tokens, over twice the average")
+            self._warned.add("tokens")
+            self._add_message("system", budget.warning_text(["tokens"], self._spend(), self._limits), kind="warning")
+            self._switch_to_fallback()
+        self._publish()
+
+    # --- model -------------------------------------------------------------------------
+
+    async def _call_model(self) -> ModelReply:
+        self._step += 1
+        self._steps_this_run += 1
+        self._tokens_before_step = self._usage.tokens
+        while True:
+            self._freeze_context()
+            try:
+                reply = await self._execute_model_call()
+            except ActivityError as e:
+                await self._needs_attention(
+                    what=f"call_model ({self._model}) at step {self._step}",
+                    error=e,
+                    attempts=_attempts(e, options.MODEL_RETRY.maximum_attempts),
+                )
+                continue  # retry, or skip (the model is told), both call again
+            self._record_reply(reply)
+            return reply
+
+    def _freeze_context(self) -> None:
+        self._context_version += 1
+        self._frozen = ModelContext(
+            context_version=self._context_version,
+            messages=list(self._messages),
+            tools=self._agent.enabled_tools(),
+        )
+
+    async def _execute_model_call(self) -> ModelReply:
+        info = workflow.info()
+        self._doing = f"calling {self._model} (step {self._step})"
+        self._publish()
+        return await workflow.execute_activity(
+            "call_model",
+            ModelCallInput(
+                workflow_id=info.workflow_id,
+                run_id=info.run_id,
+                context_version=self._context_version,
+                model=self._model,
+                step=self._step,
+            ),
+            result_type=ModelReply,
+            start_to_close_timeout=options.MODEL_START_TO_CLOSE,
+            heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
+            retry_policy=options.MODEL_RETRY,
+            summary=f"call_model: {self._model} step {self._step}"[:120],
+        )
+
+    def _record_reply(self, reply: ModelReply) -> None:
+        self._usage.input_tokens += reply.input_tokens
+        self._usage.output_tokens += reply.output_tokens
+        self._usage.model_calls += 1
+        self._usage.cost_usd = round(self._usage.cost_usd + reply.cost_usd(), 8)
+        if reply.price is None:
+            self._usage.cost_known = False
+        self._last_price = reply.price
+        self._output_tokens = (self._output_tokens + [reply.output_tokens])[-budget.PACING_WINDOW :]
+        self._messages.append(
+            Message(role="assistant", content=reply.content, tool_calls=reply.tool_calls, step=self._step)
+        )
+
+    # --- tools -------------------------------------------------------------------------
+
+    async def _run_tools(self, calls: list[ToolCall]) -> None:
+        self._usage.tool_calls += len(calls)
+        self._doing = f"running {len(calls)} tool call(s) (step {self._step})"
+        outcomes = await asyncio.gather(*(self._run_tool(call) for call in calls))
+        for call, outcome in zip(calls, outcomes):
+            self._add_tool_result(call, outcome)
+
+    async def _run_tool(self, call: ToolCall) -> ToolOutcome:
+        try:
+            args = parse_tool_call(call.name, call.arguments, self._agent.enabled_tools()).model_dump(
+                exclude_none=True
+            )
+        except ToolArgumentError as e:
+            return ToolOutcome(ok=False, error=str(e))
+        key = call_key(call.name, args)
+        while True:
+            denial = await self._await_approval(call, args)
+            if denial is not None:
+                return denial
+            outcome = await self._execute_tool(call, args)
+            streak = self._livelock.record(key, None if outcome.ok else outcome.error)
+            if streak < LIVELOCK_REPEATS:
+                return outcome
+            resolution = await self._needs_attention(
+                what=f"{call_summary(call.name, args)} failed {streak} times in a row",
+                error=outcome.error or "",
+                attempts=streak,
+            )
+            self._livelock.clear(key)
+            if resolution.action == "skip":
+                return ToolOutcome(ok=False, error=f"skipped by a person: {resolution.note or 'no note'}")
+
+    async def _execute_tool(self, call: ToolCall, args: dict[str, Any]) -> ToolOutcome:
+        info = workflow.info()
+        request = ToolCallInput(
+            call_id=call.id,
+            idempotency_key=f"{info.workflow_id}/{self._first_run_id}/{self._step}/{call.id}",
+            workspace=self._agent.workspace,
+            arguments=args,
+            output_chars=self._agent.context.tool_output_chars,
+        )
+        try:
+            return await workflow.execute_activity(
+                call.name,
+                request,
+                result_type=ToolOutcome,
+                start_to_close_timeout=options.tool_start_to_close(call.name, args.get("timeout_s")),
+                heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
+                retry_policy=options.TOOL_RETRY,
+                cancellation_type=options.TOOL_CANCELLATION,
+                summary=call_summary(call.name, args),
+            )
+        except ActivityError as e:
+            return ToolOutcome(ok=False, error=f"{call.name} failed: {_failure_message(e)}")
+
+    async def _await_approval(self, call: ToolCall, args: dict[str, Any]) -> ToolOutcome | None:
+        """Waits for a person when the call is gated; returns the denial, or None to run it."""
+        reason = approval_reason(call.name, args, self._agent.approval)
+        if reason is None:
+            return None
+        approval_id = f"{self._step}:{call.id}"
+        self._pending_approvals[approval_id] = PendingApproval(
+            call_id=approval_id, tool=call.name, summary=call_summary(call.name, args), step=self._step, reason=reason
+        )
+        self._publish()
+        decision = await self._wait_for_decision(approval_id)
+        del self._pending_approvals[approval_id]
+        self._publish()
+        if decision.approved:
+            return None
+        return ToolOutcome(ok=False, error=f"denied by a person: {decision.note or 'no reason given'}")
+
+    async def _wait_for_decision(self, approval_id: str) -> ApprovalDecision:
+        settings = self._agent.approval
+        decided = lambda: approval_id in self._decisions  # noqa: E731
+        if settings.timeout_s is None:
+            await workflow.wait_condition(decided)
+            return self._decisions.pop(approval_id)
+        try:
+            await workflow.wait_condition(decided, timeout=timedelta(seconds=settings.timeout_s))
+        except asyncio.TimeoutError:
+            if settings.on_timeout == "deny":
+                note = f"no decision within {settings.timeout_s:g} s"
+                return ApprovalDecision(call_id=approval_id, approved=False, note=note)
+            self._pause(f"approval of {approval_id} timed out; still waiting for a decision")
+            await workflow.wait_condition(decided)
+        return self._decisions.pop(approval_id)
+
+    def _add_tool_result(self, call: ToolCall, outcome: ToolOutcome) -> None:
+        text = outcome.output if outcome.ok else f"ERROR: {outcome.error}"
+        if not outcome.ok and outcome.output:
+            text += "\n" + outcome.output
+        self._messages.append(
+            Message(role="tool", content=text, tool_call_id=call.id, step=self._step, kind=call.name)
+        )
+
+    # --- people ------------------------------------------------------------------------
+
+    async def _needs_attention(self, what: str, error: ActivityError | str, attempts: int) -> Resolution:
+        message = error if isinstance(error, str) else _failure_message(error)
+        self._attention = AttentionReport(
+            what_failed=what,
+            last_error=message,
+            attempts=attempts,
+            step=self._step,
+            suggested_actions=[
+                "retry: try the same call again (after fixing the cause, e.g. the endpoint or the workspace)",
+                "skip: drop the failing call and tell the model",
+                "terminate: finish the run now with a partial result",
+            ],
+        )
+        self._resolution = None
+        self._add_message("system", f"Needs attention: {what}: {message}", kind="attention")
+        self._publish()
+        await workflow.wait_condition(lambda: self._resolution is not None)
+        resolution = self._resolution or Resolution(action="retry")
+        self._attention = None
+        self._resolution = None
+        self._add_message("user", _resolution_text(resolution), kind="resolution")
+        self._publish()
+        if resolution.action == "terminate":
+            raise _Terminate()
+        return resolution
+
+    async def _wait_while_paused(self) -> None:
+        if not self._paused:
+            return
+        self._publish()
+        await workflow.wait_condition(lambda: not self._paused)
+        self._publish()
+
+    def _pause(self, reason: str | None) -> None:
+        self._paused = True
+        self._paused_reason = reason
+        self._publish()
+
+    def _take_user_messages(self) -> None:
+        for text in self._pending_user:
+            self._add_message("user", text, kind="user")
+        self._pending_user = []
+
+    def _add_message(self, role: Any, text: str, kind: str) -> None:
+        self._messages.append(Message(role=role, content=text, step=self._step, kind=kind))
+
+    @workflow.signal(name="pause")
+    def pause(self, request: PauseRequest | None = None) -> None:
+        self._pause((request.reason if request else None) or "paused by a person")
+
+    @workflow.signal(name="resume")
+    def resume(self) -> None:
+        self._paused = False
+        self._paused_reason = None
+        self._publish()
+
+    @workflow.signal(name="add_message")
+    def add_message(self, message: UserMessage) -> None:
+        self._pending_user.append(message.text)
+
+    @workflow.update(name="approve")
+    def approve(self, decision: ApprovalDecision) -> str:
+        self._decisions[decision.call_id] = decision
+        return f"{decision.call_id} {'approved' if decision.approved else 'denied'}"
+
+    @approve.validator
+    def _validate_approve(self, decision: ApprovalDecision) -> None:
+        if decision.call_id not in self._pending_approvals:
+            pending = ", ".join(self._pending_approvals) or "none"
+            raise ValueError(f"no pending approval {decision.call_id!r}; pending: {pending}")
+        if decision.call_id in self._decisions:
+            raise ValueError(f"approval {decision.call_id!r} was already decided")
+
+    @workflow.update(name="raise_limits")
+    def raise_limits(self, patch: LimitsPatch) -> Limits:
+        self._limits = patch.apply_to(self._limits)
+        self._warned = {b for b in self._warned if b in budget.soft_tier(self._spend(), self._limits)}
+        self._publish()
+        return self._limits
+
+    @raise_limits.validator
+    def _validate_raise_limits(self, patch: LimitsPatch) -> None:
+        patch.apply_to(self._limits)  # raises ValueError, which rejects the update
+
+    @workflow.update(name="resolve")
+    def resolve(self, resolution: Resolution) -> str:
+        self._resolution = resolution
+        return f"resolved with {resolution.action}"
+
+    @resolve.validator
+    def _validate_resolve(self, resolution: Resolution) -> None:
+        if self._attention is None:
+            raise ValueError(f"the run does not need attention (state: {self._state()})")
+        if self._resolution is not None:
+            raise ValueError("this attention report was already resolved")
+
+    @workflow.query(name="status")
+    def status(self) -> AgentStatus:
+        spend = self._spend() if self._input else budget.Spend(0, self._usage, 0.0)
+        return AgentStatus(
+            state=self._state() if self._input else "starting",
+            step=self._step,
+            model=self._model,
+            usage=self._result.usage if self._result else spend.usage,
+            limits=self._limits,
+            pending_approvals=list(self._pending_approvals.values()),
+            attention=self._attention,
+            paused_reason=self._paused_reason if self._paused else None,
+            degradations=self._degradations,
+            soft_tier=budget.soft_tier(spend, self._limits) if self._input else [],
+            runway=budget.runway(spend, self._limits),
+            activity=self._doing,
+            result=self._result,
+        )
+
+    @workflow.query(name="transcript")
+    def transcript(self, request: TranscriptRequest | None = None) -> list[Message]:
+        from_step = request.from_step if request else 0
+        return [m for m in self._messages if m.step >= from_step]
+
+    @workflow.query(name=MODEL_CONTEXT_QUERY)
+    def model_context(self, context_version: int) -> ModelContext:
+        if self._frozen is None:
+            raise ValueError("no model call in flight")
+        return self._frozen
+
+    # --- state and visibility ----------------------------------------------------------
+
+    def _state(self) -> RunState:
+        if self._result is not None:
+            return self._result.state
+        if self._attention is not None:
+            return "needs_attention"
+        if self._paused:
+            return "paused"
+        if self._pending_approvals:
+            return "awaiting_approval"
+        return "running"
+
+    def _publish(self) -> None:
+        """Search attributes and current details for the Web UI, written only when changed."""
+        if self._input is None:
+            return
+        usage = self._result.usage if self._result else self._usage
+        snapshot = (self._state(), self._step, usage.tokens, round(usage.cost_usd, 6))
+        if snapshot != self._published:
+            self._published = snapshot
+            workflow.upsert_search_attributes(
+                [
+                    AGENT_STATE.value_set(snapshot[0]),
+                    AGENT_STEP.value_set(snapshot[1]),
+                    AGENT_TOKENS.value_set(snapshot[2]),
+                    AGENT_COST.value_set(float(snapshot[3])),
+                ]
+            )
+        workflow.set_current_details(details_markdown(self.status()))
+
+    def _finish(
+        self, state: RunState, reason: StopReason, output: str | None = None, open_calls: list[ToolCall] = ()
+    ) -> AgentResult:
+        final = output if output is not None else last_answer(self._messages)
+        unfinished: list[str] = []
+        if state != "completed":
+            unfinished.append(f"goal not reached ({reason} at step {self._step}): {self._agent.goal}")
+            unfinished += [f"tool call not run: {call_summary(c.name, {})} {c.arguments[:200]}" for c in open_calls]
+            unfinished += [f"approval pending: {p.summary}" for p in self._pending_approvals.values()]
+        self._result = AgentResult(
+            state=state,
+            stop_reason=reason,
+            output=final or progress_summary(self._messages, self._step, reason),
+            steps=self._step,
+            usage=self._usage_now(),
+            unfinished=unfinished,
+        )
+        self._doing = f"{state}: {reason}"
+        self._publish()
+        return self._result
+
+    # --- continue-as-new ---------------------------------------------------------------
+
+    def _should_continue_as_new(self) -> bool:
+        return (
+            workflow.info().is_continue_as_new_suggested()
+            or self._steps_this_run >= self._agent.continue_as_new_every
+        )
+
+    def _input_for_next_run(self) -> AgentInput:
+        carry = Carry(
+            step=self._step,
+            usage=self._usage,
+            messages=self._messages,
+            elapsed_before_s=self._usage_now().elapsed_s,
+            model=self._model,
+            degradations=self._degradations,
+            pending_user_messages=self._pending_user,
+            paused=self._paused,
+            paused_reason=self._paused_reason,
+            tokens_per_step=self._tokens_per_step,
+            output_tokens=self._output_tokens,
+            last_price=self._last_price,
+            livelock=self._livelock,
+            first_run_id=self._first_run_id,
+        )
+        return self._agent.model_copy(update={"limits": self._limits, "carry": carry})
+
+
+def _parse_input(raw: Any) -> AgentInput:
+    if isinstance(raw, AgentInput):
+        return raw
+    try:
+        return AgentInput.model_validate(raw)
+    except ValidationError as e:
+        raise ApplicationError(f"invalid AgentInput: {e}", type="InvalidInput", non_retryable=True) from None
+
+
+def _failure_message(error: BaseException) -> str:
+    """The innermost failure's message: what actually went wrong, not the wrapper."""
+    cause: BaseException | None = error
+    message = str(error)
+    while cause is not None:
+        if isinstance(cause, FailureError) and cause.message:
+            message = cause.message
+        cause = cause.__cause__
+    return message
+
+
+def _attempts(error: ActivityError, maximum: int) -> int:
+    # The retry state says why retrying ended; the attempt count itself is not in the error.
+    state = error.retry_state
+    return maximum if state is not None and state.name == "MAXIMUM_ATTEMPTS_REACHED" else 1
+
+
+def _resolution_text(resolution: Resolution) -> str:
+    note = f" Note: {resolution.note}" if resolution.note else ""
+    if resolution.action == "skip":
+        return f"A person chose to skip the failing call; continue without it.{note}"
+    if resolution.action == "retry":
+        return f"A person chose to retry the failing call.{note}"
+    return f"A person terminated the run.{note}"

@@ -1,0 +1,43 @@
+"""What the model sees, and what a stopped run reports: pure functions of the transcript."""
+
+from __future__ import annotations
+
+from workflows.types import AgentInput, Message
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a careful software agent working in a workspace folder. Use the tools to read, "
+    "write, edit, list and search files and to run commands; every path is relative to the "
+    "workspace. Work step by step, check your work by running it, and when the goal is met "
+    "reply with a short final answer and no tool calls."
+)
+
+
+def initial_messages(input: AgentInput) -> list[Message]:
+    return [
+        Message(role="system", content=input.system_prompt or DEFAULT_SYSTEM_PROMPT, step=0, kind="system_prompt"),
+        Message(role="user", content=input.goal, step=0, kind="goal"),
+    ]
+
+
+def estimate_tokens(messages: list[Message]) -> int:
+    """About four characters a token: enough to pre-charge a budget before a call."""
+    chars = 0
+    for m in messages:
+        chars += len(m.content or "") + 16
+        for call in m.tool_calls:
+            chars += len(call.name) + len(call.arguments) + 16
+    return chars // 4 + 1
+
+
+def last_answer(messages: list[Message]) -> str | None:
+    for m in reversed(messages):
+        if m.role == "assistant" and m.content and m.content.strip():
+            return m.content
+    return None
+
+
+def progress_summary(messages: list[Message], step: int, reason: str) -> str:
+    """A stopped run's output when the model never gave an answer: what it did, briefly."""
+    calls = [c for m in messages if m.role == "assistant" for c in m.tool_calls]
+    recent = ", ".join(c.name for c in calls[-8:]) or "none"
+    return f"Stopped at step {step} ({reason}) before a final answer. {len(calls)} tool call(s); last: {recent}."

@@ -1,0 +1,136 @@
+"""What each tool accepts: argument models, descriptions, and the OpenAI function schemas.
+
+Pure and deterministic, so the workflow can reject malformed model output (bad JSON,
+unknown tool, missing argument) without scheduling an activity, and the activities can
+re-validate what they receive with the very same models.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from workflows.types import ALL_TOOLS
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReadFileArgs(_Args):
+    path: str = Field(description="File path relative to the workspace.")
+    offset: int | None = Field(default=None, ge=1, description="First line to read, 1-based.")
+    limit: int | None = Field(default=None, ge=1, description="Number of lines to read.")
+
+
+class WriteFileArgs(_Args):
+    path: str = Field(description="File path relative to the workspace; parent folders are created.")
+    content: str = Field(description="The whole new content of the file.")
+
+
+class EditFileArgs(_Args):
+    path: str = Field(description="File path relative to the workspace.")
+    old_text: str = Field(min_length=1, description="Exact text to replace; must occur in the file.")
+    new_text: str = Field(description="Replacement text.")
+    replace_all: bool = Field(
+        default=False, description="Replace every occurrence; otherwise old_text must occur exactly once."
+    )
+
+
+class ListFilesArgs(_Args):
+    path: str = Field(default=".", description="Folder relative to the workspace.")
+    pattern: str | None = Field(default=None, description="Glob pattern such as '**/*.py'.")
+
+
+class SearchFilesArgs(_Args):
+    pattern: str = Field(min_length=1, description="Regular expression to search for.")
+    path: str = Field(default=".", description="Folder or file relative to the workspace.")
+    glob: str | None = Field(default=None, description="Only search files matching this glob, e.g. '*.py'.")
+
+
+class RunCommandArgs(_Args):
+    command: str = Field(min_length=1, description="Shell command, run with bash in the workspace.")
+    timeout_s: float | None = Field(
+        default=None, gt=0, le=3600, description="Seconds before the command is killed (default 120)."
+    )
+
+
+TOOL_ARGS: dict[str, type[_Args]] = {
+    "read_file": ReadFileArgs,
+    "write_file": WriteFileArgs,
+    "edit_file": EditFileArgs,
+    "list_files": ListFilesArgs,
+    "search_files": SearchFilesArgs,
+    "run_command": RunCommandArgs,
+}
+
+TOOL_DESCRIPTIONS: dict[str, str] = {
+    "read_file": "Read a text file from the workspace, optionally a range of lines. Lines are numbered.",
+    "write_file": "Create or overwrite a file in the workspace.",
+    "edit_file": "Replace exact text in a workspace file.",
+    "list_files": "List files under a workspace folder, optionally filtered by a glob.",
+    "search_files": "Search workspace files for a regular expression; returns path:line: text.",
+    "run_command": "Run a shell command in the workspace; returns exit code, stdout and stderr.",
+}
+
+if not set(TOOL_ARGS) == set(ALL_TOOLS) == set(TOOL_DESCRIPTIONS):
+    raise RuntimeError("every tool in ALL_TOOLS needs an argument model and a description")
+
+
+class ToolArgumentError(ValueError):
+    """The model's tool call cannot be run as given; the message is meant for the model."""
+
+
+def parse_tool_call(name: str, raw_arguments: str, enabled: list[str]) -> _Args:
+    """Parse and validate one tool call, or raise ToolArgumentError with a clear message."""
+    if name not in enabled:
+        raise ToolArgumentError(f"unknown tool {name!r}; available tools: {', '.join(enabled)}")
+    try:
+        decoded = json.loads(raw_arguments or "{}")
+    except json.JSONDecodeError as e:
+        raise ToolArgumentError(f"arguments for {name} are not valid JSON ({e.msg} at position {e.pos})") from e
+    if not isinstance(decoded, dict):
+        raise ToolArgumentError(f"arguments for {name} must be a JSON object, got {type(decoded).__name__}")
+    return validate_arguments(name, decoded)
+
+
+def validate_arguments(name: str, arguments: dict[str, Any]) -> _Args:
+    try:
+        return TOOL_ARGS[name].model_validate(arguments)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}" for err in e.errors()
+        )
+        raise ToolArgumentError(f"bad arguments for {name}: {problems}") from e
+
+
+def openai_tool_schemas(names: list[str]) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": TOOL_DESCRIPTIONS[name],
+                "parameters": _schema(TOOL_ARGS[name]),
+            },
+        }
+        for name in names
+    ]
+
+
+def _schema(model: type[_Args]) -> dict[str, Any]:
+    schema = model.model_json_schema()
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        prop.pop("title", None)
+    return schema
+
+
+def call_summary(name: str, arguments: dict[str, Any], limit: int = 120) -> str:
+    """One line for the Web UI and the CLI: `run_command: pytest -q`."""
+    key = {"run_command": "command", "search_files": "pattern"}.get(name, "path")
+    detail = str(arguments.get(key, "")).replace("\n", " ")
+    text = f"{name}: {detail}" if detail else name
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,420 @@
+"""The durable contract: every workflow and activity input and output.
+
+Imported by workflows, activities, the worker, the CLI and the tests; no I/O at import.
+Payloads recorded in history are decoded with the *current* models, so fields are only
+ever added, with defaults (STYLE §15).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from workflows.livelock import LivelockTracker
+
+TASK_QUEUE = "durable-agent"
+WORKFLOW_TYPE = "AgentWorkflow"
+
+# Tools the product ships (DESIGN §5). The workflow validates names against this list.
+ALL_TOOLS: tuple[str, ...] = (
+    "read_file",
+    "write_file",
+    "edit_file",
+    "list_files",
+    "search_files",
+    "run_command",
+)
+
+RunState = Literal[
+    "running",
+    "paused",
+    "awaiting_approval",
+    "needs_attention",
+    "completed",
+    "stopped",
+    "cancelled",
+    "terminated",
+]
+TERMINAL_STATES: frozenset[str] = frozenset({"completed", "stopped", "cancelled", "terminated"})
+
+StopReason = Literal[
+    "final_answer",
+    "hard_step_limit",
+    "token_budget",
+    "cost_budget",
+    "model_call_budget",
+    "tool_call_budget",
+    "time_limit",
+    "cancelled",
+    "terminated",
+]
+
+
+class _Strict(BaseModel):
+    """Inputs reject unknown fields: a typo such as `limit` must not be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- input -------------------------------------------------------------------------
+
+
+PRESETS: dict[str, dict[str, float]] = {
+    "simple_qa": {"max_model_calls": 3, "max_tokens": 5_000, "max_tool_calls": 1, "max_duration_s": 10},
+    "data_analysis": {"max_model_calls": 30, "max_tokens": 80_000, "max_tool_calls": 15, "max_duration_s": 300},
+    "report": {"max_model_calls": 50, "max_tokens": 150_000, "max_tool_calls": 30, "max_duration_s": 900},
+    "orchestration": {"max_model_calls": 100, "max_tokens": 300_000, "max_tool_calls": 60, "max_duration_s": 1800},
+}
+
+
+class Limits(_Strict):
+    """Step limits and budgets. Soft tiers warn and degrade; hard tiers stop the run cleanly."""
+
+    preset: Literal["simple_qa", "data_analysis", "report", "orchestration"] | None = None
+    soft_steps: int = Field(default=40, ge=1)
+    hard_steps: int = Field(default=50, ge=1)
+    max_tokens: int = Field(default=500_000, ge=1)
+    max_cost_usd: float = Field(default=5.0, ge=0)
+    max_model_calls: int = Field(default=100, ge=1)
+    max_tool_calls: int = Field(default=300, ge=0)
+    max_duration_s: float = Field(default=3600, gt=0)
+    soft_ratio: float = Field(default=0.8, gt=0, le=1)
+    """Fraction of each budget at which its soft tier begins."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        # A preset fills in what the caller did not say; explicit fields always win.
+        if not isinstance(data, dict) or not data.get("preset"):
+            return data
+        preset = PRESETS.get(data["preset"])
+        if preset is None:
+            return data  # the Literal check reports the bad name
+        merged: dict[str, Any] = {k: v for k, v in preset.items()}
+        calls = int(preset["max_model_calls"])
+        merged.setdefault("hard_steps", calls)
+        merged.setdefault("soft_steps", max(1, int(calls * 0.8)))
+        merged.update(data)
+        return merged
+
+    @model_validator(mode="after")
+    def _hard_not_below_soft(self) -> Limits:
+        if self.hard_steps < self.soft_steps:
+            raise ValueError(f"hard_steps ({self.hard_steps}) must be >= soft_steps ({self.soft_steps})")
+        return self
+
+
+class LimitsPatch(_Strict):
+    """Payload of `raise_limits`: any subset of `limits`."""
+
+    soft_steps: int | None = Field(default=None, ge=1)
+    hard_steps: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_cost_usd: float | None = Field(default=None, ge=0)
+    max_model_calls: int | None = Field(default=None, ge=1)
+    max_tool_calls: int | None = Field(default=None, ge=0)
+    max_duration_s: float | None = Field(default=None, gt=0)
+    soft_ratio: float | None = Field(default=None, gt=0, le=1)
+
+    def apply_to(self, limits: Limits) -> Limits:
+        """The new limits; raises ValueError when the result is inconsistent (hard < soft)."""
+        changes = self.model_dump(exclude_none=True)
+        return Limits.model_validate({**limits.model_dump(exclude={"preset"}), **changes})
+
+
+class Approval(_Strict):
+    tools: list[str] = Field(default_factory=list)
+    """Tools whose every call waits for a person."""
+    commands: list[str] = Field(default_factory=list)
+    """Regexes: a `run_command` whose command matches one waits for a person."""
+    timeout_s: float | None = Field(default=None, gt=0)
+    """How long a pending approval may wait; None waits forever."""
+    on_timeout: Literal["deny", "pause"] = "deny"
+
+    @field_validator("commands")
+    @classmethod
+    def _regexes_compile(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"approval.commands: {pattern!r} is not a valid regex: {e}") from e
+        return patterns
+
+
+class ContextSettings(_Strict):
+    max_context_tokens: int = Field(default=100_000, ge=1_000)
+    keep_recent_steps: int = Field(default=6, ge=1)
+    tool_output_chars: int = Field(default=8_000, ge=500)
+    """Tool output longer than this is truncated in context; the whole is kept by reference."""
+
+
+class AgentInput(_Strict):
+    """The workflow's single input (DESIGN §4). Everything but goal and workspace has a default."""
+
+    goal: str = Field(min_length=1)
+    workspace: str = Field(min_length=1)
+    model: str = "gpt-4.1-mini"
+    fallback_model: str | None = None
+    system_prompt: str | None = None
+    tools: list[str] | None = None
+    limits: Limits = Field(default_factory=Limits)
+    approval: Approval = Field(default_factory=Approval)
+    context: ContextSettings = Field(default_factory=ContextSettings)
+    continue_as_new_every: int = Field(default=200, ge=10)
+    """Steps per run before continue-as-new, even if the server has not suggested it yet."""
+    carry: Carry | None = None
+    """Set only by the workflow itself when it continues as new."""
+
+    @field_validator("workspace")
+    @classmethod
+    def _absolute(cls, path: str) -> str:
+        if not path.startswith("/"):
+            raise ValueError(f"workspace must be an absolute path, got {path!r}")
+        return path.rstrip("/") or "/"
+
+    @field_validator("tools")
+    @classmethod
+    def _known_tools(cls, tools: list[str] | None) -> list[str] | None:
+        if tools is None:
+            return None
+        unknown = [t for t in tools if t not in ALL_TOOLS]
+        if unknown:
+            raise ValueError(f"unknown tool(s) {unknown}; known tools: {list(ALL_TOOLS)}")
+        return tools
+
+    @model_validator(mode="after")
+    def _approval_tools_known(self) -> AgentInput:
+        unknown = [t for t in self.approval.tools if t not in ALL_TOOLS]
+        if unknown:
+            raise ValueError(f"approval.tools names unknown tool(s) {unknown}")
+        return self
+
+    def enabled_tools(self) -> list[str]:
+        return list(ALL_TOOLS) if self.tools is None else list(self.tools)
+
+
+# --- conversation ------------------------------------------------------------------
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    name: str
+    arguments: str
+    """Raw JSON text as the model produced it; parsed (and possibly rejected) by the workflow."""
+
+
+class Message(BaseModel):
+    """One chat message, tagged with the step that produced it."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    step: int = 0
+    kind: str | None = None
+    """What produced a non-model message: goal, user, warning, degradation, attention, summary."""
+
+
+# --- model call --------------------------------------------------------------------
+
+
+class ModelCallInput(BaseModel):
+    """Deliberately small: the activity reads the frozen context through a query.
+
+    Re-sending the transcript as every call's input makes history grow with the square of
+    the steps. The context lives once in history (as the activity results that produced
+    it), and `context_version` pins exactly which prefix this call sees.
+    """
+
+    workflow_id: str
+    run_id: str
+    context_version: int
+    model: str
+    step: int
+
+
+class ModelContext(BaseModel):
+    """Result of the `model_context` query: what one model call sends."""
+
+    context_version: int
+    messages: list[Message]
+    tools: list[str]
+
+
+class Price(BaseModel):
+    input_per_million: float
+    output_per_million: float
+
+
+class ModelReply(BaseModel):
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model: str
+    finish_reason: str | None = None
+    price: Price | None = None
+    """None when the model is not in the price table: its cost is unknown (counted as 0)."""
+
+    def cost_usd(self) -> float:
+        if self.price is None:
+            return 0.0
+        return (
+            self.input_tokens * self.price.input_per_million
+            + self.output_tokens * self.price.output_per_million
+        ) / 1_000_000
+
+
+# --- tool calls --------------------------------------------------------------------
+
+
+class ToolCallInput(BaseModel):
+    """Input of every tool activity (activity type = tool name)."""
+
+    call_id: str
+    idempotency_key: str
+    """Unique to this tool call across retries and continue-as-new: first run id + step + call id."""
+    workspace: str
+    arguments: dict[str, Any]
+    """Already parsed and validated against the tool's argument model by the workflow."""
+    output_chars: int = 8_000
+
+
+class ToolOutcome(BaseModel):
+    ok: bool
+    output: str = ""
+    """What goes back to the model (truncated when large)."""
+    error: str | None = None
+    """Set when ok is False: a clear message for the model."""
+    full_output_ref: str | None = None
+    """Workspace-relative path of the whole output when `output` was truncated."""
+    output_bytes: int = 0
+
+
+# --- status and result -------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    input_tokens: int = 0
+    output_tokens: int = 0
+    model_calls: int = 0
+    tool_calls: int = 0
+    cost_usd: float = 0.0
+    elapsed_s: float = 0.0
+    cost_known: bool = True
+    """False once any model call had no price: cost_usd then undercounts."""
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+class AgentResult(BaseModel):
+    state: RunState
+    stop_reason: StopReason
+    output: str
+    steps: int
+    usage: Usage
+    unfinished: list[str] = Field(default_factory=list)
+
+
+class Carry(BaseModel):
+    """State handed from one run to the next on continue-as-new, losslessly."""
+
+    step: int
+    usage: Usage
+    messages: list[Message]
+    elapsed_before_s: float
+    model: str
+    degradations: list[Degradation] = Field(default_factory=list)
+    pending_user_messages: list[str] = Field(default_factory=list)
+    paused_reason: str | None = None
+    paused: bool = False
+    tokens_per_step: list[int] = Field(default_factory=list)
+    output_tokens: list[int] = Field(default_factory=list)
+    last_price: Price | None = None
+    livelock: LivelockTracker = Field(default_factory=LivelockTracker)
+    first_run_id: str = ""
+
+
+class Degradation(BaseModel):
+    step: int
+    kind: Literal["soft_warning", "fallback_model", "compaction", "early_soft_tier"]
+    detail: str
+
+
+class PendingApproval(BaseModel):
+    call_id: str
+    tool: str
+    summary: str
+    step: int
+    reason: str
+
+
+class ApprovalDecision(BaseModel):
+    call_id: str
+    approved: bool
+    note: str | None = None
+
+
+class AttentionReport(BaseModel):
+    what_failed: str
+    last_error: str
+    attempts: int
+    step: int
+    suggested_actions: list[str]
+
+
+class Resolution(BaseModel):
+    action: Literal["retry", "skip", "terminate"]
+    note: str | None = None
+
+
+class PauseRequest(BaseModel):
+    reason: str | None = None
+
+
+class UserMessage(BaseModel):
+    text: str = Field(min_length=1)
+
+
+class TranscriptRequest(BaseModel):
+    from_step: int = 0
+
+
+class Runway(BaseModel):
+    """Steps left at the current rate for each budget (None: not measurable yet)."""
+
+    steps: int | None = None
+    tokens: int | None = None
+    cost: int | None = None
+    model_calls: int | None = None
+    tool_calls: int | None = None
+    time: int | None = None
+
+
+class AgentStatus(BaseModel):
+    state: RunState | Literal["starting"]
+    step: int
+    model: str
+    usage: Usage
+    limits: Limits
+    pending_approvals: list[PendingApproval] = Field(default_factory=list)
+    attention: AttentionReport | None = None
+    paused_reason: str | None = None
+    degradations: list[Degradation] = Field(default_factory=list)
+    soft_tier: list[str] = Field(default_factory=list)
+    """Budgets currently in their soft tier."""
+    runway: Runway = Field(default_factory=Runway)
+    activity: str = ""
+    """What the run is doing now, in words."""
+    result: AgentResult | None = None
+
+
+AgentInput.model_rebuild()
+Carry.model_rebuild()

@@ -6,6 +6,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import sys
 from datetime import timedelta
 
 from temporalio.client import Client
@@ -35,9 +38,25 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
 
 
 async def run_worker(address: str | None = None, queue: str | None = None) -> None:
+    """Run until SIGINT or SIGTERM, then finish in-flight tasks and shut down."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     client = await connect(address)
-    await build_worker(client, queue).run()
+    async with build_worker(client, queue):
+        print(f"worker polling task queue {queue or task_queue()!r}", flush=True)
+        await stop.wait()
+
+
+def main() -> None:
+    asyncio.run(run_worker())
+    # The core bridge can abort at interpreter exit (PyGILState_Release) while its runtime
+    # winds down; everything is shut down by now, so leave without running finalizers.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    asyncio.run(run_worker())
+    main()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -12,20 +11,10 @@ import pytest
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
-from durable_agent.model_server import Failure, ModelServer
+from durable_agent.model_server import ModelServer
+from tests.helpers import run_cli, start
 from tests.scripts import Script, answer, tool_results, tools
-from workflows.agent import AgentWorkflow
 from workflows.types import AgentInput, AgentResult, AgentStatus, Message
-
-
-async def start(client: Client, task_queue: str, **fields: object):
-    return await client.start_workflow(
-        AgentWorkflow.run,
-        AgentInput.model_validate(fields),
-        id=f"agent-{uuid.uuid4().hex[:10]}",
-        task_queue=task_queue,
-        result_type=AgentResult,
-    )
 
 
 async def test_multi_step_run_with_parallel_tools(
@@ -128,12 +117,12 @@ async def test_bad_input_from_the_cli_closes_the_run_with_a_clear_error(
     client: Client, worker: Worker, task_queue: str, temporal_server
 ) -> None:
     run_id = f"bad-{uuid.uuid4().hex[:8]}"
-    cli = _temporal_cli(temporal_server.address)
-    subprocess.run(
-        cli + ["workflow", "start", "--type", "AgentWorkflow", "--task-queue", task_queue,
-               "--workflow-id", run_id, "--input", json.dumps({"goal": "x", "workspace": "relative/path", "limit": {}})],
-        check=True, capture_output=True,
+    bad = {"goal": "x", "workspace": "relative/path", "limit": {}}
+    started = await run_cli(
+        temporal_server.address, "workflow", "start", "--type", "AgentWorkflow", "--task-queue", task_queue,
+        "--workflow-id", run_id, "--input", json.dumps(bad),
     )
+    assert started.returncode == 0, started.stderr
     with pytest.raises(WorkflowFailureError) as failure:
         await asyncio.wait_for(client.get_workflow_handle(run_id).result(), timeout=30)
     message = str(failure.value.cause)
@@ -145,19 +134,20 @@ async def test_started_from_the_temporal_cli_exactly_as_documented(
 ) -> None:
     model_server.responder = Script([tools(("write_file", {"path": "hello.txt", "content": "hi"})), answer("wrote hello")])
     run_id = f"cli-{uuid.uuid4().hex[:8]}"
-    cli = _temporal_cli(temporal_server.address)
-    subprocess.run(
-        cli + ["workflow", "start", "--type", "AgentWorkflow", "--task-queue", task_queue,
-               "--workflow-id", run_id, "--input", json.dumps({"goal": "say hi", "workspace": str(workspace)})],
-        check=True, capture_output=True,
+    # Exactly the command of DESIGN §4, plus the test's own task queue and id.
+    started = await run_cli(
+        temporal_server.address, "workflow", "start", "--type", "AgentWorkflow", "--task-queue", task_queue,
+        "--workflow-id", run_id, "--input", json.dumps({"goal": "say hi", "workspace": str(workspace)}),
     )
+    assert started.returncode == 0, started.stderr
     result = await client.get_workflow_handle(run_id, result_type=AgentResult).result()
     assert result.state == "completed" and (workspace / "hello.txt").read_text() == "hi"
-    described = subprocess.run(
-        cli + ["workflow", "query", "--workflow-id", run_id, "--name", "transcript", "--input", '{"from_step": 1}', "-o", "json"],
-        check=True, capture_output=True, text=True,
+    queried = await run_cli(
+        temporal_server.address, "workflow", "query", "--workflow-id", run_id, "--name", "transcript",
+        "--input", '{"from_step": 1}', "-o", "json",
     )
-    assert "wrote hello" in described.stdout
+    assert queried.returncode == 0, queried.stderr
+    assert "wrote hello" in queried.stdout
 
 
 async def test_status_and_transcript_queries(
@@ -170,37 +160,3 @@ async def test_status_and_transcript_queries(
     assert status.state == "completed" and status.step == 2 and status.result is not None
     messages = await handle.query("transcript", {"from_step": 2}, result_type=list[Message])
     assert [m.role for m in messages] == ["assistant"] and messages[0].content == "listed"
-
-
-async def test_model_reply_with_unexpected_shape_is_retried_then_needs_attention(
-    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
-) -> None:
-    model_server.responder = lambda request: Failure(401, "bad key")
-    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
-    status = await _wait_for(handle, lambda s: s.state == "needs_attention")
-    assert status.attention is not None and "401" in status.attention.last_error
-    assert len(model_server.requests) == 1  # 401 is not retried
-    model_server.responder = Script([], final="recovered")
-    await handle.execute_update("resolve", {"action": "retry"})
-    result = await handle.result()
-    assert result.state == "completed" and result.output == "recovered"
-
-
-async def _wait_for(handle, predicate, timeout_s: float = 30) -> AgentStatus:
-    async def poll() -> AgentStatus:
-        while True:
-            status = await handle.query("status", result_type=AgentStatus)
-            if predicate(status):
-                return status
-            await asyncio.sleep(0.1)
-
-    return await asyncio.wait_for(poll(), timeout=timeout_s)
-
-
-def _temporal_cli(address: str) -> list[str]:
-    from durable_agent.server import temporal_binary
-
-    return [temporal_binary(), "--address", address]
-
-
-

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
@@ -54,6 +54,8 @@ with workflow.unsafe.imports_passed_through():
         UserMessage,
     )
 
+_M = TypeVar("_M", bound=BaseModel)
+
 AGENT_STATE = SearchAttributeKey.for_keyword("AgentState")
 AGENT_STEP = SearchAttributeKey.for_int("AgentStep")
 AGENT_TOKENS = SearchAttributeKey.for_int("AgentTokens")
@@ -77,6 +79,7 @@ class AgentWorkflow:
         self._frozen: ModelContext | None = None
         self._context_version = 0
         self._last_price: Price | None = None
+        self._last_input_tokens = 0
         self._output_tokens: list[int] = []
         self._tokens_per_step: list[int] = []
         self._tokens_before_step = 0
@@ -146,6 +149,7 @@ class AgentWorkflow:
         self._tokens_per_step = carry.tokens_per_step
         self._output_tokens = carry.output_tokens
         self._last_price = carry.last_price
+        self._last_input_tokens = carry.last_input_tokens
         self._livelock = carry.livelock
         self._first_run_id = carry.first_run_id
 
@@ -178,7 +182,9 @@ class AgentWorkflow:
         return self._usage.model_copy(update={"elapsed_s": round(elapsed, 3)})
 
     def _hard_stop(self) -> StopReason | None:
-        estimate = budget.estimate_next_call(estimate_tokens(self._messages), self._output_tokens, self._last_price)
+        # The context only grows, so the last call's real input size is a floor for the next.
+        context_tokens = max(estimate_tokens(self._messages), self._last_input_tokens)
+        estimate = budget.estimate_next_call(context_tokens, self._output_tokens, self._last_price)
         return budget.hard_stop(self._spend(), self._limits, estimate)
 
     def _enter_soft_tiers(self) -> None:
@@ -269,6 +275,7 @@ class AgentWorkflow:
         if reply.price is None:
             self._usage.cost_known = False
         self._last_price = reply.price
+        self._last_input_tokens = reply.input_tokens
         self._output_tokens = (self._output_tokens + [reply.output_tokens])[-budget.PACING_WINDOW :]
         self._messages.append(
             Message(role="assistant", content=reply.content, tool_calls=reply.tool_calls, step=self._step)
@@ -434,13 +441,18 @@ class AgentWorkflow:
     def add_message(self, message: UserMessage) -> None:
         self._pending_user.append(message.text)
 
+    # Updates take the raw payload and decode it in the validator: a malformed payload from
+    # the Temporal CLI is then rejected with pydantic's message, not "failed decoding".
+
     @workflow.update(name="approve")
-    def approve(self, decision: ApprovalDecision) -> str:
+    def approve(self, raw: Any) -> str:
+        decision = ApprovalDecision.model_validate(raw)
         self._decisions[decision.call_id] = decision
         return f"{decision.call_id} {'approved' if decision.approved else 'denied'}"
 
     @approve.validator
-    def _validate_approve(self, decision: ApprovalDecision) -> None:
+    def _validate_approve(self, raw: Any) -> None:
+        decision = _decode(ApprovalDecision, raw)
         if decision.call_id not in self._pending_approvals:
             pending = ", ".join(self._pending_approvals) or "none"
             raise ValueError(f"no pending approval {decision.call_id!r}; pending: {pending}")
@@ -448,23 +460,28 @@ class AgentWorkflow:
             raise ValueError(f"approval {decision.call_id!r} was already decided")
 
     @workflow.update(name="raise_limits")
-    def raise_limits(self, patch: LimitsPatch) -> Limits:
-        self._limits = patch.apply_to(self._limits)
+    def raise_limits(self, raw: Any) -> Limits:
+        self._limits = LimitsPatch.model_validate(raw or {}).apply_to(self._limits)
         self._warned = {b for b in self._warned if b in budget.soft_tier(self._spend(), self._limits)}
         self._publish()
         return self._limits
 
     @raise_limits.validator
-    def _validate_raise_limits(self, patch: LimitsPatch) -> None:
-        patch.apply_to(self._limits)  # raises ValueError, which rejects the update
+    def _validate_raise_limits(self, raw: Any) -> None:
+        patch = _decode(LimitsPatch, raw or {})
+        try:
+            patch.apply_to(self._limits)
+        except ValidationError as e:
+            raise ValueError(_readable(e)) from None
 
     @workflow.update(name="resolve")
-    def resolve(self, resolution: Resolution) -> str:
-        self._resolution = resolution
-        return f"resolved with {resolution.action}"
+    def resolve(self, raw: Any) -> str:
+        self._resolution = Resolution.model_validate(raw)
+        return f"resolved with {self._resolution.action}"
 
     @resolve.validator
-    def _validate_resolve(self, resolution: Resolution) -> None:
+    def _validate_resolve(self, raw: Any) -> None:
+        _decode(Resolution, raw)
         if self._attention is None:
             raise ValueError(f"the run does not need attention (state: {self._state()})")
         if self._resolution is not None:
@@ -574,6 +591,7 @@ class AgentWorkflow:
             tokens_per_step=self._tokens_per_step,
             output_tokens=self._output_tokens,
             last_price=self._last_price,
+            last_input_tokens=self._last_input_tokens,
             livelock=self._livelock,
             first_run_id=self._first_run_id,
         )
@@ -587,6 +605,17 @@ def _parse_input(raw: Any) -> AgentInput:
         return AgentInput.model_validate(raw)
     except ValidationError as e:
         raise ApplicationError(f"invalid AgentInput: {e}", type="InvalidInput", non_retryable=True) from None
+
+
+def _decode(model: type[_M], raw: Any) -> _M:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise ValueError(_readable(e)) from None
+
+
+def _readable(error: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'payload'}: {err['msg']}" for err in error.errors())
 
 
 def _failure_message(error: BaseException) -> str:

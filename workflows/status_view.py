@@ -16,19 +16,22 @@ def bar(used: float, limit: float) -> str:
 def details_markdown(status: AgentStatus) -> str:
     usage, limits = status.usage, status.limits
     cost = f"${usage.cost_usd:.4f}" + ("" if usage.cost_known else " (unknown model price)")
+    rows = [
+        ("steps", str(status.step), f"{limits.hard_steps} (soft {limits.soft_steps})", status.step, limits.hard_steps),
+        ("tokens", f"{usage.tokens:,}", f"{limits.max_tokens:,}", usage.tokens, limits.max_tokens),
+        ("cost", cost, f"${limits.max_cost_usd:g}", usage.cost_usd, limits.max_cost_usd),
+        ("model calls", str(usage.model_calls), str(limits.max_model_calls), usage.model_calls, limits.max_model_calls),
+        ("tool calls", str(usage.tool_calls), str(limits.max_tool_calls), usage.tool_calls, limits.max_tool_calls),
+        ("time", f"{usage.elapsed_s:.0f} s", f"{limits.max_duration_s:g} s", usage.elapsed_s, limits.max_duration_s),
+    ]
     lines = [
         f"**{status.state}** · step {status.step} · {status.model}",
         f"_{status.activity}_" if status.activity else "",
         "",
         "| budget | used | limit | |",
         "|---|---|---|---|",
-        f"| steps | {status.step} | {limits.hard_steps} (soft {limits.soft_steps}) | `{bar(status.step, limits.hard_steps)}` |",
-        f"| tokens | {usage.tokens:,} | {limits.max_tokens:,} | `{bar(usage.tokens, limits.max_tokens)}` |",
-        f"| cost | {cost} | ${limits.max_cost_usd:g} | `{bar(usage.cost_usd, limits.max_cost_usd)}` |",
-        f"| model calls | {usage.model_calls} | {limits.max_model_calls} | `{bar(usage.model_calls, limits.max_model_calls)}` |",
-        f"| tool calls | {usage.tool_calls} | {limits.max_tool_calls} | `{bar(usage.tool_calls, limits.max_tool_calls)}` |",
-        f"| time | {usage.elapsed_s:.0f} s | {limits.max_duration_s:g} s | `{bar(usage.elapsed_s, limits.max_duration_s)}` |",
     ]
+    lines += [f"| {name} | {shown} | {limit} | `{bar(used, cap)}` |" for name, shown, limit, used, cap in rows]
     if status.paused_reason:
         lines += ["", f"**Paused:** {status.paused_reason}"]
     if status.pending_approvals:

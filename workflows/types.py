@@ -338,6 +338,7 @@ class Carry(BaseModel):
     tokens_per_step: list[int] = Field(default_factory=list)
     output_tokens: list[int] = Field(default_factory=list)
     last_price: Price | None = None
+    last_input_tokens: int = 0
     livelock: LivelockTracker = Field(default_factory=LivelockTracker)
     first_run_id: str = ""
 

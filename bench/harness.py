@@ -1,0 +1,93 @@
+"""What every benchmark needs: its own dev server, the step-scripted model, real workers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from subprocess import Popen
+from typing import Any
+
+from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
+from durable_agent.processes import kill_hard, spawn_worker, stop_gently
+from durable_agent.server import EmbeddedServer, free_port, start_server
+
+
+class StepScript:
+    """The benchmark agent: each step writes a file and runs a short command, for `steps` steps.
+
+    The command appends the step number to ledger.txt, so duplicated side effects show.
+    """
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.hooks: dict[int, Any] = {}
+        """turn -> callable run (in the HTTP thread) when that turn is first asked for."""
+
+    def __call__(self, request: dict[str, Any]) -> Reply:
+        turn = count_assistant_turns(request)
+        hook = self.hooks.pop(turn, None)
+        if hook is not None:
+            hook()
+        if turn >= self.steps:
+            return Reply(content=f"finished {self.steps} steps", input_tokens=50, output_tokens=5)
+        n = turn + 1
+        return Reply(
+            tool_calls=[
+                ("write_file", {"path": f"out/step-{n}.txt", "content": f"step {n}\n"}),
+                ("run_command", {"command": f"echo {n} >> ledger.txt"}),
+            ],
+            input_tokens=50,
+            output_tokens=20,
+        )
+
+
+@dataclass
+class Bench:
+    server: EmbeddedServer
+    model: ModelServer
+    task_queue: str
+    home: Path
+    workers: list[Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def worker_env(self) -> dict[str, str]:
+        return {
+            "TEMPORAL_ADDRESS": self.server.address,
+            "DURABLE_AGENT_TASK_QUEUE": self.task_queue,
+            "OPENAI_BASE_URL": self.model.base_url,
+            "OPENAI_API_KEY": "bench",
+        }
+
+    def start_worker(self) -> Popen[bytes]:
+        worker = spawn_worker(self.worker_env, self.home / f"worker-{len(self.workers)}.log")
+        self.workers.append(worker)
+        return worker
+
+    def kill_worker(self, worker: Popen[bytes]) -> None:
+        kill_hard(worker)
+
+    def workspace(self) -> Path:
+        path = self.home / f"ws-{uuid.uuid4().hex[:8]}"
+        path.mkdir()
+        return path
+
+
+@contextlib.contextmanager
+def bench(script: Any, latency_s: float = 0.0, persistent: bool = True) -> Iterator[Bench]:
+    home = Path(tempfile.mkdtemp(prefix="durable-agent-bench-"))
+    server = start_server(home / "temporal", port=free_port(), ui_port=None, persistent=persistent)
+    os.environ["TEMPORAL_ADDRESS"] = server.address
+    model = ModelServer(script, latency_s=latency_s).start()
+    b = Bench(server=server, model=model, task_queue=f"bench-{uuid.uuid4().hex[:8]}", home=home)
+    try:
+        yield b
+    finally:
+        for worker in b.workers:
+            stop_gently(worker, timeout_s=5)
+        model.stop()
+        server.stop()

@@ -1,0 +1,108 @@
+"""Time from SIGKILL of a worker to the run's next finished step, over repeated kills.
+
+`python -m bench.recovery [--kills 10] [--restart-delay 0.5]`: one long run of the
+benchmark agent; a worker is SIGKILLed at a random moment, a new one started 0.5 s later.
+Recovery time = from the kill to the next `call_model` scheduled in history, i.e. the
+step that was in flight has finished on the new worker and the next one has begun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import time
+from typing import Any
+
+from temporalio.client import Client, WorkflowHandle
+
+from bench.harness import StepScript, bench
+from durable_agent.connection import connect
+from workflows.types import AgentInput, AgentResult, AgentStatus
+
+
+async def current_step(handle: WorkflowHandle) -> int | None:
+    try:
+        status = await asyncio.wait_for(handle.query("status", result_type=AgentStatus), timeout=1)
+    except Exception:  # the worker may be dead: the answer is simply "not known now"
+        return None
+    return status.step
+
+
+async def wait_progress(handle: WorkflowHandle, beyond: int) -> int:
+    while True:
+        step = await current_step(handle)
+        if step is not None and step > beyond:
+            return step
+        await asyncio.sleep(0.05)
+
+
+async def model_calls_scheduled(client: Client, workflow_id: str) -> list[float]:
+    """Times (epoch seconds) at which each call_model was scheduled, from history."""
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    times = []
+    for event in history.events:
+        attrs = event.activity_task_scheduled_event_attributes
+        if event.HasField("activity_task_scheduled_event_attributes") and attrs.activity_type.name == "call_model":
+            times.append(event.event_time.ToDatetime().timestamp() + 0.0)
+    return times
+
+
+async def measure(kills: int, restart_delay_s: float, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    steps = 60 * kills + 100
+    script = StepScript(steps)
+    kill_times: list[float] = []
+    with bench(script) as b:
+        worker = b.start_worker()
+        client = await connect(b.server.address)
+        workspace = b.workspace()
+        agent = AgentInput(
+            goal="benchmark", workspace=str(workspace),
+            limits={"soft_steps": steps + 5, "hard_steps": steps + 10, "max_model_calls": steps + 10,
+                    "max_tool_calls": 3 * steps, "max_tokens": 10**9},
+            continue_as_new_every=10 * steps,
+        )
+        handle = await client.start_workflow("AgentWorkflow", agent, id="recovery", task_queue=b.task_queue,
+                                             result_type=AgentResult)
+        step = 0
+        for _ in range(kills):
+            step = await wait_progress(handle, step + 2)
+            await asyncio.sleep(rng.uniform(0, 0.3))
+            b.kill_worker(worker)
+            kill_times.append(time.time())
+            await asyncio.sleep(restart_delay_s)
+            worker = b.start_worker()
+        result = await handle.result()
+        scheduled = await model_calls_scheduled(client, "recovery")
+        ledger = (workspace / "ledger.txt").read_text().split()
+    recoveries = [min(t for t in scheduled if t > k) - k for k in kill_times]
+    return {
+        "kills": kills,
+        "restart_delay_s": restart_delay_s,
+        "recovery_s": [round(r, 2) for r in recoveries],
+        "median_s": round(statistics.median(recoveries), 2),
+        "worst_s": round(max(recoveries), 2),
+        "state": result.state,
+        "steps": result.steps,
+        "model_calls_served": len(b.model.requests),
+        "side_effects_duplicated": len(ledger) - len(set(ledger)),
+        "side_effects_missing": steps - len(set(ledger)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--restart-delay", type=float, default=0.5)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(measure(args.kills, args.restart_delay, args.seed)), indent=2), flush=True)
+    os._exit(0)  # skip interpreter teardown: the core bridge can abort there (sdk-python#300)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Starting runs and waiting on them, shared by the tests."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import uuid
+from collections.abc import Callable
+
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+
+from durable_agent.server import temporal_binary
+from workflows.agent import AgentWorkflow
+from workflows.types import AgentInput, AgentResult, AgentStatus
+
+
+async def start(client: Client, task_queue: str, **fields: object):
+    return await client.start_workflow(
+        AgentWorkflow.run,
+        AgentInput.model_validate(fields),
+        id=f"agent-{uuid.uuid4().hex[:10]}",
+        task_queue=task_queue,
+        result_type=AgentResult,
+    )
+
+
+async def wait_for(
+    handle: WorkflowHandle, predicate: Callable[[AgentStatus], bool], timeout_s: float = 30
+) -> AgentStatus:
+    async def poll() -> AgentStatus:
+        while True:
+            status = await handle.query("status", result_type=AgentStatus)
+            if predicate(status):
+                return status
+            await asyncio.sleep(0.1)
+
+    return await asyncio.wait_for(poll(), timeout=timeout_s)
+
+
+def temporal_cli(address: str) -> list[str]:
+    return [temporal_binary(), "--address", address]
+
+
+async def run_cli(address: str, *args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """The Temporal CLI, awaited without blocking the loop that runs the in-process worker."""
+    process = await asyncio.create_subprocess_exec(
+        *temporal_cli(address), *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=timeout_s)
+    return subprocess.CompletedProcess(list(args), process.returncode or 0, out.decode(), err.decode())
+
+
+async def rejected_update(handle: WorkflowHandle, name: str, payload: object) -> str:
+    """Run an update that must be rejected; returns the reason the workflow gave."""
+    try:
+        await handle.execute_update(name, payload)
+    except WorkflowUpdateFailedError as e:
+        return str(e.cause)
+    raise AssertionError(f"update {name} {payload} was accepted")

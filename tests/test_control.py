@@ -1,0 +1,204 @@
+"""Human control: pause, resume, messages, approvals, raised limits, needs-attention, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from durable_agent.model_server import Failure, ModelServer, Reply, count_assistant_turns
+from durable_agent.server import EmbeddedServer
+from tests.helpers import rejected_update, run_cli, start, wait_for
+from tests.scripts import Script, answer, tool_results, tools
+from workflows.types import AgentStatus, Limits, Message
+
+
+async def cli(server: EmbeddedServer, *args: str) -> subprocess.CompletedProcess[str]:
+    return await run_cli(server.address, *args)
+
+
+async def test_pause_holds_with_no_model_call_then_resume_continues(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([tools(("run_command", {"command": "sleep 1"})), answer("finished")])
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    await wait_for(handle, lambda s: s.step == 1)
+    await handle.signal("pause", {"reason": "lunch"})
+    status = await wait_for(handle, lambda s: s.state == "paused")
+    assert status.paused_reason == "lunch"
+    calls = len(model_server.requests)
+    await asyncio.sleep(3)  # the in-flight command finishes; no next model call starts
+    assert len(model_server.requests) == calls == 1
+    assert (await handle.query("status", result_type=AgentStatus)).state == "paused"
+    assert "does not need attention" in await rejected_update(handle, "resolve", {"action": "skip"})
+    await handle.signal("add_message", {"text": "please also say thanks"})
+    await handle.signal("resume")
+    result = await handle.result()
+    assert result.state == "completed" and result.output == "finished"
+    last = model_server.requests[-1]["messages"]
+    assert last[-1] == {"role": "user", "content": "please also say thanks"}
+
+
+def gated_script() -> Script:
+    return Script(
+        [
+            tools(
+                ("run_command", {"command": "echo approved >> ledger.txt"}),
+                ("run_command", {"command": "rm -rf important"}),
+                ("list_files", {}),
+            ),
+            answer("done"),
+        ]
+    )
+
+
+async def test_approve_and_deny_through_the_python_client(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    (workspace / "important").mkdir()
+    (workspace / "notes.txt").write_text("n")
+    model_server.responder = gated_script()
+    handle = await start(
+        client, task_queue, goal="x", workspace=str(workspace),
+        approval={"commands": [r"^echo", r"\brm\b"]},
+    )
+    status = await wait_for(handle, lambda s: len(s.pending_approvals) == 2)
+    assert status.state == "awaiting_approval"
+    echo, rm = sorted(status.pending_approvals, key=lambda p: "rm" in p.summary)
+    assert "rm -rf important" in rm.summary and rm.reason
+
+    assert "no pending approval" in await rejected_update(handle, "approve", {"call_id": "1:nope", "approved": True})
+    await handle.execute_update("approve", {"call_id": echo.call_id, "approved": True})
+    again = await rejected_update(handle, "approve", {"call_id": echo.call_id, "approved": True})
+    assert "no pending approval" in again  # already decided
+    await handle.execute_update("approve", {"call_id": rm.call_id, "approved": False, "note": "never delete that"})
+
+    result = await handle.result()
+    assert result.state == "completed"
+    assert (workspace / "ledger.txt").read_text() == "approved\n" and (workspace / "important").exists()
+    results = tool_results(model_server.requests[-1])
+    assert "denied by a person: never delete that" in results[1]
+    assert "notes.txt" in results[2]  # the ungated call ran without waiting
+
+
+async def test_approve_through_the_temporal_cli(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path,
+    temporal_server: EmbeddedServer,
+) -> None:
+    model_server.responder = gated_script()
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace), approval={"tools": ["run_command"]})
+    status = await wait_for(handle, lambda s: len(s.pending_approvals) == 2)
+    listed = await cli(temporal_server, "workflow", "list", "--query", f'AgentState="awaiting_approval" AND WorkflowId="{handle.id}"')
+    assert handle.id in listed.stdout
+    rejected = await cli(temporal_server, "workflow", "update", "execute", "--workflow-id", handle.id, "--name", "approve",
+                   "--input", json.dumps({"call_id": "9:zzz", "approved": True}))
+    assert rejected.returncode != 0 and "no pending approval" in (rejected.stdout + rejected.stderr)
+    for pending in status.pending_approvals:
+        done = await cli(temporal_server, "workflow", "update", "execute", "--workflow-id", handle.id, "--name", "approve",
+                   "--input", json.dumps({"call_id": pending.call_id, "approved": "echo" in pending.summary}))
+        assert done.returncode == 0, done.stderr
+    result = await handle.result()
+    assert result.state == "completed" and (workspace / "ledger.txt").exists()
+
+
+async def test_approval_timeout_denies(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = gated_script()
+    handle = await start(
+        client, task_queue, goal="x", workspace=str(workspace),
+        approval={"tools": ["run_command"], "timeout_s": 1, "on_timeout": "deny"},
+    )
+    result = await handle.result()
+    assert result.state == "completed" and not (workspace / "ledger.txt").exists()
+    assert "no decision within 1 s" in tool_results(model_server.requests[-1])[0]
+
+
+async def test_raise_limits_validates_and_applies(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([tools(("list_files", {}))] * 5, final="finished late")
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace), limits={"soft_steps": 2, "hard_steps": 3})
+    await handle.signal("pause")
+    await wait_for(handle, lambda s: s.state == "paused")
+    assert "greater than or equal to 0" in await rejected_update(handle, "raise_limits", {"max_cost_usd": -1})
+    assert "hard_steps" in await rejected_update(handle, "raise_limits", {"hard_steps": 1})
+    assert "extra" in (await rejected_update(handle, "raise_limits", {"hard_stpes": 9})).lower()
+    new = await handle.execute_update("raise_limits", {"hard_steps": 10, "soft_steps": 8}, result_type=Limits)
+    assert new.hard_steps == 10 and new.max_tokens == 500_000
+    await handle.signal("resume")
+    result = await handle.result()
+    assert result.state == "completed" and result.steps == 6
+
+
+def always_500(request: dict[str, Any]) -> Failure | Reply:
+    # retry-after-ms keeps the six attempts quick while still going through every retry.
+    return Failure(500, "upstream exploded", headers={"retry-after-ms": "50"})
+
+
+@pytest.mark.parametrize("action", ["retry", "skip", "terminate"])
+async def test_needs_attention_from_a_failing_model_endpoint(
+    action: str, client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = always_500
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    status = await wait_for(handle, lambda s: s.state == "needs_attention")
+    report = status.attention
+    assert report is not None and "500" in report.last_error and report.attempts == 6
+    assert "call_model" in report.what_failed and report.step == 1 and len(report.suggested_actions) == 3
+    assert len(model_server.requests) == 6
+    model_server.responder = Script([], final="back")
+    await handle.execute_update("resolve", {"action": action, "note": "endpoint fixed"})
+    result = await handle.result()
+    if action == "terminate":
+        assert result.state == "terminated" and result.unfinished
+    else:
+        assert result.state == "completed" and result.output == "back"
+
+
+async def test_needs_attention_from_a_livelocked_tool(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    def stubborn(request: dict[str, Any]) -> Reply:
+        if any("skipped by a person" in (m.get("content") or "") for m in request["messages"]):
+            return Reply(content="gave up on it")
+        return Reply(tool_calls=[("read_file", {"path": "missing.txt"})])
+
+    model_server.responder = stubborn
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    status = await wait_for(handle, lambda s: s.state == "needs_attention")
+    assert status.attention is not None and status.attention.attempts == 3 and status.step == 3
+    assert "read_file: missing.txt" in status.attention.what_failed
+    await handle.execute_update("resolve", {"action": "skip", "note": "file is gone for good"})
+    result = await handle.result()
+    assert result.state == "completed" and result.output == "gave up on it"
+
+
+async def test_cancel_ends_cleanly_with_a_result(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([tools(("run_command", {"command": "echo started > s.txt; sleep 60; echo no > never.txt"}))])
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    await wait_for(handle, lambda s: (workspace / "s.txt").exists())
+    await handle.cancel()
+    result = await handle.result()
+    assert result.state == "cancelled" and result.stop_reason == "cancelled" and result.unfinished
+    await asyncio.sleep(1)
+    assert not (workspace / "never.txt").exists()
+
+
+async def test_transcript_by_step(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([tools(("list_files", {})), tools(("list_files", {})), answer("ok")])
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    await handle.result()
+    messages = await handle.query("transcript", {"from_step": 2}, result_type=list[Message])
+    assert {m.step for m in messages} == {2, 3}
+    assert count_assistant_turns({"messages": [m.model_dump() for m in messages]}) == 2

@@ -1,0 +1,169 @@
+"""SIGKILL the worker during a command, between steps and during a model call; the run finishes.
+
+Workers are real subprocesses (`python worker.py`); the model is the scripted HTTP stub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+
+from durable_agent.model_server import Failure, ModelServer, Reply, count_assistant_turns
+from durable_agent.processes import kill_hard, spawn_worker, stop_gently
+from durable_agent.server import EmbeddedServer
+from tests.helpers import run_cli, start, wait_for
+from tests.scripts import Script, answer, tools
+
+
+class SlowTurn:
+    """A model turn that takes `delay_s` the first time it is asked, and says when it was asked."""
+
+    def __init__(self, reply: Reply, delay_s: float) -> None:
+        self.reply = reply
+        self.delay_s = delay_s
+        self.asked = threading.Event()
+
+    def __call__(self, request: dict[str, Any]) -> Reply:
+        if not self.asked.is_set():
+            self.asked.set()
+            time.sleep(self.delay_s)
+        return self.reply
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        await asyncio.sleep(0.02)
+
+
+def ledger_lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
+async def test_run_survives_worker_kills_at_three_points(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    tmp_path: Path,
+) -> None:
+    ledger = workspace / "ledger.txt"
+    slow_model = SlowTurn(tools(("run_command", {"command": "echo 3 >> ledger.txt"})), delay_s=3)
+    model_server.responder = Script(
+        [
+            tools(("run_command", {"command": "echo 1 >> ledger.txt; sleep 2; echo done-1"})),
+            tools(("write_file", {"path": "f.txt", "content": "one"}), ("run_command", {"command": "echo 2 >> ledger.txt"})),
+            slow_model,
+            tools(("edit_file", {"path": "f.txt", "old_text": "one", "new_text": "two"})),
+            answer("all done"),
+        ]
+    )
+    env = {
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "DURABLE_AGENT_TASK_QUEUE": task_queue,
+        "OPENAI_BASE_URL": model_server.base_url,
+        "OPENAI_API_KEY": "test-key",
+    }
+    logs = tmp_path / "workers"
+    worker = spawn_worker(env, logs / "w0.log")
+    kills = 0
+
+    async def kill_and_replace() -> None:
+        nonlocal worker, kills
+        kill_hard(worker)
+        kills += 1
+        await asyncio.sleep(0.5)
+        worker = spawn_worker(env, logs / f"w{kills}.log")
+
+    try:
+        handle = await start(client, task_queue, goal="crash me", workspace=str(workspace))
+        await until(lambda: ledger_lines(ledger) == ["1"])  # during the command
+        await kill_and_replace()
+        await until(lambda: "2" in ledger_lines(ledger))  # between steps
+        await kill_and_replace()
+        await until(slow_model.asked.is_set)  # during a model call
+        await kill_and_replace()
+        result = await asyncio.wait_for(handle.result(), timeout=90)
+    finally:
+        stop_gently(worker)
+
+    assert result.state == "completed" and result.output == "all done"
+    assert ledger_lines(ledger) == ["1", "2", "3"]  # every side effect exactly once
+    assert (workspace / "f.txt").read_text() == "two"  # the edit applied once, not twice
+    model_calls = len(model_server.requests)
+    assert model_calls <= result.steps + kills
+    turns = sorted(count_assistant_turns(r) for r in model_server.requests)
+    assert len(turns) - len(set(turns)) <= kills  # at most one repeated model call per kill
+
+
+async def test_waiting_states_survive_worker_kills(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    tmp_path: Path,
+) -> None:
+    healed = threading.Event()
+
+    def flaky_second_turn(request: dict[str, Any]) -> Reply | Failure:
+        if not healed.is_set():
+            return Failure(503, "overloaded", headers={"retry-after-ms": "20"})
+        return Reply(tool_calls=[("list_files", {})])
+
+    model_server.responder = Script(
+        [tools(("run_command", {"command": "echo ran >> ledger.txt"})), flaky_second_turn], final="survived"
+    )
+    env = {
+        "TEMPORAL_ADDRESS": temporal_server.address,
+        "DURABLE_AGENT_TASK_QUEUE": task_queue,
+        "OPENAI_BASE_URL": model_server.base_url,
+        "OPENAI_API_KEY": "test-key",
+    }
+    workers = [spawn_worker(env, tmp_path / "w0.log")]
+
+    async def restart_worker() -> None:
+        kill_hard(workers[-1])
+        await asyncio.sleep(0.5)
+        workers.append(spawn_worker(env, tmp_path / f"w{len(workers)}.log"))
+
+    try:
+        handle = await start(
+            client, task_queue, goal="wait a lot", workspace=str(workspace), approval={"tools": ["run_command"]}
+        )
+        before = await wait_for(handle, lambda s: s.state == "awaiting_approval")
+        await restart_worker()
+        after = await wait_for(handle, lambda s: s.state == "awaiting_approval")
+        assert after.pending_approvals == before.pending_approvals
+        await handle.execute_update("approve", {"call_id": after.pending_approvals[0].call_id, "approved": True})
+
+        await wait_for(handle, lambda s: s.state == "needs_attention")
+        await handle.signal("pause", {"reason": "after the fix"})
+        await restart_worker()
+        status = await wait_for(handle, lambda s: s.state == "needs_attention")
+        assert status.attention is not None and "503" in status.attention.last_error
+        healed.set()
+        await handle.execute_update("resolve", {"action": "retry"})
+
+        await wait_for(handle, lambda s: s.state == "paused")
+        listed = await run_cli(
+            temporal_server.address, "workflow", "list", "--query", f'AgentState="paused" AND WorkflowId="{handle.id}"'
+        )
+        assert handle.id in listed.stdout
+        await restart_worker()
+        assert (await wait_for(handle, lambda s: s.state == "paused")).paused_reason == "after the fix"
+        await handle.signal("resume")
+        result = await asyncio.wait_for(handle.result(), timeout=60)
+    finally:
+        stop_gently(workers[-1])
+    assert result.state == "completed" and result.output == "survived"
+    assert ledger_lines(workspace / "ledger.txt") == ["ran"]

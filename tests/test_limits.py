@@ -1,0 +1,127 @@
+"""Every limit and budget through its soft and hard tier, counted from stub usage numbers."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from durable_agent.model_server import ModelServer, Reply
+from tests.helpers import start
+from workflows.types import AgentStatus, Message
+
+
+def always_tools(count: int = 1, delay_s: float = 0.0, **usage: int):
+    """A model that never finishes: `count` cheap tool calls per turn."""
+
+    def respond(request: dict[str, Any]) -> Reply:
+        if delay_s:
+            time.sleep(delay_s)
+        return Reply(tool_calls=[("list_files", {})] * count, **usage)
+
+    return respond
+
+
+CASES = {
+    "steps": ({"soft_steps": 2, "hard_steps": 4}, {}, "hard_step_limit"),
+    "tokens": ({"max_tokens": 10_000}, {"input_tokens": 1_000, "output_tokens": 1_000}, "token_budget"),
+    "cost": ({"max_cost_usd": 0.1}, {"input_tokens": 20_000, "output_tokens": 1_000}, "cost_budget"),
+    "model_calls": ({"max_model_calls": 5}, {}, "model_call_budget"),
+    "tool_calls": ({"max_tool_calls": 7}, {}, "tool_call_budget"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+async def test_soft_then_hard_tier(
+    name: str, client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    limits, usage, reason = CASES[name]
+    model_server.responder = always_tools(count=2 if name == "tool_calls" else 1, **usage)
+    handle = await start(
+        client, task_queue, goal="never ends", workspace=str(workspace),
+        model="gpt-4.1-mini", fallback_model="gpt-4.1-nano", limits=limits,
+    )
+    result = await handle.result()
+    assert result.state == "stopped" and result.stop_reason == reason
+    assert result.unfinished and "never ends" in result.unfinished[0]
+    assert result.output  # a summary, since the model never answered
+
+    status = await handle.query("status", result_type=AgentStatus)
+    kinds = [d.kind for d in status.degradations]
+    assert "soft_warning" in kinds and "fallback_model" in kinds
+    switched_at = next(d.step for d in status.degradations if d.kind == "fallback_model")
+    models = [r["model"] for r in model_server.requests]
+    assert set(models[:switched_at]) == {"gpt-4.1-mini"}
+    assert models[switched_at:] and set(models[switched_at:]) == {"gpt-4.1-nano"}
+    warnings = [m for m in await handle.query("transcript", result_type=list[Message]) if m.kind == "warning"]
+    assert warnings and "Budget warning" in (warnings[0].content or "")
+
+    u, lim = result.usage, status.limits
+    if name == "tokens":
+        assert u.tokens <= lim.max_tokens  # pre-charged: never overshot
+    if name == "model_calls":
+        assert u.model_calls == lim.max_model_calls
+    if name == "tool_calls":
+        assert u.tool_calls <= lim.max_tool_calls and any("tool call not run" in x for x in result.unfinished)
+    if name == "steps":
+        assert result.steps == lim.hard_steps
+
+
+async def test_time_limit(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = always_tools(delay_s=0.5)
+    limits = {"max_duration_s": 3, "soft_ratio": 0.5}  # a wide soft tier: no race with a slow machine
+    handle = await start(client, task_queue, goal="slow", workspace=str(workspace), limits=limits)
+    result = await handle.result()
+    assert result.stop_reason == "time_limit" and result.usage.elapsed_s >= 3
+    status = await handle.query("status", result_type=AgentStatus)
+    assert any(d.kind == "soft_warning" and d.detail.startswith("time") for d in status.degradations), status
+
+
+async def test_preset_and_runway(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = always_tools()
+    handle = await start(
+        client, task_queue, goal="qa", workspace=str(workspace), limits={"preset": "simple_qa", "max_tool_calls": 5}
+    )
+    result = await handle.result()
+    status = await handle.query("status", result_type=AgentStatus)
+    assert status.limits.max_model_calls == 3 and status.limits.max_tokens == 5_000
+    assert status.limits.max_tool_calls == 5  # the explicit field beats the preset
+    assert result.stop_reason in {"model_call_budget", "hard_step_limit"} and result.usage.model_calls == 3
+    assert status.runway.steps == 0
+
+
+async def test_unknown_model_price_is_reported(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = lambda request: Reply(content="hi")
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace), model="local-llama")
+    result = await handle.result()
+    assert result.usage.cost_usd == 0 and result.usage.cost_known is False
+
+
+async def test_a_spike_enters_the_soft_tier_early(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    def respond(request: dict[str, Any]) -> Reply:
+        turn = sum(1 for m in request["messages"] if m["role"] == "assistant")
+        if turn == 5:
+            return Reply(content="done", input_tokens=100, output_tokens=10)
+        big = turn == 4
+        return Reply(tool_calls=[("list_files", {})], input_tokens=5_000 if big else 100, output_tokens=10)
+
+    model_server.responder = respond
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace), fallback_model="cheap")
+    result = await handle.result()
+    assert result.state == "completed"
+    status = await handle.query("status", result_type=AgentStatus)
+    early = [d for d in status.degradations if d.kind == "early_soft_tier"]
+    assert len(early) == 1 and early[0].step == 5
+    assert model_server.requests[-1]["model"] == "cheap"

@@ -1,0 +1,77 @@
+"""Retry classification of model calls, against real HTTP errors from the stub server."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from durable_agent.model_server import Failure, ModelServer, Reply
+from tests.helpers import start, wait_for
+
+
+class Sequence:
+    """Replies in order, one per request, recording when each request arrived."""
+
+    def __init__(self, *outcomes: Reply | Failure) -> None:
+        self.outcomes = list(outcomes)
+        self.arrivals: list[float] = []
+
+    def __call__(self, request: dict) -> Reply | Failure:
+        self.arrivals.append(time.monotonic())
+        return self.outcomes[min(len(self.arrivals), len(self.outcomes)) - 1]
+
+
+async def test_a_500_is_retried(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = script = Sequence(Failure(500, "boom"), Reply(content="fine"))
+    result = await (await start(client, task_queue, goal="x", workspace=str(workspace))).result()
+    assert result.state == "completed" and result.output == "fine"
+    assert len(script.arrivals) == 2
+    assert result.usage.model_calls == 1  # only the successful call is counted
+
+
+async def test_a_429_waits_as_long_as_retry_after_says(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = script = Sequence(
+        Failure(429, "slow down", headers={"Retry-After": "3"}), Reply(content="after the wait")
+    )
+    result = await (await start(client, task_queue, goal="x", workspace=str(workspace))).result()
+    assert result.output == "after the wait"
+    gap = script.arrivals[1] - script.arrivals[0]
+    assert gap >= 3.0  # the default first retry would come after 0.5 s
+
+
+async def test_a_401_is_not_retried_and_the_run_needs_attention(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = script = Sequence(Failure(401, "invalid api key"), Reply(content="recovered"))
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    status = await wait_for(handle, lambda s: s.state == "needs_attention")
+    assert status.attention is not None
+    assert "401" in status.attention.last_error and "invalid api key" in status.attention.last_error
+    assert len(script.arrivals) == 1
+    await handle.execute_update("resolve", {"action": "retry", "note": "key fixed"})
+    result = await handle.result()
+    assert result.state == "completed" and result.output == "recovered"
+    assert len(script.arrivals) == 2
+
+
+async def test_missing_api_key_is_a_clear_error(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path, monkeypatch
+) -> None:
+    from worker import build_worker
+
+    monkeypatch.delenv("OPENAI_API_KEY")
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+        status = await wait_for(handle, lambda s: s.state == "needs_attention")
+        assert "OPENAI_API_KEY is not set" in status.attention.last_error
+        await handle.execute_update("resolve", {"action": "terminate"})
+        result = await handle.result()
+    assert result.state == "terminated" and result.stop_reason == "terminated"
+    assert not model_server.requests

@@ -41,14 +41,15 @@ async def wait_progress(handle: WorkflowHandle, beyond: int) -> int:
 
 
 async def model_calls_scheduled(client: Client, workflow_id: str) -> list[float]:
-    """Times (epoch seconds) at which each call_model was scheduled, from history."""
-    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    """Times (epoch seconds) at which each call_model was scheduled, over every run of the chain."""
     times = []
-    for event in history.events:
-        attrs = event.activity_task_scheduled_event_attributes
-        if event.HasField("activity_task_scheduled_event_attributes") and attrs.activity_type.name == "call_model":
-            times.append(event.event_time.ToDatetime().timestamp() + 0.0)
-    return times
+    async for run in client.list_workflows(f'WorkflowId="{workflow_id}"'):
+        history = await client.get_workflow_handle(workflow_id, run_id=run.run_id).fetch_history()
+        for event in history.events:
+            attrs = event.activity_task_scheduled_event_attributes
+            if event.HasField("activity_task_scheduled_event_attributes") and attrs.activity_type.name == "call_model":
+                times.append(event.event_time.ToDatetime().timestamp())
+    return sorted(times)
 
 
 async def measure(kills: int, restart_delay_s: float, seed: int) -> dict[str, Any]:

@@ -298,11 +298,12 @@ class AgentWorkflow:
         except ToolArgumentError as e:
             return ToolOutcome(ok=False, error=str(e))
         key = call_key(call.name, args)
+        retry = 0
         while True:
             denial = await self._await_approval(call, args)
             if denial is not None:
                 return denial
-            outcome = await self._execute_tool(call, args)
+            outcome = await self._execute_tool(call, args, retry)
             streak = self._livelock.record(key, None if outcome.ok else outcome.error)
             if streak < LIVELOCK_REPEATS:
                 return outcome
@@ -314,12 +315,16 @@ class AgentWorkflow:
             self._livelock.clear(key)
             if resolution.action == "skip":
                 return ToolOutcome(ok=False, error=f"skipped by a person: {resolution.note or 'no note'}")
+            retry += 1
 
-    async def _execute_tool(self, call: ToolCall, args: dict[str, Any]) -> ToolOutcome:
+    async def _execute_tool(self, call: ToolCall, args: dict[str, Any], retry: int) -> ToolOutcome:
         info = workflow.info()
+        # Same key across Temporal's retries (the journal then reports a crashed attempt's
+        # result); a new key when a person asks to retry, so the call really runs again.
+        key = f"{info.workflow_id}/{self._first_run_id}/{self._step}/{call.id}" + (f"/retry-{retry}" if retry else "")
         request = ToolCallInput(
             call_id=call.id,
-            idempotency_key=f"{info.workflow_id}/{self._first_run_id}/{self._step}/{call.id}",
+            idempotency_key=key,
             workspace=self._agent.workspace,
             arguments=args,
             output_chars=self._agent.context.tool_output_chars,

@@ -1,0 +1,132 @@
+"""An on-disk journal that lets a retried tool call report its first outcome instead of acting twice.
+
+Temporal retries an activity whose worker died, and the retry cannot know how far the
+first attempt got. Tools with side effects therefore record, per idempotency key:
+
+    <workspace>/.durable-agent/journal/<digest>.started.json   written before acting
+    <workspace>/.durable-agent/journal/<digest>.done.json      the recorded ToolOutcome
+
+Every write is atomic and durable (temp file, fsync, rename, fsync of the folder), so a
+reader sees a whole entry or none. The journal lives in the workspace because the
+workspace is what every worker that runs its tools can see (DESIGN §8).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from temporalio.exceptions import ApplicationError
+
+from activities.sandbox import RESERVED_DIR
+from workflows.types import ToolOutcome
+
+JOURNAL_DIR = f"{RESERVED_DIR}/journal"
+
+
+def key_digest(idempotency_key: str) -> str:
+    """A file-name-safe digest of an idempotency key (which may hold any characters)."""
+    return hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
+
+
+class Journal:
+    def __init__(self, workspace_root: str | Path) -> None:
+        self.folder = Path(workspace_root) / JOURNAL_DIR
+
+    def completed(self, key: str) -> ToolOutcome | None:
+        entry = self._load(self._path(key, "done"))
+        if entry is None:
+            return None
+        try:
+            return ToolOutcome.model_validate(entry["outcome"])
+        except (KeyError, ValidationError) as e:
+            raise _corrupt(self._path(key, "done")) from e
+
+    def started(self, key: str) -> dict[str, Any] | None:
+        """The record of an attempt that began but never completed, if any."""
+        return self._load(self._path(key, "started"))
+
+    def start(self, key: str, record: dict[str, Any]) -> None:
+        """Note (or update) what an attempt is about to do or is doing."""
+        atomic_write(self._path(key, "started"), _dumps({"key": key, **record}))
+
+    def complete(self, key: str, outcome: ToolOutcome) -> None:
+        atomic_write(self._path(key, "done"), _dumps({"key": key, "outcome": outcome.model_dump()}))
+        self._path(key, "started").unlink(missing_ok=True)
+
+    def forget_start(self, key: str) -> None:
+        """Drop a start record for an attempt that provably did nothing."""
+        self._path(key, "started").unlink(missing_ok=True)
+
+    def _path(self, key: str, stage: str) -> Path:
+        return self.folder / f"{key_digest(key)}.{stage}.json"
+
+    @staticmethod
+    def _load(path: Path) -> dict[str, Any] | None:
+        try:
+            entry = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except ValueError as e:
+            raise _corrupt(path) from e
+        if not isinstance(entry, dict):
+            raise _corrupt(path)
+        return entry
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Replace `path` with `data`: a crash or a reader sees the old content or the new, never a mix.
+
+    Parent folders are created. An existing file keeps its permission bits; a new one
+    gets the usual umask-filtered 0o666.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = _existing_mode(path)
+    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(temp, mode)
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    _fsync_folder(path.parent)
+
+
+def _existing_mode(path: Path) -> int | None:
+    try:
+        return path.stat().st_mode & 0o7777
+    except FileNotFoundError:
+        return None
+
+
+def _fsync_folder(folder: Path) -> None:
+    # The rename is durable only once the folder entry itself reaches the disk.
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _dumps(entry: dict[str, Any]) -> bytes:
+    return json.dumps(entry, ensure_ascii=False, indent=1).encode()
+
+
+def _corrupt(path: Path) -> ApplicationError:
+    # Retrying cannot repair the file; a person has to look at it.
+    return ApplicationError(
+        f"tool journal entry {path} is unreadable; inspect it, then delete it to let the call run again",
+        type="JournalCorrupt",
+        non_retryable=True,
+    )

@@ -1,0 +1,543 @@
+"""`durable-agent`: run the server and workers, start runs, follow and control them.
+
+Exit codes: 0 success (a run that completed); 1 a request the run refused (an update's
+validator said no, a signal to a finished run); 2 bad usage or input, no server, unknown
+run id; 3 a run stopped by a limit or budget (partial result); 4 a run cancelled,
+terminated or failed; 130 interrupted (Ctrl-C: a followed run goes on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+import typing
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+from temporalio.client import (
+    Client,
+    WorkflowExecution,
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from durable_agent import demo_model, render
+from durable_agent.connection import home, task_queue
+from durable_agent.console import Console
+from durable_agent.follow import EXIT_CODES, EXIT_FAILED, QUERY_TIMEOUT, failure_text, follow, snapshot_status
+from durable_agent.launch import (
+    LaunchError,
+    configured_address,
+    connect_client,
+    connect_or_start_server,
+    ensure_worker,
+    is_local,
+    split_address,
+    ui_url,
+)
+from durable_agent.server import DEFAULT_PORT, DEFAULT_UI_PORT, ServerError, port_open, start_server
+from workflows.types import (
+    WORKFLOW_TYPE,
+    AgentInput,
+    AgentResult,
+    ApprovalDecision,
+    Limits,
+    LimitsPatch,
+    Message,
+    PauseRequest,
+    Resolution,
+    RunState,
+    TranscriptRequest,
+    UserMessage,
+)
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+T = TypeVar("T")
+Handler = Callable[[argparse.Namespace, Console], Coroutine[Any, Any, int]]
+
+
+class CliError(Exception):
+    """A failure the user can act on: printed as one line, no traceback."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --- entry point -----------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    console = Console(demo_model.LABEL if _demo_mode(args) else None)
+    code = _dispatch(args, console)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The Temporal core bridge can abort while the interpreter finalizes (sdk-python#300,
+    # exit 134) when a client was used; all work is done and flushed, so leave at once.
+    os._exit(code)
+
+
+def _demo_mode(args: argparse.Namespace) -> bool:
+    """Only `run`, and only without a key: the offline demo model stands in for a real one."""
+    return args.command == "run" and not os.environ.get("OPENAI_API_KEY")
+
+
+def _dispatch(args: argparse.Namespace, console: Console) -> int:
+    try:
+        if args.command == "server":
+            return serve(args, console)
+        return asyncio.run(args.handler(args, console))
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except CliError as e:
+        console.error(f"error: {e}")
+        return e.code
+    except (LaunchError, ServerError) as e:
+        console.error(f"error: {e}")
+        return EXIT_USAGE
+    except ValidationError as e:
+        console.error(f"error: invalid input: {_validation_text(e)}")
+        return EXIT_USAGE
+    except WorkflowUpdateFailedError as e:
+        console.error(f"refused: {getattr(e.cause, 'message', None) or e.cause}")
+        return EXIT_REFUSED
+    except RPCError as e:
+        console.error(f"refused: {e.message}")
+        return EXIT_REFUSED
+
+
+def _validation_text(error: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in item['loc']) or 'input'}: {item['msg']}" for item in error.errors())
+
+
+# --- parser ----------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="durable-agent", description="LLM agents as Temporal workflows that survive any crash."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    server = commands.add_parser("server", help="run the embedded Temporal dev server in the foreground")
+    server.add_argument("--port", type=int, default=None, help="gRPC port (default: from TEMPORAL_ADDRESS, else 7233)")
+    server.add_argument("--ui-port", type=int, default=DEFAULT_UI_PORT, help="Web UI port (default 8233)")
+
+    _command(commands, "worker", work, "run a worker for the task queue until Ctrl-C")
+    _add_run_parser(commands)
+
+    _command(commands, "status", status, "show a run's state, usage, limits and pending decisions", with_id=True)
+    _command(commands, "watch", watch, "follow a run live (Ctrl-C stops watching, not the run)", with_id=True)
+    pause = _command(commands, "pause", pause_run, "pause a run before its next step", with_id=True)
+    pause.add_argument("--reason")
+    _command(commands, "resume", resume_run, "resume a paused run", with_id=True)
+    message = _command(commands, "message", message_run, "add a user message before the next model call", with_id=True)
+    message.add_argument("text")
+    approve = _command(commands, "approve", approve_call, "approve (or --deny) a pending tool call", with_id=True)
+    approve.add_argument("call_id")
+    approve.add_argument("--deny", action="store_true")
+    approve.add_argument("--note")
+    resolve = _command(commands, "resolve", resolve_run, "decide how a run that needs attention goes on", with_id=True)
+    resolve.add_argument("action", choices=typing.get_args(Resolution.model_fields["action"].annotation))
+    resolve.add_argument("--note")
+    limits = _command(commands, "limits", raise_limits, "change a run's limits (any subset)", with_id=True)
+    _add_limit_options(limits)
+    export = _command(commands, "export", export_run, "write a run's transcript as JSONL", with_id=True)
+    export.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
+    listing = _command(commands, "list", list_runs, "list runs with their state, step, tokens and cost")
+    listing.add_argument("--state", choices=typing.get_args(RunState))
+    listing.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
+    return parser
+
+
+def _command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    handler: Handler,
+    help: str,
+    with_id: bool = False,
+) -> argparse.ArgumentParser:
+    parser = commands.add_parser(name, help=help, description=help)
+    parser.set_defaults(handler=handler)
+    if with_id:
+        parser.add_argument("id", help="the run's workflow id")
+    return parser
+
+
+def _add_run_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = _command(commands, "run", run_agent, "start a run and follow it live (Ctrl-C detaches)")
+    run.add_argument("goal")
+    run.add_argument("--workspace", required=True, help="folder the agent works in")
+    run.add_argument("--model", help="model name (default gpt-4.1-mini)")
+    run.add_argument("--fallback-model", help="model to switch to in the soft tier of a budget")
+    run.add_argument("--tools", nargs="+", metavar="TOOL", help="only these tools (default: all)")
+    run.add_argument("--id", help="workflow id (default agent-<random>)")
+    run.add_argument("--no-worker", action="store_true", help="do not start a worker if none is polling")
+    run.add_argument("--detach", action="store_true", help="start the run and return at once")
+    run.add_argument(
+        "--approve-tools",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="TOOL",
+        help="tools whose every call waits for `approve`",
+    )
+    run.add_argument(
+        "--approve-commands",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="REGEX",
+        help="run_command commands matching a regex wait for `approve`",
+    )
+    _add_limit_options(run)
+
+
+def _add_limit_options(parser: argparse.ArgumentParser) -> None:
+    """One option per `LimitsPatch` field, so the CLI never lags behind the contract."""
+    for name, field in LimitsPatch.model_fields.items():
+        kind = next(t for t in typing.get_args(field.annotation) if t is not type(None))
+        metavar = "N" if kind is int else "X"
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, metavar=metavar)
+
+
+def _limit_values(args: argparse.Namespace) -> dict[str, Any]:
+    return {name: getattr(args, name) for name in LimitsPatch.model_fields if getattr(args, name) is not None}
+
+
+# --- server and worker -----------------------------------------------------------------
+
+
+def serve(args: argparse.Namespace, console: Console) -> int:
+    port = args.port or _configured_local_port()
+    if port_open("127.0.0.1", port):
+        console.line(f"a Temporal server is already running on port {port}; nothing to do")
+        return EXIT_OK
+    server = start_server(home(), port=port, ui_port=args.ui_port)
+    console.line(f"Temporal dev server: {server.address} (data {server.db_file}, log {server.log_file})")
+    console.line(f"Web UI: http://localhost:{args.ui_port}")
+    console.line("Ctrl-C stops it")
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
+    try:
+        code = server.process.wait()
+    except KeyboardInterrupt:
+        server.stop()
+        console.line("server stopped")
+        return EXIT_OK
+    raise CliError(f"the server exited with code {code}; see {server.log_file}")
+
+
+def _configured_local_port() -> int:
+    address = configured_address()
+    return split_address(address)[1] if is_local(address) else DEFAULT_PORT
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+async def work(args: argparse.Namespace, console: Console) -> int:
+    from worker import build_worker  # imports every activity (and openai): only here
+
+    client = await connect_client()
+    worker = build_worker(client, task_queue())
+    running = asyncio.create_task(worker.run())
+    console.line(f"worker polling task queue {task_queue()} on {configured_address()}; Ctrl-C stops it")
+    try:
+        finished = await _until_signalled(asyncio.shield(running))
+    except Exception as e:  # a fatal worker error, e.g. the server went away for good
+        raise CliError(f"the worker stopped: {e}") from None
+    if finished is None:
+        console.line("stopping: in-flight activities get a few seconds to finish")
+        await worker.shutdown()
+        await running
+    console.line("worker stopped")
+    return EXIT_OK
+
+
+async def _until_signalled(awaitable: Awaitable[T]) -> T | None:
+    """Await it; on Ctrl-C or SIGTERM cancel it and return None instead."""
+    loop = asyncio.get_running_loop()
+    interrupted = asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
+        loop.add_signal_handler(sig, interrupted.set)
+    task = asyncio.ensure_future(awaitable)
+    waiter = asyncio.create_task(interrupted.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+        waiter.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return None
+
+
+# --- run -------------------------------------------------------------------------------
+
+
+async def run_agent(args: argparse.Namespace, console: Console) -> int:
+    demo = _demo_mode(args)
+    agent_input = _agent_input(args, demo)
+    client, address = await connect_or_start_server(console)
+    run_id = args.id or f"agent-{uuid.uuid4().hex[:8]}"
+    if demo:
+        if args.no_worker or args.detach:
+            console.line("note: the demo ignores --no-worker and --detach: its model and worker live in this command")
+        return await _run_demo(client, address, agent_input, run_id, console)
+    queue = task_queue()
+    if not args.no_worker:
+        await ensure_worker(client, queue, address, console)
+    handle = await _start(client, agent_input, run_id, queue, address, console)
+    if args.detach:
+        console.line(f"detached: follow it with `durable-agent watch {run_id}`")
+        return EXIT_OK
+    code = await _until_signalled(follow(handle, console))
+    if code is None:
+        console.line(f"detached; the run goes on. Re-attach: durable-agent watch {run_id}")
+        return EXIT_INTERRUPTED
+    return code
+
+
+def _agent_input(args: argparse.Namespace, demo: bool) -> AgentInput:
+    workspace = Path(args.workspace).expanduser().resolve()
+    if not workspace.exists():
+        raise CliError(f"workspace {args.workspace} does not exist")
+    if not workspace.is_dir():
+        raise CliError(f"workspace {args.workspace} is not a folder")
+    fields: dict[str, Any] = {
+        "goal": args.goal,
+        "workspace": str(workspace),
+        "tools": args.tools,
+        "limits": _run_limits(_limit_values(args)),
+        "approval": {"tools": args.approve_tools, "commands": args.approve_commands},
+    }
+    model = args.model or (demo_model.MODEL if demo else None)
+    if model:
+        fields["model"] = model
+    if args.fallback_model:
+        fields["fallback_model"] = args.fallback_model
+    return AgentInput.model_validate(fields)
+
+
+def _run_limits(given: dict[str, Any]) -> dict[str, Any]:
+    # `--hard-steps 10` alone should just work: pull the default soft limit under it.
+    hard, default_soft = given.get("hard_steps"), Limits().soft_steps
+    if hard is not None and "soft_steps" not in given and hard < default_soft:
+        given = {**given, "soft_steps": max(1, int(hard * 0.8))}
+    return given
+
+
+async def _start(
+    client: Client, agent_input: AgentInput, run_id: str, queue: str, address: str, console: Console
+) -> WorkflowHandle[Any, AgentResult]:
+    try:
+        handle = await client.start_workflow(
+            WORKFLOW_TYPE, agent_input, id=run_id, task_queue=queue, result_type=AgentResult
+        )
+    except WorkflowAlreadyStartedError:
+        raise CliError(f"a run with id {run_id!r} already exists; pick another --id") from None
+    where = ui_url(address)
+    link = f" · Web UI: {where}/namespaces/{client.namespace}/workflows/{run_id}" if where else ""
+    console.line(f"started run {run_id} on task queue {queue}{link}")
+    console.line(f"goal: {agent_input.goal}")
+    return handle
+
+
+async def _run_demo(client: Client, address: str, agent_input: AgentInput, run_id: str, console: Console) -> int:
+    from durable_agent.demo import Demo
+
+    console.line(
+        "no OPENAI_API_KEY set: using the offline demo model, which plays one fixed scenario whatever "
+        "the goal (write calc.py and its test, find the bug, fix it). Set OPENAI_API_KEY for a real model."
+    )
+    with Demo(console, address, run_id) as demo:
+        await demo.wait_ready(client)
+        handle = await _start(client, agent_input, run_id, demo.queue, address, console)
+        code = await _until_signalled(follow(handle, console, on_progress=demo.on_progress))
+        if code is None:
+            # The demo's model and worker live in this command, so the run cannot go on without it.
+            await handle.terminate("the offline demo was interrupted")
+            console.line(
+                "interrupted: the demo's model and worker run inside this command, so the demo run was terminated"
+            )
+            return EXIT_INTERRUPTED
+        console.line(demo.report())
+        return code
+
+
+# --- following and inspecting ----------------------------------------------------------
+
+
+async def watch(args: argparse.Namespace, console: Console) -> int:
+    handle, running = await _handle(args.id)
+    if not running:
+        lines, code = await _ended(handle)
+        console.lines(lines)
+        return code
+    current = await snapshot_status(handle)
+    if current is not None:
+        console.lines(render.status_lines(args.id, current))
+    console.line("following (Ctrl-C stops watching; the run goes on)")
+    code = await _until_signalled(follow(handle, console, since=current))
+    return EXIT_INTERRUPTED if code is None else code
+
+
+async def status(args: argparse.Namespace, console: Console) -> int:
+    handle, running = await _handle(args.id)
+    if not running:
+        # The result is in history: no worker needed (a query on a closed run needs one).
+        console.lines((await _ended(handle))[0])
+        return EXIT_OK
+    current = await snapshot_status(handle)
+    if current is None:
+        raise CliError(
+            f"{args.id} is running but no worker answered within {QUERY_TIMEOUT.seconds} s; "
+            "start one with `durable-agent worker`"
+        )
+    console.lines(render.status_lines(args.id, current))
+    return EXIT_OK
+
+
+async def _ended(handle: WorkflowHandle[Any, AgentResult]) -> tuple[list[str], int]:
+    """An ended run's lines and exit code, from its history."""
+    try:
+        result = await handle.result()
+    except WorkflowFailureError as e:
+        return [f"{handle.id}: {failure_text(e)}"], EXIT_FAILED
+    return [f"{handle.id}:", *render.result_lines(result)], EXIT_CODES[result.state]
+
+
+async def export_run(args: argparse.Namespace, console: Console) -> int:
+    handle, _ = await _handle(args.id)
+    try:
+        messages = await handle.query(
+            "transcript", TranscriptRequest(from_step=0), result_type=list[Message], rpc_timeout=QUERY_TIMEOUT
+        )
+    except RPCError as e:
+        message = f"no worker answered the transcript query ({e.message}); start one with `durable-agent worker`"
+        raise CliError(message) from None
+    lines = [m.model_dump_json(exclude_none=True) for m in messages]
+    if args.output is None:
+        console.lines(lines)
+        return EXIT_OK
+    args.output.write_text("".join(line + "\n" for line in lines))
+    console.line(f"wrote {len(lines)} messages to {args.output}")
+    return EXIT_OK
+
+
+async def list_runs(args: argparse.Namespace, console: Console) -> int:
+    client = await connect_client()
+    query = f"WorkflowType = '{WORKFLOW_TYPE}'" + (f" AND AgentState = '{args.state}'" if args.state else "")
+    rows = [_list_row(run) async for run in client.list_workflows(query, limit=args.limit)]
+    if not rows:
+        console.line("no runs" + (f" in state {args.state}" if args.state else ""))
+        return EXIT_OK
+    console.lines(_table([("ID", "STATE", "STEP", "TOKENS", "COST"), *rows]))
+    return EXIT_OK
+
+
+def _list_row(run: WorkflowExecution) -> tuple[str, ...]:
+    from workflows.agent import AGENT_COST, AGENT_STATE, AGENT_STEP, AGENT_TOKENS  # the workflow's own keys
+
+    found = run.typed_search_attributes
+    # A run that never wrote its attributes (e.g. failed on bad input) shows Temporal's status.
+    state = found.get(AGENT_STATE) or (run.status.name.lower() if run.status else "?")
+    cost = found.get(AGENT_COST)
+    tokens = found.get(AGENT_TOKENS) or 0
+    return run.id, state, str(found.get(AGENT_STEP) or 0), f"{tokens:,}", "-" if cost is None else f"${cost:.4f}"
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+# --- control ---------------------------------------------------------------------------
+
+
+async def pause_run(args: argparse.Namespace, console: Console) -> int:
+    handle, _ = await _handle(args.id, running=True)
+    await handle.signal("pause", PauseRequest(reason=args.reason))
+    console.line(
+        f"pause sent to {args.id}: it stops before its next step (resume with `durable-agent resume {args.id}`)"
+    )
+    return EXIT_OK
+
+
+async def resume_run(args: argparse.Namespace, console: Console) -> int:
+    handle, _ = await _handle(args.id, running=True)
+    await handle.signal("resume")
+    console.line(f"resume sent to {args.id}")
+    return EXIT_OK
+
+
+async def message_run(args: argparse.Namespace, console: Console) -> int:
+    text = UserMessage(text=args.text)
+    handle, _ = await _handle(args.id, running=True)
+    await handle.signal("add_message", text)
+    console.line(f"message sent to {args.id}: the model sees it before its next call")
+    return EXIT_OK
+
+
+async def approve_call(args: argparse.Namespace, console: Console) -> int:
+    decision = ApprovalDecision(call_id=args.call_id, approved=not args.deny, note=args.note)
+    handle, _ = await _handle(args.id, running=True)
+    outcome = await handle.execute_update("approve", decision, result_type=str)
+    console.line(f"{args.id}: {outcome}")
+    return EXIT_OK
+
+
+async def resolve_run(args: argparse.Namespace, console: Console) -> int:
+    resolution = Resolution(action=args.action, note=args.note)
+    handle, _ = await _handle(args.id, running=True)
+    outcome = await handle.execute_update("resolve", resolution, result_type=str)
+    console.line(f"{args.id}: {outcome}")
+    return EXIT_OK
+
+
+async def raise_limits(args: argparse.Namespace, console: Console) -> int:
+    given = _limit_values(args)
+    if not given:
+        raise CliError("give at least one limit, e.g. --hard-steps 80 (see `durable-agent limits --help`)")
+    handle, _ = await _handle(args.id, running=True)
+    limits = await handle.execute_update("raise_limits", LimitsPatch(**given), result_type=Limits)
+    console.line(f"{args.id}: limits now {render.limits_text(limits)}")
+    return EXIT_OK
+
+
+async def _handle(run_id: str, running: bool = False) -> tuple[WorkflowHandle[Any, AgentResult], bool]:
+    """The run's handle and whether it is still running; `running=True` insists that it is."""
+    client = await connect_client()
+    handle = client.get_workflow_handle(run_id, result_type=AgentResult)
+    try:
+        description = await handle.describe()
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            raise CliError(f"no run with id {run_id!r}") from None
+        raise
+    is_running = description.status == WorkflowExecutionStatus.RUNNING
+    if running and not is_running:
+        state = description.status.name.lower() if description.status else "closed"
+        raise CliError(f"run {run_id} has already ended ({state})", EXIT_REFUSED)
+    return handle, is_running
+
+
+if __name__ == "__main__":
+    main()

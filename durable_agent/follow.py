@@ -1,0 +1,202 @@
+"""Following a run live, shared by `run` and `watch`.
+
+It only reads: the `status` and `transcript` queries every POLL_S, plus one long poll on
+the run's result, which also notices endings no query can report (a run terminated or
+failed from outside). Nothing here changes the run, so a follower may come and go.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio import exceptions as temporal_errors
+from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowQueryFailedError
+from temporalio.service import RPCError
+
+from durable_agent import render
+from durable_agent.console import Console
+from workflows.types import (
+    TERMINAL_STATES,
+    AgentResult,
+    AgentStatus,
+    AttentionReport,
+    Message,
+    TranscriptRequest,
+    Usage,
+)
+
+POLL_S = 0.4
+QUERY_TIMEOUT = timedelta(seconds=5)
+"""A query waits for a worker to answer; none within this time means no worker is up."""
+
+EXIT_CODES = {"completed": 0, "stopped": 3, "cancelled": 4, "terminated": 4}
+EXIT_FAILED = 4
+"""The run ended without an AgentResult: failed, or terminated or timed out by Temporal."""
+
+ProgressHook = Callable[[int], None]
+"""Called with the last step printed so far, at each poll and before each new step line:
+a caller can print its own lines in step order (the demo's crash notes)."""
+
+
+@dataclass
+class Snapshot:
+    status: AgentStatus
+    messages: list[Message]
+    """The transcript from the first step not printed yet."""
+
+
+class Reporter:
+    """Turns successive snapshots into lines, each step and each state change printed once."""
+
+    def __init__(self, run_id: str, since: AgentStatus | None = None) -> None:
+        # `since`: the status already shown (watch); its step and notes are not repeated.
+        self.run_id = run_id
+        self.next_step = max(since.step, 1) if since else 1
+        self._state: str | None = since.state if since else None
+        self._approvals_seen = {p.call_id for p in since.pending_approvals} if since else set()
+        self._attention: AttentionReport | None = since.attention if since else None
+        self._notes_seen = len(since.degradations) if since else 0
+        self._usage_shown = ""
+
+    def finished_steps(self, snapshot: Snapshot) -> list[tuple[int, str]]:
+        """(step, line) for every step finished since the last call, in order."""
+        by_step: dict[int, list[Message]] = {}
+        for message in snapshot.messages:
+            by_step.setdefault(message.step, []).append(message)
+        ended = snapshot.status.state in TERMINAL_STATES
+        lines: list[tuple[int, str]] = []
+        while self.next_step <= snapshot.status.step:
+            step = self.next_step
+            later = any(s > step for s in by_step)
+            if not (ended or later or _complete(by_step.get(step, []))):
+                break
+            lines.append((step, render.step_line(step, by_step.get(step, []))))
+            self.next_step += 1
+        return lines
+
+    def with_usage(self, line: str, usage: Usage) -> str:
+        """The usage is cumulative "now", so it goes on the newest step's line; a repeat is left out."""
+        text = render.usage_text(usage)
+        if text == self._usage_shown:
+            return line
+        self._usage_shown = text
+        return f"{line} · {text} so far"
+
+    def state_lines(self, status: AgentStatus) -> list[str]:
+        lines = [f"note: {d.kind}: {d.detail}" for d in status.degradations[self._notes_seen :]]
+        self._notes_seen = len(status.degradations)
+        new_approvals = [p for p in status.pending_approvals if p.call_id not in self._approvals_seen]
+        self._approvals_seen.update(p.call_id for p in new_approvals)
+        lines += render.approval_lines(self.run_id, new_approvals)
+        if status.attention != self._attention:
+            self._attention = status.attention
+            if status.attention is not None:
+                lines += render.attention_lines(self.run_id, status.attention)
+        previous, self._state = self._state, status.state
+        if status.state == "paused" and previous != "paused":
+            lines.append(f"paused: {status.paused_reason} (continue with: durable-agent resume {self.run_id})")
+        elif status.state == "running" and previous not in (None, "running", "starting"):
+            lines.append("running again")
+        return lines
+
+
+def _complete(messages: list[Message]) -> bool:
+    """A step is finished once its model reply is in and every tool call it made has a result."""
+    reply = next((m for m in messages if m.role == "assistant"), None)
+    if reply is None:
+        return False
+    answered = {m.tool_call_id for m in messages if m.role == "tool"}
+    return all(call.id in answered for call in reply.tool_calls)
+
+
+async def follow(
+    handle: WorkflowHandle[object, AgentResult],
+    console: Console,
+    since: AgentStatus | None = None,
+    on_progress: ProgressHook | None = None,
+) -> int:
+    """Print the run as it goes until it ends; returns the exit code for its outcome."""
+    reporter = Reporter(handle.id, since)
+    ending = asyncio.create_task(_ending(handle))
+    waiting_noted = False
+    try:
+        while True:
+            ended = ending.done()  # read before the snapshot, so the snapshot sees the end
+            snapshot = await _snapshot(handle, reporter.next_step)
+            if snapshot is not None:
+                _show(snapshot, reporter, console, on_progress)
+                if snapshot.status.result is not None:
+                    return _report_end(console, snapshot.status.result)
+            if ended:
+                return _report_end(console, ending.result())
+            if snapshot is None and not waiting_noted:
+                waiting_noted = True
+                console.line("no worker has answered yet; waiting (start one with `durable-agent worker`)")
+            await asyncio.wait({ending}, timeout=POLL_S)
+    finally:
+        ending.cancel()
+
+
+def _show(snapshot: Snapshot, reporter: Reporter, console: Console, on_progress: ProgressHook | None) -> None:
+    progress = on_progress or (lambda printed: None)
+    finished = reporter.finished_steps(snapshot)
+    for index, (step, line) in enumerate(finished):
+        progress(step - 1)
+        newest = index == len(finished) - 1
+        console.line(reporter.with_usage(line, snapshot.status.usage) if newest else line)
+    progress(reporter.next_step - 1)
+    console.lines(reporter.state_lines(snapshot.status))
+
+
+async def snapshot_status(handle: WorkflowHandle[object, AgentResult]) -> AgentStatus | None:
+    """The `status` query, or None when no worker answers it."""
+    try:
+        return await handle.query("status", result_type=AgentStatus, rpc_timeout=QUERY_TIMEOUT)
+    except (RPCError, WorkflowQueryFailedError):
+        return None
+
+
+async def _snapshot(handle: WorkflowHandle[object, AgentResult], from_step: int) -> Snapshot | None:
+    status = await snapshot_status(handle)
+    if status is None:
+        return None
+    try:
+        messages = await handle.query(
+            "transcript", TranscriptRequest(from_step=from_step), result_type=list[Message], rpc_timeout=QUERY_TIMEOUT
+        )
+    except (RPCError, WorkflowQueryFailedError):
+        return None
+    return Snapshot(status=status, messages=messages)
+
+
+async def _ending(handle: WorkflowHandle[object, AgentResult]) -> AgentResult | str:
+    """The run's result from history (no worker needed), or why it has none."""
+    try:
+        return await handle.result()
+    except WorkflowFailureError as e:
+        return failure_text(e)
+    except RPCError as e:
+        return f"lost contact with the Temporal server: {e.message}"
+
+
+def failure_text(error: WorkflowFailureError) -> str:
+    cause = error.cause
+    message = getattr(cause, "message", "") or str(cause)
+    if isinstance(cause, temporal_errors.TerminatedError):
+        return f"terminated from Temporal (not by `resolve`): {message or 'no reason given'}"
+    if isinstance(cause, temporal_errors.CancelledError):
+        return f"cancelled: {message or 'no reason given'}"
+    if isinstance(cause, temporal_errors.TimeoutError):
+        return f"timed out in Temporal: {message}"
+    return f"failed: {message}"
+
+
+def _report_end(console: Console, outcome: AgentResult | str) -> int:
+    if isinstance(outcome, str):
+        console.line(f"run ended: {outcome}")
+        return EXIT_FAILED
+    console.lines(render.result_lines(outcome))
+    return EXIT_CODES[outcome.state]

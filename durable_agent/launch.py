@@ -1,0 +1,134 @@
+"""What `durable-agent run` needs before it can start a run: a server and a worker.
+
+Both are started as detached background processes (their own session, logs under
+`DURABLE_AGENT_HOME`), never inside the CLI: the run must outlive the command that started
+it, so that Ctrl-C on `run` only stops the following, not the work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+from pathlib import Path
+
+from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio.client import Client
+
+from durable_agent.connection import connect, connect_config, home
+from durable_agent.console import Console
+from durable_agent.processes import spawn_worker
+from durable_agent.server import DEFAULT_PORT, ServerError, port_open, start_server
+
+LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
+CONNECT_TIMEOUT_S = 10.0
+WORKER_READY_TIMEOUT_S = 30.0
+POLLER_FRESH_S = 90.0
+"""A live worker re-polls at least every ~70 s (long-poll length); an older poller is gone."""
+
+
+class LaunchError(Exception):
+    """Why the command cannot go on, in one line for the user."""
+
+
+def configured_address() -> str:
+    return str(connect_config()["target_host"])
+
+
+def split_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return address, DEFAULT_PORT
+    return host, int(port)
+
+
+def is_local(address: str) -> bool:
+    """A dev server we may start ourselves: loopback, and no TLS or API key configured."""
+    config = connect_config(address)
+    return split_address(address)[0] in LOCAL_HOSTS and not config.get("tls") and not config.get("api_key")
+
+
+def ui_url(address: str) -> str | None:
+    """The local dev server's Web UI (the temporal CLI's default: gRPC port + 1000), if it is up."""
+    port = split_address(address)[1]
+    if not is_local(address) or not port_open("127.0.0.1", port + 1000):
+        return None
+    return f"http://localhost:{port + 1000}"
+
+
+async def connect_client(address: str | None = None) -> Client:
+    address = address or configured_address()
+    try:
+        return await asyncio.wait_for(connect(address), CONNECT_TIMEOUT_S)
+    except (RuntimeError, TimeoutError) as e:
+        reason = "connection refused" if "refused" in str(e).lower() else str(e).splitlines()[0][:200]
+        raise LaunchError(
+            f"no Temporal server at {address} ({reason}); start one with `durable-agent server` or set TEMPORAL_ADDRESS"
+        ) from None
+
+
+async def connect_or_start_server(console: Console) -> tuple[Client, str]:
+    """Connect; a local address with nothing listening gets the embedded server first."""
+    address = configured_address()
+    port = split_address(address)[1]
+    # The embedded server listens on 127.0.0.1, so that is where a local one would be.
+    if is_local(address) and not port_open("127.0.0.1", port):
+        await asyncio.to_thread(_start_background_server, console, port)
+    return await connect_client(address), address
+
+
+def _start_background_server(console: Console, port: int) -> None:
+    console.line(f"no Temporal server on port {port}: starting the embedded dev server in the background…")
+    ui_port = port + 1000 if port + 1000 <= 65535 else None  # the temporal CLI's default pairing
+    try:
+        server = start_server(home(), port=port, ui_port=ui_port)
+    except ServerError as e:
+        raise LaunchError(str(e).splitlines()[0]) from None
+    console.line(
+        f"Temporal dev server at {server.address} (pid {server.process.pid}, data {server.db_file}, "
+        f"log {server.log_file}); it keeps running after this command: stop it with `kill {server.process.pid}`"
+    )
+
+
+async def has_worker(client: Client, queue: str) -> bool:
+    """Whether a worker polled the queue's workflow tasks recently."""
+    response = await client.workflow_service.describe_task_queue(
+        DescribeTaskQueueRequest(
+            namespace=client.namespace,
+            task_queue=TaskQueue(name=queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        )
+    )
+    now = time.time()
+    return any(now - p.last_access_time.ToSeconds() < POLLER_FRESH_S for p in response.pollers)
+
+
+async def ensure_worker(client: Client, queue: str, address: str, console: Console) -> None:
+    """Start a detached background worker unless one already polls the queue."""
+    if await has_worker(client, queue):
+        return
+    log = home() / "worker.log"
+    process = spawn_worker({"DURABLE_AGENT_TASK_QUEUE": queue, "TEMPORAL_ADDRESS": address}, log)
+    await wait_until_polling(client, queue, process, log)
+    console.line(
+        f"started a background worker for task queue {queue} (pid {process.pid}, log {log}); "
+        f"it keeps serving runs after this command: stop it with `kill {process.pid}`"
+    )
+
+
+async def wait_until_polling(client: Client, queue: str, process: subprocess.Popen[bytes], log: Path) -> None:
+    """Wait for a freshly started worker to poll, so a worker that cannot start is reported, not waited on."""
+    deadline = time.monotonic() + WORKER_READY_TIMEOUT_S
+    while not await has_worker(client, queue):
+        if process.poll() is not None:
+            raise LaunchError(f"the worker exited at start with code {process.returncode}: {_last_line(log)}")
+        if time.monotonic() > deadline:
+            raise LaunchError(f"the worker did not start polling within {WORKER_READY_TIMEOUT_S:.0f} s; see {log}")
+        await asyncio.sleep(0.2)
+
+
+def _last_line(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1][:300] if lines else f"no output (see {log})"

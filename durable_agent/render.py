@@ -1,0 +1,126 @@
+"""Plain-text lines the CLI prints for steps, statuses and results. Pure functions."""
+
+from __future__ import annotations
+
+import json
+import re
+import textwrap
+from typing import Any
+
+from workflows.tool_specs import call_summary
+from workflows.types import AgentResult, AgentStatus, AttentionReport, Limits, Message, PendingApproval, Usage
+
+_EXIT_CODE = re.compile(r"^exit code: (-?\d+)")
+"""How `run_command` starts its result (activities/tools.py)."""
+
+
+def cost_text(usage: Usage) -> str:
+    if usage.cost_known:
+        return f"${usage.cost_usd:.4f}"
+    # A model without a price counts as $0, which would read as "free": say so instead.
+    return f"${usage.cost_usd:.4f} + unpriced calls" if usage.cost_usd else "cost unknown"
+
+
+def usage_text(usage: Usage) -> str:
+    return f"{usage.tokens:,} tokens · {cost_text(usage)}"
+
+
+def full_usage_text(usage: Usage) -> str:
+    return (
+        f"{usage.tokens:,} tokens (in {usage.input_tokens:,} / out {usage.output_tokens:,}) · "
+        f"{usage.model_calls} model calls · {usage.tool_calls} tool calls · "
+        f"{cost_text(usage)} · {usage.elapsed_s:.1f} s"
+    )
+
+
+def limits_text(limits: Limits) -> str:
+    return (
+        f"steps {limits.hard_steps} (soft {limits.soft_steps}) · tokens {limits.max_tokens:,} · "
+        f"cost ${limits.max_cost_usd:g} · model calls {limits.max_model_calls} · "
+        f"tool calls {limits.max_tool_calls} · time {limits.max_duration_s:g} s"
+    )
+
+
+def step_line(step: int, messages: list[Message]) -> str:
+    """`step 2 · run_command: python3 test_calc.py (exit 1)`, from the step's messages."""
+    reply = next((m for m in messages if m.role == "assistant"), None)
+    if reply is None:
+        return f"step {step} · no model reply in the transcript"
+    if not reply.tool_calls:
+        return f"step {step} · final answer"
+    results = {m.tool_call_id: m.content or "" for m in messages if m.role == "tool"}
+    calls = [_call_text(c.name, c.arguments, results.get(c.id)) for c in reply.tool_calls]
+    together = f"{len(calls)} calls in parallel: " if len(calls) > 1 else ""
+    return f"step {step} · {together}{', '.join(calls)}"
+
+
+def _call_text(name: str, raw_arguments: str, result: str | None) -> str:
+    summary = call_summary(name, _arguments(raw_arguments), limit=80)
+    if result is None:
+        return summary
+    if result.startswith("ERROR"):
+        return f"{summary} (error)"
+    code = command_exit_code(result)
+    return summary if code is None else f"{summary} (exit {code})"
+
+
+def command_exit_code(result: str) -> int | None:
+    """The exit code a `run_command` result reports, or None for any other result."""
+    match = _EXIT_CODE.match(result)
+    return int(match.group(1)) if match else None
+
+
+def _arguments(raw: str) -> dict[str, Any]:
+    try:
+        decoded = json.loads(raw or "{}")
+    except json.JSONDecodeError:
+        return {}
+    return decoded if isinstance(decoded, dict) else {}
+
+
+def approval_lines(run_id: str, pending: list[PendingApproval]) -> list[str]:
+    lines = [f"awaiting approval: {p.call_id} · {p.summary} · {p.reason}" for p in pending]
+    if pending:
+        lines.append(f"  decide with: durable-agent approve {run_id} {pending[0].call_id} [--deny] [--note TEXT]")
+    return lines
+
+
+def attention_lines(run_id: str, report: AttentionReport) -> list[str]:
+    return [
+        f"needs attention: {report.what_failed} (after {report.attempts} attempt(s)): {_one_line(report.last_error)}",
+        f"  decide with: durable-agent resolve {run_id} retry|skip|terminate [--note TEXT]",
+    ]
+
+
+def result_lines(result: AgentResult) -> list[str]:
+    lines = [
+        f"{result.state} ({result.stop_reason}) after {result.steps} steps",
+        f"usage: {full_usage_text(result.usage)}",
+        "output:",
+        textwrap.indent(result.output.strip() or "(empty)", "  "),
+    ]
+    lines += [f"unfinished: {item}" for item in result.unfinished]
+    return lines
+
+
+def status_lines(run_id: str, status: AgentStatus) -> list[str]:
+    lines = [
+        f"{run_id}: {status.state} · step {status.step} · model {status.model}",
+        f"usage: {full_usage_text(status.usage)}",
+        f"limits: {limits_text(status.limits)}",
+    ]
+    if status.activity and status.result is None:
+        lines.append(f"now: {status.activity}")
+    if status.paused_reason:
+        lines.append(f"paused: {status.paused_reason}")
+    lines += approval_lines(run_id, status.pending_approvals)
+    if status.attention is not None:
+        lines += attention_lines(run_id, status.attention)
+    if status.result is not None:
+        lines += result_lines(status.result)[2:]  # state and usage are already above
+    return lines
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

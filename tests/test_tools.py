@@ -1,0 +1,507 @@
+"""The tool activities, run through ActivityEnvironment: no Temporal server needed.
+
+Process-group assertions read /proc and ignore zombies: PID 1 in many containers does
+not reap orphans, so killed background processes may linger as zombies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from activities.journal import Journal
+from activities.tools import INTERRUPTED, ToolActivities
+from workflows.types import ToolCallInput, ToolOutcome
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ToolActivities(kill_grace_s=1.0, max_list_entries=50, max_search_matches=20)
+
+
+async def run_tool(
+    workspace: Path,
+    tool: str,
+    *,
+    key: str | None = None,
+    output_chars: int = 8_000,
+    env: ActivityEnvironment | None = None,
+    **arguments: Any,
+) -> ToolOutcome:
+    input = ToolCallInput(
+        call_id="call-1",
+        idempotency_key=key or uuid.uuid4().hex,
+        workspace=str(workspace),
+        arguments=arguments,
+        output_chars=output_chars,
+    )
+    return await (env or ActivityEnvironment()).run(getattr(TOOLS, tool), input)
+
+
+def live_members(pgid: int) -> list[int]:
+    members = []
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:
+                continue
+            state, _ppid, group = stat.rsplit(")", 1)[1].split()[:3]
+            if group == str(pgid) and state != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+def pgid_in(text: str) -> int:
+    match = re.search(r"pgid=(\d+)", text)
+    assert match, text
+    return int(match.group(1))
+
+
+async def started_pgid(workspace: Path, key: str, within_s: float = 30.0) -> int:
+    """Wait until the command of `key` has been launched; its process group id."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        record = Journal(workspace).started(key)
+        if record and record.get("pgid"):
+            return int(record["pgid"])
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"command {key} did not start within {within_s} s")
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    folder = tmp_path / "ws"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
+def outside(tmp_path: Path, workspace: Path) -> Path:
+    """A folder next to the workspace, reachable from it only through symlinks."""
+    folder = tmp_path / "outside"
+    folder.mkdir()
+    (folder / "secret.txt").write_text("SECRET\n")
+    (workspace / "link_file").symlink_to(folder / "secret.txt")
+    (workspace / "link_dir").symlink_to(folder)
+    (workspace / "dangling").symlink_to(folder / "new.txt")
+    return folder
+
+
+# --- read_file ---------------------------------------------------------------------
+
+
+async def test_read_file_numbers_lines(workspace: Path) -> None:
+    (workspace / "a.txt").write_text("alpha\nbeta\n")
+    outcome = await run_tool(workspace, "read_file", path="a.txt")
+    assert outcome.ok
+    assert outcome.output == "     1\talpha\n     2\tbeta"
+
+
+async def test_read_file_honours_offset_and_limit(workspace: Path) -> None:
+    (workspace / "a.txt").write_text("".join(f"line {n}\n" for n in range(1, 11)))
+    outcome = await run_tool(workspace, "read_file", path="a.txt", offset=3, limit=2)
+    assert outcome.output.splitlines()[:2] == ["     3\tline 3", "     4\tline 4"]
+    assert "[showing lines 3-4 of 10; read more with offset=5]" in outcome.output
+
+
+async def test_read_file_truncates_by_lines_and_says_how_long_the_file_is(workspace: Path) -> None:
+    (workspace / "big.txt").write_text("".join(f"line {n}\n" for n in range(1, 10_001)))
+    outcome = await run_tool(workspace, "read_file", path="big.txt", output_chars=1_000)
+    assert outcome.ok
+    assert len(outcome.output) < 1_100
+    assert outcome.output.startswith("     1\tline 1\n")
+    assert re.search(r"\[showing lines 1-\d+ of 10,000; read more with offset=\d+\]", outcome.output)
+
+
+async def test_read_file_past_the_end(workspace: Path) -> None:
+    (workspace / "a.txt").write_text("one\n")
+    outcome = await run_tool(workspace, "read_file", path="a.txt", offset=5)
+    assert not outcome.ok
+    assert outcome.error == "offset 5 is past the end of a.txt, which has 1 lines"
+
+
+async def test_read_file_missing(workspace: Path) -> None:
+    outcome = await run_tool(workspace, "read_file", path="nope.txt")
+    assert not outcome.ok
+    assert outcome.error == "nope.txt: no such file or folder"
+
+
+async def test_read_file_of_a_folder(workspace: Path) -> None:
+    (workspace / "sub").mkdir()
+    outcome = await run_tool(workspace, "read_file", path="sub")
+    assert not outcome.ok
+    assert "sub: is a folder" in (outcome.error or "")
+
+
+@pytest.mark.parametrize("content", [b"\x89PNG\x00\x00data", b"caf\xe9 latin-1\n"], ids=["nul", "not-utf8"])
+async def test_read_file_binary(workspace: Path, content: bytes) -> None:
+    (workspace / "blob").write_bytes(content)
+    outcome = await run_tool(workspace, "read_file", path="blob")
+    assert not outcome.ok
+    assert (
+        outcome.error == f"blob is a binary file ({len(content)} bytes), not UTF-8 text; "
+        "it cannot be read or edited as text"
+    )
+
+
+# --- sandbox -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "message"),
+    [
+        ("read_file", {"path": "../outside/secret.txt"}, "path escapes the workspace: ../outside/secret.txt"),
+        ("read_file", {"path": "sub/../../outside/secret.txt"}, "path escapes the workspace"),
+        (
+            "read_file",
+            {"path": "{outside}/secret.txt"},
+            "path is outside the workspace: {outside}/secret.txt",
+        ),
+        ("read_file", {"path": "link_file"}, "path escapes the workspace through a symlink: link_file"),
+        ("read_file", {"path": "link_dir/secret.txt"}, "through a symlink: link_dir/secret.txt"),
+        ("write_file", {"path": "link_dir/new.txt", "content": "x"}, "through a symlink"),
+        ("write_file", {"path": "dangling", "content": "x"}, "through a symlink: dangling"),
+        ("write_file", {"path": "../new.txt", "content": "x"}, "path escapes the workspace: ../new.txt"),
+        ("edit_file", {"path": "link_file", "old_text": "SECRET", "new_text": "x"}, "through a symlink"),
+        ("list_files", {"path": "link_dir"}, "through a symlink"),
+        ("list_files", {"path": ".."}, "path escapes the workspace: .."),
+        ("search_files", {"pattern": "SECRET", "path": "link_dir"}, "through a symlink"),
+    ],
+)
+async def test_paths_may_not_leave_the_workspace(
+    workspace: Path, outside: Path, tool: str, arguments: dict[str, Any], message: str
+) -> None:
+    arguments = {k: str(v).format(outside=outside) if k == "path" else v for k, v in arguments.items()}
+    outcome = await run_tool(workspace, tool, **arguments)
+    assert not outcome.ok
+    assert message.format(outside=outside) in (outcome.error or "")
+    assert (outside / "secret.txt").read_text() == "SECRET\n"
+    assert not (outside / "new.txt").exists()
+    assert not (workspace.parent / "new.txt").exists()
+
+
+async def test_absolute_path_inside_and_inner_symlinks_are_fine(workspace: Path) -> None:
+    (workspace / "a.txt").write_text("hello\n")
+    (workspace / "alias").symlink_to(workspace / "a.txt")
+    assert (await run_tool(workspace, "read_file", path=str(workspace / "a.txt"))).ok
+    assert (await run_tool(workspace, "read_file", path="alias")).output == "     1\thello"
+
+
+async def test_the_journal_folder_is_read_only_for_the_model(workspace: Path) -> None:
+    outcome = await run_tool(workspace, "write_file", path=".durable-agent/journal/x.json", content="{}")
+    assert not outcome.ok
+    assert ".durable-agent/" in (outcome.error or "")
+    assert not (workspace / ".durable-agent" / "journal" / "x.json").exists()
+
+
+async def test_missing_workspace(tmp_path: Path) -> None:
+    outcome = await run_tool(tmp_path / "gone", "read_file", path="a.txt")
+    assert not outcome.ok
+    assert outcome.error == f"workspace folder does not exist: {tmp_path / 'gone'}"
+
+
+async def test_bad_arguments_are_a_tool_error(workspace: Path) -> None:
+    outcome = await run_tool(workspace, "read_file", limit=0)
+    assert not outcome.ok
+    assert outcome.error is not None
+    assert outcome.error.startswith("bad arguments for read_file: path: Field required")
+
+
+# --- write_file and edit_file --------------------------------------------------------
+
+
+async def test_write_file_creates_parent_folders(workspace: Path) -> None:
+    outcome = await run_tool(workspace, "write_file", path="src/pkg/mod.py", content="x = 1\ny = 2\n")
+    assert outcome.ok
+    assert outcome.output == "wrote src/pkg/mod.py (12 bytes, 2 lines)"
+    assert (workspace / "src/pkg/mod.py").read_text() == "x = 1\ny = 2\n"
+
+
+async def test_write_file_keeps_permissions_of_the_file_it_replaces(workspace: Path) -> None:
+    script = workspace / "run.sh"
+    script.write_text("old")
+    script.chmod(0o755)
+    assert (await run_tool(workspace, "write_file", path="run.sh", content="new")).ok
+    assert script.read_text() == "new"
+    assert script.stat().st_mode & 0o777 == 0o755
+
+
+async def test_edit_file_replaces_a_unique_occurrence(workspace: Path) -> None:
+    (workspace / "a.py").write_text("def f():\n    return 1\n")
+    outcome = await run_tool(workspace, "edit_file", path="a.py", old_text="return 1", new_text="return 2")
+    assert outcome.ok
+    assert outcome.output == "replaced 1 occurrence of old_text in a.py"
+    assert (workspace / "a.py").read_text() == "def f():\n    return 2\n"
+
+
+async def test_edit_file_old_text_not_found(workspace: Path) -> None:
+    (workspace / "a.py").write_text("x = 1\n")
+    outcome = await run_tool(workspace, "edit_file", path="a.py", old_text="y = 1", new_text="y = 2")
+    assert not outcome.ok
+    assert (outcome.error or "").startswith("old_text was not found in a.py")
+
+
+async def test_edit_file_ambiguous_without_replace_all(workspace: Path) -> None:
+    (workspace / "a.py").write_text("x = 1\nx = 1\nx = 1\n")
+    outcome = await run_tool(workspace, "edit_file", path="a.py", old_text="x = 1", new_text="x = 2")
+    assert not outcome.ok
+    assert (outcome.error or "").startswith("old_text occurs 3 times in a.py")
+    assert (workspace / "a.py").read_text() == "x = 1\nx = 1\nx = 1\n"
+
+
+async def test_edit_file_replace_all(workspace: Path) -> None:
+    (workspace / "a.py").write_text("x = 1\nx = 1\nx = 1\n")
+    outcome = await run_tool(
+        workspace, "edit_file", path="a.py", old_text="1", new_text="2", replace_all=True
+    )
+    assert outcome.output == "replaced 3 occurrences of old_text in a.py"
+    assert (workspace / "a.py").read_text() == "x = 2\nx = 2\nx = 2\n"
+
+
+async def test_edit_file_of_a_binary_file(workspace: Path) -> None:
+    (workspace / "blob").write_bytes(b"a\x00b")
+    outcome = await run_tool(workspace, "edit_file", path="blob", old_text="a", new_text="b")
+    assert not outcome.ok
+    assert "binary file (3 bytes)" in (outcome.error or "")
+
+
+async def test_edit_file_retried_with_the_same_key_applies_once(workspace: Path) -> None:
+    (workspace / "a.txt").write_text("a a\n")
+    edit = {"path": "a.txt", "old_text": "a", "new_text": "aa", "replace_all": True}
+    first = await run_tool(workspace, "edit_file", key="edit-1", **edit)
+    again = await run_tool(workspace, "edit_file", key="edit-1", **edit)
+    assert again == first
+    assert (workspace / "a.txt").read_text() == "aa aa\n"
+
+
+async def test_edit_file_crash_between_write_and_record_applies_once(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (workspace / "a.txt").write_text("a a\n")
+    edit = {"path": "a.txt", "old_text": "a", "new_text": "aa", "replace_all": True}
+    record = Journal.complete
+
+    def crash_once(self: Journal, key: str, outcome: ToolOutcome) -> None:
+        monkeypatch.setattr(Journal, "complete", record)
+        raise OSError(errno.EIO, "simulated I/O error after the edit was written")
+
+    monkeypatch.setattr(Journal, "complete", crash_once)
+    with pytest.raises(OSError):  # transient: raised so that Temporal retries
+        await run_tool(workspace, "edit_file", key="edit-2", **edit)
+    assert (workspace / "a.txt").read_text() == "aa aa\n"
+
+    retried = await run_tool(workspace, "edit_file", key="edit-2", **edit)
+    assert retried.ok
+    assert retried.output == "replaced 2 occurrences of old_text in a.txt"
+    assert (workspace / "a.txt").read_text() == "aa aa\n"
+
+
+# --- list_files and search_files -----------------------------------------------------
+
+
+async def test_list_files_sorted_relative_and_skips_internal_folders(workspace: Path, outside: Path) -> None:
+    for name in ["b.txt", "a/z.py", "a/y.txt", ".git/config", ".durable-agent/journal/x.json"]:
+        (workspace / name).parent.mkdir(parents=True, exist_ok=True)
+        (workspace / name).write_text("x")
+    outcome = await run_tool(workspace, "list_files")
+    assert outcome.output.splitlines() == ["a/y.txt", "a/z.py", "b.txt", "dangling", "link_dir", "link_file"]
+
+    only_py = await run_tool(workspace, "list_files", pattern="**/*.py")
+    assert only_py.output == "a/z.py"
+    inside_a = await run_tool(workspace, "list_files", path="a", pattern="*.txt")
+    assert inside_a.output == "a/y.txt"
+
+
+async def test_list_files_caps_entries(workspace: Path) -> None:
+    for n in range(60):
+        (workspace / f"f{n:02}.txt").write_text("x")
+    lines = (await run_tool(workspace, "list_files")).output.splitlines()
+    assert lines[:2] == ["f00.txt", "f01.txt"]
+    assert len(lines) == 51
+    assert lines[-1].startswith("[more than 50 entries; showing the first 50")
+
+
+async def test_list_files_of_a_file_or_missing_folder(workspace: Path) -> None:
+    (workspace / "a.txt").write_text("x")
+    assert (await run_tool(workspace, "list_files", path="a.txt")).error == "a.txt is a file, not a folder"
+    assert (await run_tool(workspace, "list_files", path="nope")).error == "no such folder: nope"
+
+
+async def test_search_files(workspace: Path, outside: Path) -> None:
+    (workspace / "a.py").write_text("def foo():\n    return 1\n")
+    (workspace / "docs").mkdir()
+    (workspace / "docs/b.txt").write_text("nothing\nfoo bar\n")
+    (workspace / "image.bin").write_bytes(b"foo\x00")
+    (workspace / ".git").mkdir()
+    (workspace / ".git/config").write_text("foo\n")
+
+    outcome = await run_tool(workspace, "search_files", pattern=r"fo+")
+    assert outcome.output.splitlines() == ["a.py:1: def foo():", "docs/b.txt:2: foo bar"]
+    only_py = await run_tool(workspace, "search_files", pattern="foo", glob="*.py")
+    assert only_py.output == "a.py:1: def foo():"
+    in_file = await run_tool(workspace, "search_files", pattern="foo", path="docs/b.txt")
+    assert in_file.output == "docs/b.txt:2: foo bar"
+
+
+async def test_search_files_does_not_follow_symlinks_out(workspace: Path, outside: Path) -> None:
+    outcome = await run_tool(workspace, "search_files", pattern="SECRET")
+    assert outcome.ok
+    assert outcome.output == "no matches for 'SECRET' in ."
+
+
+async def test_search_files_caps_matches(workspace: Path) -> None:
+    (workspace / "many.txt").write_text("hit\n" * 100)
+    lines = (await run_tool(workspace, "search_files", pattern="hit")).output.splitlines()
+    assert len(lines) == 21
+    assert lines[-1].startswith("[stopped after 20 matches")
+
+
+async def test_search_files_bad_regex(workspace: Path) -> None:
+    outcome = await run_tool(workspace, "search_files", pattern="foo(")
+    assert not outcome.ok
+    assert (outcome.error or "").startswith("invalid regular expression 'foo(': missing )")
+
+
+# --- run_command ---------------------------------------------------------------------
+
+
+async def test_run_command_reports_exit_code_stdout_and_stderr(workspace: Path) -> None:
+    outcome = await run_tool(workspace, "run_command", command="pwd; echo oops >&2")
+    assert outcome.ok
+    assert outcome.output == f"exit code: 0\n{os.path.realpath(workspace)}\noops\n"
+
+
+async def test_run_command_nonzero_exit_is_a_normal_result(workspace: Path) -> None:
+    outcome = await run_tool(workspace, "run_command", command="echo failing; exit 3")
+    assert outcome.ok
+    assert outcome.output == "exit code: 3\nfailing\n"
+
+
+async def test_run_command_gets_no_stdin_and_no_worker_secrets(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    outcome = await run_tool(workspace, "run_command", command='cat; echo "key=${OPENAI_API_KEY:-unset}"')
+    assert outcome.output == "exit code: 0\nkey=unset\n"
+
+
+async def test_run_command_timeout_kills_the_whole_process_group(workspace: Path) -> None:
+    began = time.monotonic()
+    outcome = await run_tool(
+        workspace, "run_command", command="echo pgid=$$; sleep 300 & sleep 300", timeout_s=1
+    )
+    assert time.monotonic() - began < 15
+    assert not outcome.ok
+    assert (outcome.error or "").startswith("command timed out after 1 s; it and every process it started")
+    assert not live_members(pgid_in(outcome.error or ""))
+
+
+async def test_run_command_background_children_do_not_outlive_it(workspace: Path) -> None:
+    outcome = await run_tool(workspace, "run_command", command="sleep 300 >/dev/null 2>&1 & echo pgid=$$")
+    assert outcome.ok
+    assert outcome.output.startswith("exit code: 0\n")
+    assert not live_members(pgid_in(outcome.output))
+
+
+async def test_run_command_caps_huge_output_and_saves_it_whole(workspace: Path) -> None:
+    command = "echo START; yes | head -c 5000000; echo; echo END"
+    outcome = await run_tool(workspace, "run_command", command=command, output_chars=2_000)
+    total = len("START\n") + 5_000_000 + len("\nEND\n")
+    assert outcome.ok
+    assert len(outcome.output) < 2_200
+    assert outcome.output.startswith("exit code: 0\nSTART\ny\ny\n")
+    assert outcome.output.endswith("y\n\nEND\n")
+    assert f"… {total:,} bytes total, " in outcome.output
+    assert outcome.output_bytes == total
+    assert outcome.full_output_ref is not None
+    assert outcome.full_output_ref.startswith(".durable-agent/outputs/")
+    assert f"full output: {outcome.full_output_ref} …" in outcome.output
+    assert (workspace / outcome.full_output_ref).stat().st_size == total
+
+
+async def test_run_command_heartbeats_while_running(workspace: Path) -> None:
+    env = ActivityEnvironment()
+    beats: list[float] = []
+    env.on_heartbeat = lambda *details: beats.append(time.monotonic())
+    await run_tool(workspace, "run_command", env=env, command="sleep 1.6")
+    assert len(beats) >= 2
+
+
+async def test_cancellation_kills_the_process_group(workspace: Path) -> None:
+    env = ActivityEnvironment()
+    key = uuid.uuid4().hex
+    task = asyncio.create_task(
+        run_tool(workspace, "run_command", key=key, env=env, command="sleep 300 & sleep 300")
+    )
+    pgid = await started_pgid(workspace, key)
+    assert live_members(pgid)
+    env.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 15)
+    assert not live_members(pgid)
+    # The record says what happened, so a later attempt with this key does not run it again.
+    again = await run_tool(workspace, "run_command", key=key, command="sleep 300 & sleep 300")
+    assert (again.error or "").startswith("the command was cancelled")
+
+
+async def test_same_key_runs_the_command_once(workspace: Path) -> None:
+    first = await run_tool(workspace, "run_command", key="cmd-1", command="echo x >> ledger.txt; echo ran")
+    again = await run_tool(workspace, "run_command", key="cmd-1", command="echo x >> ledger.txt; echo ran")
+    assert again == first
+    assert (workspace / "ledger.txt").read_text() == "x\n"
+
+
+async def test_start_record_without_completion_is_not_run_again(workspace: Path) -> None:
+    # A worker that died between journalling the start and launching the command.
+    Journal(workspace).start("cmd-2", {"command": "echo x >> ledger.txt"})
+    outcome = await run_tool(workspace, "run_command", key="cmd-2", command="echo x >> ledger.txt")
+    assert not outcome.ok
+    assert (outcome.error or "").startswith(INTERRUPTED)
+    assert not (workspace / "ledger.txt").exists()
+
+
+WORKER_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys
+    from temporalio.testing import ActivityEnvironment
+    from activities.tools import ToolActivities
+    from workflows.types import ToolCallInput
+
+    call = ToolCallInput.model_validate_json(sys.argv[1])
+    asyncio.run(ActivityEnvironment().run(ToolActivities().run_command, call))
+    """
+)
+
+
+async def test_worker_killed_mid_command_the_retry_kills_its_group_and_does_not_rerun(
+    workspace: Path,
+) -> None:
+    command = "sleep 300; echo ran >> ledger.txt"
+    call = ToolCallInput(
+        call_id="call-1", idempotency_key="cmd-3", workspace=str(workspace), arguments={"command": command}
+    )
+    worker = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, call.model_dump_json()], cwd=PROJECT_ROOT)
+    try:
+        pgid = await started_pgid(workspace, "cmd-3")
+    finally:
+        worker.kill()
+        worker.wait()
+    assert live_members(pgid), "the orphaned command should outlive its SIGKILLed worker"
+
+    retried = await run_tool(workspace, "run_command", key="cmd-3", command=command)
+    assert not retried.ok
+    assert retried.error == f"{INTERRUPTED} (it was still running and has now been killed)"
+    assert not live_members(pgid)
+    assert not (workspace / "ledger.txt").exists()
+    assert await run_tool(workspace, "run_command", key="cmd-3", command=command) == retried

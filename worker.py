@@ -14,7 +14,7 @@ from datetime import timedelta
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.model import ModelActivities
+from activities.model import ModelActivities, openai_sdk
 from activities.tools import ToolActivities
 from durable_agent.connection import connect, task_queue
 from workflows.agent import AgentWorkflow
@@ -46,6 +46,7 @@ async def run_worker(address: str | None = None, queue: str | None = None) -> No
     client = await connect(address)
     async with build_worker(client, queue):
         print(f"worker polling task queue {queue or task_queue()!r}", flush=True)
+        await asyncio.to_thread(openai_sdk)  # warm up after polling has begun
         await stop.wait()
 
 

@@ -17,8 +17,9 @@ import time
 
 from bench.harness import StepScript, bench
 from durable_agent.connection import connect
+from durable_agent.runs import start_agent
 from durable_agent.server import temporal_binary
-from workflows.types import AgentInput, AgentResult
+from workflows.types import AgentInput
 
 
 def history_size(address: str, workflow_id: str) -> int:
@@ -54,8 +55,7 @@ async def measure(steps: int, marks: list[int]) -> dict[str, object]:
             continue_as_new_every=10 * steps,
         )
         started = time.perf_counter()
-        handle = await client.start_workflow("AgentWorkflow", agent, id=workflow_id, task_queue=b.task_queue,
-                                             result_type=AgentResult)
+        handle = await start_agent(client, agent, workflow_id, b.task_queue)
         result = await handle.result()
         wall = time.perf_counter() - started - paused_s
     per_step = {

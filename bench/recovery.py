@@ -21,7 +21,8 @@ from temporalio.client import Client, WorkflowHandle
 
 from bench.harness import StepScript, bench
 from durable_agent.connection import connect
-from workflows.types import AgentInput, AgentResult, AgentStatus
+from durable_agent.runs import start_agent
+from workflows.types import AgentInput, AgentStatus
 
 
 async def current_step(handle: WorkflowHandle) -> int | None:
@@ -67,8 +68,7 @@ async def measure(kills: int, restart_delay_s: float, seed: int) -> dict[str, An
                     "max_tool_calls": 3 * steps, "max_tokens": 10**9},
             continue_as_new_every=10 * steps,
         )
-        handle = await client.start_workflow("AgentWorkflow", agent, id="recovery", task_queue=b.task_queue,
-                                             result_type=AgentResult)
+        handle = await start_agent(client, agent, "recovery", b.task_queue)
         step = 0
         for _ in range(kills):
             step = await wait_progress(handle, step + 2)

@@ -45,6 +45,7 @@ from durable_agent.launch import (
     split_address,
     ui_url,
 )
+from durable_agent.runs import start_agent
 from durable_agent.server import DEFAULT_PORT, DEFAULT_UI_PORT, ServerError, port_open, start_server
 from workflows.types import (
     WORKFLOW_TYPE,
@@ -348,9 +349,7 @@ async def _start(
     client: Client, agent_input: AgentInput, run_id: str, queue: str, address: str, console: Console
 ) -> WorkflowHandle[Any, AgentResult]:
     try:
-        handle = await client.start_workflow(
-            WORKFLOW_TYPE, agent_input, id=run_id, task_queue=queue, result_type=AgentResult
-        )
+        handle = await start_agent(client, agent_input, run_id, queue)
     except WorkflowAlreadyStartedError:
         raise CliError(f"a run with id {run_id!r} already exists; pick another --id") from None
     where = ui_url(address)

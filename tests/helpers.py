@@ -9,19 +9,13 @@ from collections.abc import Callable
 
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 
+from durable_agent.runs import start_agent
 from durable_agent.server import temporal_binary
-from workflows.agent import AgentWorkflow
-from workflows.types import AgentInput, AgentResult, AgentStatus
+from workflows.types import AgentInput, AgentStatus
 
 
 async def start(client: Client, task_queue: str, **fields: object):
-    return await client.start_workflow(
-        AgentWorkflow.run,
-        AgentInput.model_validate(fields),
-        id=f"agent-{uuid.uuid4().hex[:10]}",
-        task_queue=task_queue,
-        result_type=AgentResult,
-    )
+    return await start_agent(client, AgentInput.model_validate(fields), f"agent-{uuid.uuid4().hex[:10]}", task_queue)
 
 
 async def wait_for(

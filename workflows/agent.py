@@ -217,7 +217,7 @@ class AgentWorkflow:
             self._warned.add("tokens")
             self._add_message("system", budget.warning_text(["tokens"], self._spend(), self._limits), kind="warning")
             self._switch_to_fallback()
-        self._publish()
+        # No publish here: the next model call publishes step and usage together, in one upsert.
 
     # --- model -------------------------------------------------------------------------
 

@@ -1,0 +1,88 @@
+"""Record a real run's history for the replay test: `python -m tests.record_history`.
+
+The scenario touches every kind of command the workflow emits: parallel tool activities,
+an approval (update), a pause and a user message (signals), raised limits, a model
+failure that needs attention and is resolved, search-attribute upserts and a final answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client, WorkflowHistory
+
+from durable_agent.connection import connect
+from durable_agent.model_server import Failure, ModelServer, Reply
+from durable_agent.runs import start_agent
+from durable_agent.server import free_port, start_server
+from tests.helpers import wait_for
+from tests.scripts import Script, answer, tools
+from workflows.types import AgentInput
+
+HISTORY_FILE = Path(__file__).parent / "histories" / "agent_run.json"
+
+
+def scenario(healed: threading.Event) -> Script:
+    def flaky(request: dict[str, Any]) -> Reply | Failure:
+        if healed.is_set():
+            return Reply(tool_calls=[("read_file", {"path": "a.txt"})])
+        return Failure(500, "down", headers={"retry-after-ms": "10"})
+
+    return Script(
+        [
+            tools(("write_file", {"path": "a.txt", "content": "a\n"}), ("run_command", {"command": "echo hi"})),
+            flaky,
+            tools(("edit_file", {"path": "a.txt", "old_text": "a", "new_text": "b"}), ("list_files", {})),
+            answer("recorded"),
+        ]
+    )
+
+
+async def record(client: Client, task_queue: str, workspace: Path, model: ModelServer) -> WorkflowHistory:
+    """Run the scenario against a running worker on `task_queue`; returns its history."""
+    healed = threading.Event()
+    model.responder = scenario(healed)
+    agent = AgentInput(goal="record a history", workspace=str(workspace), approval={"commands": ["^echo"]})
+    handle = await start_agent(client, agent, f"replay-{uuid.uuid4().hex[:8]}", task_queue)
+    status = await wait_for(handle, lambda s: bool(s.pending_approvals))
+    await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
+    await wait_for(handle, lambda s: s.state == "needs_attention")
+    await handle.signal("pause", {"reason": "recording"})
+    await handle.execute_update("raise_limits", {"max_tool_calls": 50})
+    healed.set()
+    await handle.execute_update("resolve", {"action": "retry"})
+    await wait_for(handle, lambda s: s.state == "paused")
+    await handle.signal("add_message", {"text": "carry on"})
+    await handle.signal("resume")
+    await handle.result()
+    return await handle.fetch_history()
+
+
+async def main() -> None:
+    from worker import build_worker
+
+    home = Path(tempfile.mkdtemp())
+    server = start_server(home, port=free_port(), ui_port=None, persistent=False)
+    with ModelServer(Script([])) as model:
+        os.environ.update(OPENAI_BASE_URL=model.base_url, OPENAI_API_KEY="record")
+        client = await connect(server.address)
+        workspace = home / "ws"
+        workspace.mkdir()
+        async with build_worker(client, "record"):
+            history = await record(client, "record", workspace, model)
+    server.stop()
+    HISTORY_FILE.write_text(history.to_json())
+    print(f"wrote {HISTORY_FILE} ({len(history.events)} events)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
+    sys.stdout.flush()
+    os._exit(0)

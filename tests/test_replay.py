@@ -1,0 +1,39 @@
+"""Determinism guard: recorded histories replay against the current workflow code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer, Worker
+
+from durable_agent.model_server import ModelServer
+from tests.record_history import HISTORY_FILE, record
+from workflows.agent import AgentWorkflow
+
+
+def replayer() -> Replayer:
+    return Replayer(workflows=[AgentWorkflow], data_converter=pydantic_data_converter)
+
+
+async def test_committed_history_replays() -> None:
+    history = WorkflowHistory.from_json("agent-run", HISTORY_FILE.read_text())
+    result = await replayer().replay_workflow(history)
+    assert result.replay_failure is None
+
+
+async def test_a_fresh_history_of_every_command_kind_replays(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    history = await record(client, task_queue, workspace, model_server)
+    kinds = {e.WhichOneof("attributes") for e in history.events}
+    for kind in (
+        "workflow_execution_signaled_event_attributes",
+        "workflow_execution_update_accepted_event_attributes",
+        "upsert_workflow_search_attributes_event_attributes",
+        "activity_task_failed_event_attributes",
+    ):
+        assert kind in kinds
+    result = await replayer().replay_workflow(history)
+    assert result.replay_failure is None

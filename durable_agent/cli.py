@@ -45,6 +45,7 @@ from durable_agent.launch import (
     split_address,
     ui_url,
 )
+from durable_agent.prompts import terminal_approver
 from durable_agent.runs import start_agent
 from durable_agent.server import DEFAULT_PORT, DEFAULT_UI_PORT, ServerError, port_open, start_server
 from workflows.types import (
@@ -309,7 +310,7 @@ async def run_agent(args: argparse.Namespace, console: Console) -> int:
     if args.detach:
         console.line(f"detached: follow it with `durable-agent watch {run_id}`")
         return EXIT_OK
-    code = await _until_signalled(follow(handle, console))
+    code = await _until_signalled(follow(handle, console, approver=terminal_approver(handle, console)))
     if code is None:
         console.line(f"detached; the run goes on. Re-attach: durable-agent watch {run_id}")
         return EXIT_INTERRUPTED
@@ -326,7 +327,7 @@ def _agent_input(args: argparse.Namespace, demo: bool) -> AgentInput:
         "goal": args.goal,
         "workspace": str(workspace),
         "tools": args.tools,
-        "limits": _run_limits(_limit_values(args)),
+        "limits": _limit_values(args),
         "approval": {"tools": args.approve_tools, "commands": args.approve_commands},
     }
     model = args.model or (demo_model.MODEL if demo else None)
@@ -335,14 +336,6 @@ def _agent_input(args: argparse.Namespace, demo: bool) -> AgentInput:
     if args.fallback_model:
         fields["fallback_model"] = args.fallback_model
     return AgentInput.model_validate(fields)
-
-
-def _run_limits(given: dict[str, Any]) -> dict[str, Any]:
-    # `--hard-steps 10` alone should just work: pull the default soft limit under it.
-    hard, default_soft = given.get("hard_steps"), Limits().soft_steps
-    if hard is not None and "soft_steps" not in given and hard < default_soft:
-        given = {**given, "soft_steps": max(1, int(hard * 0.8))}
-    return given
 
 
 async def _start(

@@ -8,7 +8,7 @@ failed from outside). Nothing here changes the run, so a follower may come and g
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -24,6 +24,7 @@ from workflows.types import (
     AgentStatus,
     AttentionReport,
     Message,
+    PendingApproval,
     TranscriptRequest,
     Usage,
 )
@@ -35,6 +36,8 @@ QUERY_TIMEOUT = timedelta(seconds=5)
 EXIT_CODES = {"completed": 0, "stopped": 3, "cancelled": 4, "terminated": 4}
 EXIT_FAILED = 4
 """The run ended without an AgentResult: failed, or terminated or timed out by Temporal."""
+
+Approver = Callable[[PendingApproval], Awaitable[None]]
 
 ProgressHook = Callable[[int], None]
 """Called with the last step printed so far, at each poll and before each new step line:
@@ -117,10 +120,17 @@ async def follow(
     console: Console,
     since: AgentStatus | None = None,
     on_progress: ProgressHook | None = None,
+    approver: Approver | None = None,
 ) -> int:
-    """Print the run as it goes until it ends; returns the exit code for its outcome."""
+    """Print the run as it goes until it ends; returns the exit code for its outcome.
+
+    With an `approver`, each newly pending approval is handed to it (in a task, so the
+    run keeps being followed while a person thinks).
+    """
     reporter = Reporter(handle.id, since)
     ending = asyncio.create_task(_ending(handle))
+    asked: set[str] = set()
+    prompts: list[asyncio.Task[None]] = []
     waiting_noted = False
     try:
         while True:
@@ -128,6 +138,10 @@ async def follow(
             snapshot = await _snapshot(handle, reporter.next_step)
             if snapshot is not None:
                 _show(snapshot, reporter, console, on_progress)
+                for pending in snapshot.status.pending_approvals if approver else []:
+                    if pending.call_id not in asked:
+                        asked.add(pending.call_id)
+                        prompts.append(asyncio.create_task(approver(pending)))
                 if snapshot.status.result is not None:
                     return _report_end(console, snapshot.status.result)
             if ended:
@@ -138,6 +152,8 @@ async def follow(
             await asyncio.wait({ending}, timeout=POLL_S)
     finally:
         ending.cancel()
+        for prompt in prompts:
+            prompt.cancel()
 
 
 def _show(snapshot: Snapshot, reporter: Reporter, console: Console, on_progress: ProgressHook | None) -> None:

@@ -239,3 +239,34 @@ def test_a_step_is_printed_once_all_its_tool_results_are_in() -> None:
         (1, "step 1 · 2 calls in parallel: list_files, read_file: x (error)")
     ]
     assert reporter.finished_steps(Snapshot(status, both)) == []  # printed once
+
+
+async def test_run_asks_for_approvals_inline_at_a_terminal(
+    temporal_server: EmbeddedServer, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script(
+        [tools(("run_command", {"command": "echo yes > ok.txt"}), ("run_command", {"command": "rm -rf /tmp/x"}))],
+        final="asked twice",
+    )
+    leader, follower = os.openpty()  # stdin is a terminal, as when a person runs the command
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "durable_agent.cli", "run", "gated", "--workspace", str(workspace), "--no-worker",
+        "--approve-commands", "echo", "rm", cwd=ROOT, env=cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue),
+        stdin=follower, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    os.close(follower)
+    mark, seen, answered = "? [y]es / [n]o / or type why not: ", "", 0
+    assert process.stdout is not None
+    while answered < 2:
+        chunk = await asyncio.wait_for(process.stdout.read(200), timeout=30)
+        assert chunk, seen
+        seen += chunk.decode()
+        for asked in seen.split(mark)[answered:-1]:  # text before each complete prompt
+            os.write(leader, b"y\n" if asked.endswith("echo yes > ok.txt") else b"too risky\n")
+            answered += 1
+    out, _ = await asyncio.wait_for(process.communicate(), timeout=30)
+    os.close(leader)
+    assert process.returncode == 0, seen + out.decode()
+    assert (workspace / "ok.txt").read_text() == "yes\n"
+    last = model_server.requests[-1]["messages"]
+    assert any("denied by a person: too risky" in (m.get("content") or "") for m in last)

@@ -99,6 +99,18 @@ class Limits(_Strict):
         merged.update(data)
         return merged
 
+    @model_validator(mode="before")
+    @classmethod
+    def _soft_follows_hard(cls, data: Any) -> Any:
+        # `{"hard_steps": 10}` alone must just work: the default soft limit (40) would be
+        # above it, so the soft limit follows at 80 % of the hard one.
+        if not isinstance(data, dict) or "soft_steps" in data or not isinstance(data.get("hard_steps"), int):
+            return data
+        default_soft = cls.model_fields["soft_steps"].default
+        if data["hard_steps"] >= default_soft:
+            return data
+        return {**data, "soft_steps": max(1, int(data["hard_steps"] * 0.8))}
+
     @model_validator(mode="after")
     def _hard_not_below_soft(self) -> Limits:
         if self.hard_steps < self.soft_steps:

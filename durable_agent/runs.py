@@ -26,4 +26,5 @@ async def start_agent(
         task_queue=task_queue or default_task_queue(),
         task_timeout=WORKFLOW_TASK_TIMEOUT,
         result_type=AgentResult,
+        static_summary=agent.goal[:400],  # the run page's "Summary" in the Web UI
     )

@@ -123,7 +123,9 @@ async def test_approval_timeout_denies(
 async def test_raise_limits_validates_and_applies(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
-    model_server.responder = Script([tools(("list_files", {}))] * 5, final="finished late")
+    # The first command holds step 1 open until the pause has landed.
+    first = tools(("run_command", {"command": "sleep 1"}))
+    model_server.responder = Script([first] + [tools(("list_files", {}))] * 4, final="finished late")
     handle = await start(client, task_queue, goal="x", workspace=str(workspace), limits={"soft_steps": 2, "hard_steps": 3})
     await handle.signal("pause")
     await wait_for(handle, lambda s: s.state == "paused")

@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows import options
     from workflows.approval import approval_reason
     from workflows.context import estimate_tokens, initial_messages, last_answer, progress_summary
-    from workflows.livelock import LIVELOCK_REPEATS, LivelockTracker, call_key
+    from workflows.livelock import LIVELOCK_REPEATS, call_key
     from workflows.status_view import details_markdown
     from workflows.tool_specs import ToolArgumentError, call_summary, parse_tool_call
     from workflows.types import (
@@ -42,7 +42,6 @@ with workflow.unsafe.imports_passed_through():
         ModelReply,
         PauseRequest,
         PendingApproval,
-        Price,
         Resolution,
         RunState,
         StopReason,
@@ -68,36 +67,30 @@ class _Terminate(Exception):
 
 @workflow.defn(name=WORKFLOW_TYPE)
 class AgentWorkflow:
-    def __init__(self) -> None:
+    @workflow.init
+    def __init__(self, raw_input: Any) -> None:
+        # The input is decoded here, before any signal handler runs, so a pause or message
+        # sent with the start (or right at continue-as-new) lands on the real state.
         self._input: AgentInput | None = None
+        self._input_error: ApplicationError | None = None
+        self._carry = Carry()
         self._limits = Limits()
-        self._model = ""
-        self._step = 0
+        self._started_at = workflow.now()
         self._steps_this_run = 0
-        self._usage = Usage()
-        self._messages: list[Message] = []
         self._frozen: ModelContext | None = None
         self._context_version = 0
-        self._last_price: Price | None = None
-        self._last_input_tokens = 0
-        self._output_tokens: list[int] = []
-        self._tokens_per_step: list[int] = []
         self._tokens_before_step = 0
-        self._elapsed_before_s = 0.0
-        self._paused = False
-        self._paused_reason: str | None = None
-        self._pending_user: list[str] = []
         self._pending_approvals: dict[str, PendingApproval] = {}
         self._decisions: dict[str, ApprovalDecision] = {}
         self._attention: AttentionReport | None = None
         self._resolution: Resolution | None = None
-        self._degradations: list[Degradation] = []
-        self._warned: set[str] = set()
-        self._livelock = LivelockTracker()
-        self._first_run_id = ""
         self._doing = "starting"
         self._result: AgentResult | None = None
         self._published: tuple[Any, ...] = ()
+        try:
+            self._start(_parse_input(raw_input))
+        except ApplicationError as e:
+            self._input_error = e  # raised by run: raising here would fail the task forever
 
     @property
     def _agent(self) -> AgentInput:
@@ -109,9 +102,11 @@ class AgentWorkflow:
 
     @workflow.run
     async def run(self, raw_input: Any) -> AgentResult:
-        # Decoded here, not by the SDK: a bad input from the Temporal CLI must close the run
-        # with a clear error, not fail the workflow task forever.
-        self._start(_parse_input(raw_input))
+        # The input is typed Any and decoded by us, not by the SDK: a bad input from the
+        # Temporal CLI must close the run with a clear error, not fail its task forever.
+        if self._input_error is not None:
+            raise self._input_error
+        self._publish()
         try:
             result = await self._loop()
         except _Terminate:
@@ -125,33 +120,14 @@ class AgentWorkflow:
         info = workflow.info()
         self._input = input
         self._limits = input.limits
-        self._started_at = workflow.now()
-        carry = input.carry
-        if carry is None:
-            self._model = input.model
-            self._messages = initial_messages(input)
-            self._first_run_id = info.first_execution_run_id or info.run_id
+        if input.carry is not None:
+            self._carry = input.carry
         else:
-            self._restore(carry)
-        self._publish()
-
-    def _restore(self, carry: Carry) -> None:
-        self._step = carry.step
-        self._usage = carry.usage
-        self._messages = carry.messages
-        self._elapsed_before_s = carry.elapsed_before_s
-        self._model = carry.model
-        self._degradations = carry.degradations
-        self._warned = {d.detail.split(":", 1)[0] for d in carry.degradations if d.kind == "soft_warning"}
-        self._pending_user = carry.pending_user_messages
-        self._paused = carry.paused
-        self._paused_reason = carry.paused_reason
-        self._tokens_per_step = carry.tokens_per_step
-        self._output_tokens = carry.output_tokens
-        self._last_price = carry.last_price
-        self._last_input_tokens = carry.last_input_tokens
-        self._livelock = carry.livelock
-        self._first_run_id = carry.first_run_id
+            self._carry = Carry(
+                model=input.model,
+                messages=initial_messages(input),
+                first_run_id=info.first_execution_run_id or info.run_id,
+            )
 
     async def _loop(self) -> AgentResult:
         while True:
@@ -164,7 +140,7 @@ class AgentWorkflow:
             reply = await self._call_model()
             if not reply.tool_calls:
                 return self._finish("completed", "final_answer", output=reply.content or "")
-            if budget.tool_calls_exceed(self._usage, self._limits, len(reply.tool_calls)):
+            if budget.tool_calls_exceed(self._carry.usage, self._limits, len(reply.tool_calls)):
                 return self._finish("stopped", "tool_call_budget", open_calls=reply.tool_calls)
             await self._run_tools(reply.tool_calls)
             self._end_step()
@@ -175,24 +151,24 @@ class AgentWorkflow:
     # --- limits ------------------------------------------------------------------------
 
     def _spend(self) -> budget.Spend:
-        return budget.Spend(step=self._step, usage=self._usage_now(), elapsed_s=self._usage_now().elapsed_s)
+        return budget.Spend(step=self._carry.step, usage=self._usage_now(), elapsed_s=self._usage_now().elapsed_s)
 
     def _usage_now(self) -> Usage:
-        elapsed = self._elapsed_before_s + (workflow.now() - self._started_at).total_seconds()
-        return self._usage.model_copy(update={"elapsed_s": round(elapsed, 3)})
+        elapsed = self._carry.elapsed_before_s + (workflow.now() - self._started_at).total_seconds()
+        return self._carry.usage.model_copy(update={"elapsed_s": round(elapsed, 3)})
 
     def _hard_stop(self) -> StopReason | None:
         # The context only grows, so the last call's real input size is a floor for the next.
-        context_tokens = max(estimate_tokens(self._messages), self._last_input_tokens)
-        estimate = budget.estimate_next_call(context_tokens, self._output_tokens, self._last_price)
+        context_tokens = max(estimate_tokens(self._carry.messages), self._carry.last_input_tokens)
+        estimate = budget.estimate_next_call(context_tokens, self._carry.output_tokens, self._carry.last_price)
         return budget.hard_stop(self._spend(), self._limits, estimate)
 
     def _enter_soft_tiers(self) -> None:
         spend = self._spend()
-        entered = [b for b in budget.soft_tier(spend, self._limits) if b not in self._warned]
+        entered = [b for b in budget.soft_tier(spend, self._limits) if b not in self._carry.warned]
         if not entered:
             return
-        self._warned.update(entered)
+        self._carry.warned += entered
         text = budget.warning_text(entered, spend, self._limits)
         self._add_message("system", text, kind="warning")
         self._degrade("soft_warning", f"{', '.join(entered)}: {text}")
@@ -200,21 +176,23 @@ class AgentWorkflow:
 
     def _switch_to_fallback(self) -> None:
         fallback = self._agent.fallback_model if self._input else None
-        if not fallback or fallback == self._model:
+        if not fallback or fallback == self._carry.model:
             return
-        self._degrade("fallback_model", f"switched from {self._model} to {fallback}")
-        self._model = fallback
+        self._degrade("fallback_model", f"switched from {self._carry.model} to {fallback}")
+        self._carry.model = fallback
 
     def _degrade(self, kind: Any, detail: str) -> None:
-        self._degradations.append(Degradation(step=self._step, kind=kind, detail=detail))
+        self._carry.degradations.append(Degradation(step=self._carry.step, kind=kind, detail=detail))
 
     def _end_step(self) -> None:
-        step_tokens = self._usage.tokens - self._tokens_before_step
-        spike = budget.is_spike(step_tokens, self._tokens_per_step)
-        self._tokens_per_step = (self._tokens_per_step + [step_tokens])[-budget.PACING_WINDOW :]
-        if spike and "tokens" not in self._warned:
-            self._degrade("early_soft_tier", f"step {self._step} used {step_tokens} tokens, over twice the average")
-            self._warned.add("tokens")
+        step_tokens = self._carry.usage.tokens - self._tokens_before_step
+        spike = budget.is_spike(step_tokens, self._carry.tokens_per_step)
+        self._carry.tokens_per_step = (self._carry.tokens_per_step + [step_tokens])[-budget.PACING_WINDOW :]
+        if spike and "tokens" not in self._carry.warned:
+            self._degrade(
+                "early_soft_tier", f"step {self._carry.step} used {step_tokens} tokens, over twice the average"
+            )
+            self._carry.warned.append("tokens")
             self._add_message("system", budget.warning_text(["tokens"], self._spend(), self._limits), kind="warning")
             self._switch_to_fallback()
         # No publish here: the next model call publishes step and usage together, in one upsert.
@@ -222,16 +200,16 @@ class AgentWorkflow:
     # --- model -------------------------------------------------------------------------
 
     async def _call_model(self) -> ModelReply:
-        self._step += 1
+        self._carry.step += 1
         self._steps_this_run += 1
-        self._tokens_before_step = self._usage.tokens
+        self._tokens_before_step = self._carry.usage.tokens
         while True:
             self._freeze_context()
             try:
                 reply = await self._execute_model_call()
             except ActivityError as e:
                 await self._needs_attention(
-                    what=f"call_model ({self._model}) at step {self._step}",
+                    what=f"call_model ({self._carry.model}) at step {self._carry.step}",
                     error=e,
                     attempts=_attempts(e, options.MODEL_RETRY.maximum_attempts),
                 )
@@ -243,13 +221,13 @@ class AgentWorkflow:
         self._context_version += 1
         self._frozen = ModelContext(
             context_version=self._context_version,
-            messages=list(self._messages),
+            messages=list(self._carry.messages),
             tools=self._agent.enabled_tools(),
         )
 
     async def _execute_model_call(self) -> ModelReply:
         info = workflow.info()
-        self._doing = f"calling {self._model} (step {self._step})"
+        self._doing = f"calling {self._carry.model} (step {self._carry.step})"
         self._publish()
         return await workflow.execute_activity(
             "call_model",
@@ -257,44 +235,42 @@ class AgentWorkflow:
                 workflow_id=info.workflow_id,
                 run_id=info.run_id,
                 context_version=self._context_version,
-                model=self._model,
-                step=self._step,
+                model=self._carry.model,
+                step=self._carry.step,
             ),
             result_type=ModelReply,
             start_to_close_timeout=options.MODEL_START_TO_CLOSE,
             heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
             retry_policy=options.MODEL_RETRY,
-            summary=f"call_model: {self._model} step {self._step}"[:120],
+            summary=f"call_model: {self._carry.model} step {self._carry.step}"[:120],
         )
 
     def _record_reply(self, reply: ModelReply) -> None:
-        self._usage.input_tokens += reply.input_tokens
-        self._usage.output_tokens += reply.output_tokens
-        self._usage.model_calls += 1
-        self._usage.cost_usd = round(self._usage.cost_usd + reply.cost_usd(), 8)
+        self._carry.usage.input_tokens += reply.input_tokens
+        self._carry.usage.output_tokens += reply.output_tokens
+        self._carry.usage.model_calls += 1
+        self._carry.usage.cost_usd = round(self._carry.usage.cost_usd + reply.cost_usd(), 8)
         if reply.price is None:
-            self._usage.cost_known = False
-        self._last_price = reply.price
-        self._last_input_tokens = reply.input_tokens
-        self._output_tokens = (self._output_tokens + [reply.output_tokens])[-budget.PACING_WINDOW :]
-        self._messages.append(
-            Message(role="assistant", content=reply.content, tool_calls=reply.tool_calls, step=self._step)
+            self._carry.usage.cost_known = False
+        self._carry.last_price = reply.price
+        self._carry.last_input_tokens = reply.input_tokens
+        self._carry.output_tokens = (self._carry.output_tokens + [reply.output_tokens])[-budget.PACING_WINDOW :]
+        self._carry.messages.append(
+            Message(role="assistant", content=reply.content, tool_calls=reply.tool_calls, step=self._carry.step)
         )
 
     # --- tools -------------------------------------------------------------------------
 
     async def _run_tools(self, calls: list[ToolCall]) -> None:
-        self._usage.tool_calls += len(calls)
-        self._doing = f"running {len(calls)} tool call(s) (step {self._step})"
+        self._carry.usage.tool_calls += len(calls)
+        self._doing = f"running {len(calls)} tool call(s) (step {self._carry.step})"
         outcomes = await asyncio.gather(*(self._run_tool(call) for call in calls))
-        for call, outcome in zip(calls, outcomes):
+        for call, outcome in zip(calls, outcomes, strict=True):
             self._add_tool_result(call, outcome)
 
     async def _run_tool(self, call: ToolCall) -> ToolOutcome:
         try:
-            args = parse_tool_call(call.name, call.arguments, self._agent.enabled_tools()).model_dump(
-                exclude_none=True
-            )
+            args = parse_tool_call(call.name, call.arguments, self._agent.enabled_tools()).model_dump(exclude_none=True)
         except ToolArgumentError as e:
             return ToolOutcome(ok=False, error=str(e))
         key = call_key(call.name, args)
@@ -304,7 +280,7 @@ class AgentWorkflow:
             if denial is not None:
                 return denial
             outcome = await self._execute_tool(call, args, retry)
-            streak = self._livelock.record(key, None if outcome.ok else outcome.error)
+            streak = self._carry.livelock.record(key, None if outcome.ok else outcome.error)
             if streak < LIVELOCK_REPEATS:
                 return outcome
             resolution = await self._needs_attention(
@@ -312,7 +288,7 @@ class AgentWorkflow:
                 error=outcome.error or "",
                 attempts=streak,
             )
-            self._livelock.clear(key)
+            self._carry.livelock.clear(key)
             if resolution.action == "skip":
                 return ToolOutcome(ok=False, error=f"skipped by a person: {resolution.note or 'no note'}")
             retry += 1
@@ -321,7 +297,9 @@ class AgentWorkflow:
         info = workflow.info()
         # Same key across Temporal's retries (the journal then reports a crashed attempt's
         # result); a new key when a person asks to retry, so the call really runs again.
-        key = f"{info.workflow_id}/{self._first_run_id}/{self._step}/{call.id}" + (f"/retry-{retry}" if retry else "")
+        key = f"{info.workflow_id}/{self._carry.first_run_id}/{self._carry.step}/{call.id}" + (
+            f"/retry-{retry}" if retry else ""
+        )
         request = ToolCallInput(
             call_id=call.id,
             idempotency_key=key,
@@ -348,9 +326,13 @@ class AgentWorkflow:
         reason = approval_reason(call.name, args, self._agent.approval)
         if reason is None:
             return None
-        approval_id = f"{self._step}:{call.id}"
+        approval_id = f"{self._carry.step}:{call.id}"
         self._pending_approvals[approval_id] = PendingApproval(
-            call_id=approval_id, tool=call.name, summary=call_summary(call.name, args), step=self._step, reason=reason
+            call_id=approval_id,
+            tool=call.name,
+            summary=call_summary(call.name, args),
+            step=self._carry.step,
+            reason=reason,
         )
         self._publish()
         decision = await self._wait_for_decision(approval_id)
@@ -368,7 +350,7 @@ class AgentWorkflow:
             return self._decisions.pop(approval_id)
         try:
             await workflow.wait_condition(decided, timeout=timedelta(seconds=settings.timeout_s))
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if settings.on_timeout == "deny":
                 note = f"no decision within {settings.timeout_s:g} s"
                 return ApprovalDecision(call_id=approval_id, approved=False, note=note)
@@ -380,8 +362,8 @@ class AgentWorkflow:
         text = outcome.output if outcome.ok else f"ERROR: {outcome.error}"
         if not outcome.ok and outcome.output:
             text += "\n" + outcome.output
-        self._messages.append(
-            Message(role="tool", content=text, tool_call_id=call.id, step=self._step, kind=call.name)
+        self._carry.messages.append(
+            Message(role="tool", content=text, tool_call_id=call.id, step=self._carry.step, kind=call.name)
         )
 
     # --- people ------------------------------------------------------------------------
@@ -392,7 +374,7 @@ class AgentWorkflow:
             what_failed=what,
             last_error=message,
             attempts=attempts,
-            step=self._step,
+            step=self._carry.step,
             suggested_actions=[
                 "retry: try the same call again (after fixing the cause, e.g. the endpoint or the workspace)",
                 "skip: drop the failing call and tell the model",
@@ -413,24 +395,24 @@ class AgentWorkflow:
         return resolution
 
     async def _wait_while_paused(self) -> None:
-        if not self._paused:
+        if not self._carry.paused:
             return
         self._publish()
-        await workflow.wait_condition(lambda: not self._paused)
+        await workflow.wait_condition(lambda: not self._carry.paused)
         self._publish()
 
     def _pause(self, reason: str | None) -> None:
-        self._paused = True
-        self._paused_reason = reason
+        self._carry.paused = True
+        self._carry.paused_reason = reason
         self._publish()
 
     def _take_user_messages(self) -> None:
-        for text in self._pending_user:
+        for text in self._carry.pending_user_messages:
             self._add_message("user", text, kind="user")
-        self._pending_user = []
+        self._carry.pending_user_messages = []
 
     def _add_message(self, role: Any, text: str, kind: str) -> None:
-        self._messages.append(Message(role=role, content=text, step=self._step, kind=kind))
+        self._carry.messages.append(Message(role=role, content=text, step=self._carry.step, kind=kind))
 
     @workflow.signal(name="pause")
     def pause(self, request: PauseRequest | None = None) -> None:
@@ -438,13 +420,13 @@ class AgentWorkflow:
 
     @workflow.signal(name="resume")
     def resume(self) -> None:
-        self._paused = False
-        self._paused_reason = None
+        self._carry.paused = False
+        self._carry.paused_reason = None
         self._publish()
 
     @workflow.signal(name="add_message")
     def add_message(self, message: UserMessage) -> None:
-        self._pending_user.append(message.text)
+        self._carry.pending_user_messages.append(message.text)
 
     # Updates take the raw payload and decode it in the validator: a malformed payload from
     # the Temporal CLI is then rejected with pydantic's message, not "failed decoding".
@@ -467,7 +449,7 @@ class AgentWorkflow:
     @workflow.update(name="raise_limits")
     def raise_limits(self, raw: Any) -> Limits:
         self._limits = LimitsPatch.model_validate(raw or {}).apply_to(self._limits)
-        self._warned = {b for b in self._warned if b in budget.soft_tier(self._spend(), self._limits)}
+        self._carry.warned = [b for b in self._carry.warned if b in budget.soft_tier(self._spend(), self._limits)]
         self._publish()
         return self._limits
 
@@ -494,17 +476,17 @@ class AgentWorkflow:
 
     @workflow.query(name="status")
     def status(self) -> AgentStatus:
-        spend = self._spend() if self._input else budget.Spend(0, self._usage, 0.0)
+        spend = self._spend() if self._input else budget.Spend(0, self._carry.usage, 0.0)
         return AgentStatus(
             state=self._state() if self._input else "starting",
-            step=self._step,
-            model=self._model,
+            step=self._carry.step,
+            model=self._carry.model,
             usage=self._result.usage if self._result else spend.usage,
             limits=self._limits,
             pending_approvals=list(self._pending_approvals.values()),
             attention=self._attention,
-            paused_reason=self._paused_reason if self._paused else None,
-            degradations=self._degradations,
+            paused_reason=self._carry.paused_reason if self._carry.paused else None,
+            degradations=self._carry.degradations,
             soft_tier=budget.soft_tier(spend, self._limits) if self._input else [],
             runway=budget.runway(spend, self._limits),
             activity=self._doing,
@@ -514,7 +496,7 @@ class AgentWorkflow:
     @workflow.query(name="transcript")
     def transcript(self, request: TranscriptRequest | None = None) -> list[Message]:
         from_step = request.from_step if request else 0
-        return [m for m in self._messages if m.step >= from_step]
+        return [m for m in self._carry.messages if m.step >= from_step]
 
     @workflow.query(name=MODEL_CONTEXT_QUERY)
     def model_context(self, context_version: int) -> ModelContext:
@@ -529,7 +511,7 @@ class AgentWorkflow:
             return self._result.state
         if self._attention is not None:
             return "needs_attention"
-        if self._paused:
+        if self._carry.paused:
             return "paused"
         if self._pending_approvals:
             return "awaiting_approval"
@@ -539,8 +521,8 @@ class AgentWorkflow:
         """Search attributes and current details for the Web UI, written only when changed."""
         if self._input is None:
             return
-        usage = self._result.usage if self._result else self._usage
-        snapshot = (self._state(), self._step, usage.tokens, round(usage.cost_usd, 6))
+        usage = self._result.usage if self._result else self._carry.usage
+        snapshot = (self._state(), self._carry.step, usage.tokens, round(usage.cost_usd, 6))
         if snapshot != self._published:
             self._published = snapshot
             workflow.upsert_search_attributes(
@@ -556,17 +538,17 @@ class AgentWorkflow:
     def _finish(
         self, state: RunState, reason: StopReason, output: str | None = None, open_calls: list[ToolCall] = ()
     ) -> AgentResult:
-        final = output if output is not None else last_answer(self._messages)
+        final = output if output is not None else last_answer(self._carry.messages)
         unfinished: list[str] = []
         if state != "completed":
-            unfinished.append(f"goal not reached ({reason} at step {self._step}): {self._agent.goal}")
+            unfinished.append(f"goal not reached ({reason} at step {self._carry.step}): {self._agent.goal}")
             unfinished += [f"tool call not run: {call_summary(c.name, {})} {c.arguments[:200]}" for c in open_calls]
             unfinished += [f"approval pending: {p.summary}" for p in self._pending_approvals.values()]
         self._result = AgentResult(
             state=state,
             stop_reason=reason,
-            output=final or progress_summary(self._messages, self._step, reason),
-            steps=self._step,
+            output=final or progress_summary(self._carry.messages, self._carry.step, reason),
+            steps=self._carry.step,
             usage=self._usage_now(),
             unfinished=unfinished,
         )
@@ -578,28 +560,11 @@ class AgentWorkflow:
 
     def _should_continue_as_new(self) -> bool:
         return (
-            workflow.info().is_continue_as_new_suggested()
-            or self._steps_this_run >= self._agent.continue_as_new_every
+            workflow.info().is_continue_as_new_suggested() or self._steps_this_run >= self._agent.continue_as_new_every
         )
 
     def _input_for_next_run(self) -> AgentInput:
-        carry = Carry(
-            step=self._step,
-            usage=self._usage,
-            messages=self._messages,
-            elapsed_before_s=self._usage_now().elapsed_s,
-            model=self._model,
-            degradations=self._degradations,
-            pending_user_messages=self._pending_user,
-            paused=self._paused,
-            paused_reason=self._paused_reason,
-            tokens_per_step=self._tokens_per_step,
-            output_tokens=self._output_tokens,
-            last_price=self._last_price,
-            last_input_tokens=self._last_input_tokens,
-            livelock=self._livelock,
-            first_run_id=self._first_run_id,
-        )
+        carry = self._carry.model_copy(update={"elapsed_before_s": self._usage_now().elapsed_s})
         return self._agent.model_copy(update={"limits": self._limits, "carry": carry})
 
 

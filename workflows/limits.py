@@ -85,9 +85,7 @@ def budget_fractions(spend: Spend, limits: Limits) -> dict[str, float]:
 def soft_tier(spend: Spend, limits: Limits) -> list[str]:
     """Budgets now in their soft tier. Steps use `soft_steps`; the others `soft_ratio`."""
     entered = [
-        name
-        for name, used in budget_fractions(spend, limits).items()
-        if name != "steps" and used >= limits.soft_ratio
+        name for name, used in budget_fractions(spend, limits).items() if name != "steps" and used >= limits.soft_ratio
     ]
     if spend.step >= limits.soft_steps:
         entered.insert(0, "steps")

@@ -277,8 +277,7 @@ class ModelReply(BaseModel):
         if self.price is None:
             return 0.0
         return (
-            self.input_tokens * self.price.input_per_million
-            + self.output_tokens * self.price.output_per_million
+            self.input_tokens * self.price.input_per_million + self.output_tokens * self.price.output_per_million
         ) / 1_000_000
 
 
@@ -336,14 +335,17 @@ class AgentResult(BaseModel):
 
 
 class Carry(BaseModel):
-    """State handed from one run to the next on continue-as-new, losslessly."""
+    """A run's durable state: what the workflow keeps and hands on at continue-as-new, losslessly."""
 
-    step: int
-    usage: Usage
-    messages: list[Message]
-    elapsed_before_s: float
-    model: str
+    step: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    messages: list[Message] = Field(default_factory=list)
+    elapsed_before_s: float = 0.0
+    """Wall time spent in earlier runs of the chain."""
+    model: str = ""
     degradations: list[Degradation] = Field(default_factory=list)
+    warned: list[str] = Field(default_factory=list)
+    """Budgets whose soft-tier warning the model already got."""
     pending_user_messages: list[str] = Field(default_factory=list)
     paused_reason: str | None = None
     paused: bool = False

@@ -16,7 +16,7 @@ from durable_agent.model_server import Failure, ModelServer, Reply, count_assist
 from durable_agent.server import EmbeddedServer
 from tests.helpers import rejected_update, run_cli, start, wait_for
 from tests.scripts import Script, answer, tool_results, tools
-from workflows.types import AgentStatus, Limits, Message
+from workflows.types import AgentInput, AgentResult, AgentStatus, Limits, Message
 
 
 async def cli(server: EmbeddedServer, *args: str) -> subprocess.CompletedProcess[str]:
@@ -204,3 +204,18 @@ async def test_transcript_by_step(
     messages = await handle.query("transcript", {"from_step": 2}, result_type=list[Message])
     assert {m.step for m in messages} == {2, 3}
     assert count_assistant_turns({"messages": [m.model_dump() for m in messages]}) == 2
+
+
+async def test_a_pause_sent_with_the_start_holds_before_the_first_step(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([], final="after the pause")
+    handle = await client.start_workflow(  # signal-with-start: the pause is in the first task
+        "AgentWorkflow", AgentInput(goal="x", workspace=str(workspace)), id=f"early-{task_queue}",
+        task_queue=task_queue, result_type=AgentResult, start_signal="pause",
+        start_signal_args=[{"reason": "read the goal first"}],
+    )
+    status = await wait_for(handle, lambda s: s.state == "paused")
+    assert status.step == 0 and not model_server.requests
+    await handle.signal("resume")
+    assert (await handle.result()).output == "after the pause"

@@ -31,3 +31,19 @@ worker: $(STAMP)
 
 server: $(STAMP)
 	$(BIN)/durable-agent server
+
+# `make bench` measures durable-agent against its peers and writes bench/RESULTS.md
+# (BENCH_ARGS=--quick for a short run); `make chaos` runs the chaos suite (CHAOS_ARGS="--soak 30"
+# for the 30-minute soak). Both need the `bench` extra (LangGraph, psutil).
+.PHONY: bench chaos
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+bench: $(BENCH_STAMP)
+	$(BIN)/python -m bench compare $(BENCH_ARGS)
+
+chaos: $(BENCH_STAMP)
+	$(BIN)/python -m bench chaos $(CHAOS_ARGS)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import signal
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -15,6 +17,15 @@ from typing import Any
 from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer, free_port, start_server
+from workflows.types import AgentInput
+
+
+def bench_input(goal: str, workspace: Path, steps: int, **overrides: Any) -> AgentInput:
+    """The benchmark agent's run input: limits far enough out that no soft tier or stop
+    changes what the model is sent; everything else is the product's default."""
+    limits = {"soft_steps": steps + 5, "hard_steps": steps + 10, "max_model_calls": steps + 10,
+              "max_tool_calls": 3 * steps, "max_tokens": 10**9}
+    return AgentInput.model_validate({"goal": goal, "workspace": str(workspace), "limits": limits, **overrides})
 
 
 class StepScript:
@@ -53,6 +64,8 @@ class Bench:
     task_queue: str
     home: Path
     workers: list[Popen[bytes]] = field(default_factory=list)
+    keep: bool = False
+    """Leave `home` (server database, worker logs, workspaces) on disk for a post-mortem."""
 
     @property
     def worker_env(self) -> dict[str, str]:
@@ -71,6 +84,12 @@ class Bench:
     def kill_worker(self, worker: Popen[bytes]) -> None:
         kill_hard(worker)
 
+    def restart_server(self, sig: int = signal.SIGKILL) -> None:
+        """Stop the dev server with `sig` and start a new process on the same SQLite file and port."""
+        self.server.stop(sig)
+        host, port = self.server.address.rsplit(":", 1)
+        self.server = start_server(self.home / "temporal", port=int(port), ui_port=None, persistent=True)
+
     def workspace(self) -> Path:
         path = self.home / f"ws-{uuid.uuid4().hex[:8]}"
         path.mkdir()
@@ -81,13 +100,26 @@ class Bench:
 def bench(script: Any, latency_s: float = 0.0, persistent: bool = True) -> Iterator[Bench]:
     home = Path(tempfile.mkdtemp(prefix="durable-agent-bench-"))
     server = start_server(home / "temporal", port=free_port(), ui_port=None, persistent=persistent)
+    earlier_address = os.environ.get("TEMPORAL_ADDRESS")
     os.environ["TEMPORAL_ADDRESS"] = server.address
     model = ModelServer(script, latency_s=latency_s).start()
     b = Bench(server=server, model=model, task_queue=f"bench-{uuid.uuid4().hex[:8]}", home=home)
     try:
         yield b
+    except BaseException:
+        b.keep = True
+        raise
     finally:
         for worker in b.workers:
             stop_gently(worker, timeout_s=5)
         model.stop()
-        server.stop()
+        b.server.stop()  # the one running now: restart_server may have replaced it
+        # Put back the caller's server (the test suite's session server, for instance).
+        if earlier_address is None:
+            os.environ.pop("TEMPORAL_ADDRESS", None)
+        else:
+            os.environ["TEMPORAL_ADDRESS"] = earlier_address
+        if b.keep:
+            print(f"benchmark files kept in {home}", flush=True)
+        else:
+            shutil.rmtree(home, ignore_errors=True)

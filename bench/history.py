@@ -15,11 +15,10 @@ import os
 import subprocess
 import time
 
-from bench.harness import StepScript, bench
+from bench.harness import StepScript, bench, bench_input
 from durable_agent.connection import connect
 from durable_agent.runs import start_agent
 from durable_agent.server import temporal_binary
-from workflows.types import AgentInput
 
 
 def history_size(address: str, workflow_id: str) -> int:
@@ -48,18 +47,15 @@ async def measure(steps: int, marks: list[int]) -> dict[str, object]:
             script.hooks[step - 1] = reader(step)  # turn index = step - 1
         b.start_worker()
         client = await connect(b.server.address)
-        agent = AgentInput(
-            goal="benchmark", workspace=str(b.workspace()),
-            limits={"soft_steps": steps + 5, "hard_steps": steps + 10, "max_model_calls": steps + 10,
-                    "max_tool_calls": 3 * steps, "max_tokens": 10**9},
-            continue_as_new_every=10 * steps,
-        )
+        agent = bench_input("benchmark", b.workspace(), steps, continue_as_new_every=10 * steps)
         started = time.perf_counter()
         handle = await start_agent(client, agent, workflow_id, b.task_queue)
         result = await handle.result()
         wall = time.perf_counter() - started - paused_s
     per_step = {
-        f"{a}->{z}": round((sizes[z] - sizes[a]) / (z - a)) for a, z in zip(marks, marks[1:]) if a in sizes and z in sizes
+        f"{a}->{z}": round((sizes[z] - sizes[a]) / (z - a))
+        for a, z in zip(marks, marks[1:], strict=False)
+        if a in sizes and z in sizes
     }
     return {
         "steps": result.steps,

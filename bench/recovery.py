@@ -19,10 +19,10 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
-from bench.harness import StepScript, bench
+from bench.harness import StepScript, bench, bench_input
 from durable_agent.connection import connect
 from durable_agent.runs import start_agent
-from workflows.types import AgentInput, AgentStatus
+from workflows.types import AgentStatus
 
 
 async def current_step(handle: WorkflowHandle) -> int | None:
@@ -62,12 +62,7 @@ async def measure(kills: int, restart_delay_s: float, seed: int) -> dict[str, An
         worker = b.start_worker()
         client = await connect(b.server.address)
         workspace = b.workspace()
-        agent = AgentInput(
-            goal="benchmark", workspace=str(workspace),
-            limits={"soft_steps": steps + 5, "hard_steps": steps + 10, "max_model_calls": steps + 10,
-                    "max_tool_calls": 3 * steps, "max_tokens": 10**9},
-            continue_as_new_every=10 * steps,
-        )
+        agent = bench_input("benchmark", workspace, steps, continue_as_new_every=10 * steps)
         handle = await start_agent(client, agent, "recovery", b.task_queue)
         step = 0
         for _ in range(kills):

@@ -1,0 +1,28 @@
+"""`python -m bench <name> [options]`: compare, chaos, history or recovery (see bench/README.md)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "compare": ("bench.compare", "durable-agent against its peers; writes bench/RESULTS.md"),
+    "chaos": ("bench.chaos", "worker kills and server restarts under load; checks nothing is lost or doubled"),
+    "history": ("bench.history", "history bytes per step on one long run"),
+    "recovery": ("bench.recovery", "time from a worker SIGKILL to the next step, over repeated kills"),
+}
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
+        print("usage: python -m bench <name> [options]\n")
+        for name, (_, what) in COMMANDS.items():
+            print(f"  {name:<9} {what}")
+        sys.exit(0 if len(sys.argv) < 2 or sys.argv[1] in ("-h", "--help") else 2)
+    module, _ = COMMANDS[sys.argv[1]]
+    sys.argv = [f"python -m bench {sys.argv[1]}", *sys.argv[2:]]  # each module parses its own options
+    importlib.import_module(module).main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""The two plain in-process loops durable-agent is measured against.
+
+* `jsonl`: stateless mode. Every message is appended to a JSONL session log and flushed
+  (no fsync: the log is for reading back, not a checkpoint). Resumed by replaying the log.
+* `snapshot`: manual checkpoint mode. After every step the whole session is written as a
+  JSON snapshot with the same atomic, fsynced write the tools use. Resumed from it.
+
+Both resume only when someone runs them again on the same folder; a step whose tool
+results are not all recorded is dropped and asked of the model again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from activities.journal import atomic_write
+from bench.task import ModelClient, PeerAgent, assistant_message, dumps, incomplete_step, run_tools
+
+Messages = list[dict[str, Any]]
+
+
+class Store(Protocol):
+    path: Path
+
+    def load(self) -> Messages | None: ...
+    def append(self, messages: Messages) -> None: ...
+    def step_done(self, messages: Messages) -> None: ...
+
+
+class JsonlLog:
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / "session.jsonl"
+
+    def load(self) -> Messages | None:
+        if not self.path.exists():
+            return None
+        messages = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+        # A torn last line is possible after a kill; everything before it is whole.
+        drop = incomplete_step(messages)
+        return messages[: len(messages) - drop] if drop else messages
+
+    def append(self, messages: Messages) -> None:
+        with self.path.open("a") as f:
+            f.write("".join(dumps(m) + "\n" for m in messages))
+
+    def step_done(self, messages: Messages) -> None:
+        pass
+
+
+class Snapshot:
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / "snapshot.json"
+
+    def load(self) -> Messages | None:
+        return json.loads(self.path.read_bytes()) if self.path.exists() else None
+
+    def append(self, messages: Messages) -> None:
+        pass
+
+    def step_done(self, messages: Messages) -> None:
+        atomic_write(self.path, dumps(messages).encode())
+
+
+STORES: dict[str, Callable[[Path], Store]] = {"jsonl": JsonlLog, "snapshot": Snapshot}
+
+
+async def run_loop(agent: PeerAgent, model: ModelClient, store: Store) -> str:
+    """The agent loop: model call, then the tools it asked for, until it answers without tools."""
+    messages = store.load()
+    if messages is None:
+        messages = agent.opening()
+        store.append(messages)
+    while True:
+        reply = await model.complete(agent, messages)
+        assistant = assistant_message(reply)
+        store.append([assistant])
+        if not reply.tool_calls:
+            return reply.content or ""
+        results = await run_tools(agent, reply.tool_calls)
+        store.append(results)
+        messages += [assistant, *results]
+        store.step_done(messages)

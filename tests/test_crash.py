@@ -44,6 +44,16 @@ async def until(condition: Callable[[], bool], timeout_s: float = 60) -> None:
         await asyncio.sleep(0.02)
 
 
+def worker_env(server: EmbeddedServer, model: ModelServer, task_queue: str) -> dict[str, str]:
+    """What a worker subprocess needs: the test's server, task queue and model stub."""
+    return {
+        "TEMPORAL_ADDRESS": server.address,
+        "DURABLE_AGENT_TASK_QUEUE": task_queue,
+        "OPENAI_BASE_URL": model.base_url,
+        "OPENAI_API_KEY": "test-key",
+    }
+
+
 def ledger_lines(path: Path) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
@@ -67,12 +77,7 @@ async def test_run_survives_worker_kills_at_three_points(
             answer("all done"),
         ]
     )
-    env = {
-        "TEMPORAL_ADDRESS": temporal_server.address,
-        "DURABLE_AGENT_TASK_QUEUE": task_queue,
-        "OPENAI_BASE_URL": model_server.base_url,
-        "OPENAI_API_KEY": "test-key",
-    }
+    env = worker_env(temporal_server, model_server, task_queue)
     logs = tmp_path / "workers"
     worker = spawn_worker(env, logs / "w0.log")
     kills = 0
@@ -123,12 +128,7 @@ async def test_waiting_states_survive_worker_kills(
     model_server.responder = Script(
         [tools(("run_command", {"command": "echo ran >> ledger.txt"})), flaky_second_turn], final="survived"
     )
-    env = {
-        "TEMPORAL_ADDRESS": temporal_server.address,
-        "DURABLE_AGENT_TASK_QUEUE": task_queue,
-        "OPENAI_BASE_URL": model_server.base_url,
-        "OPENAI_API_KEY": "test-key",
-    }
+    env = worker_env(temporal_server, model_server, task_queue)
     workers = [spawn_worker(env, tmp_path / "w0.log")]
 
     async def restart_worker() -> None:

@@ -23,12 +23,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import random
 import re
 import signal
 import statistics
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -126,24 +128,37 @@ class Monkey:
         self._replacements: set[asyncio.Task[None]] = set()
         self._server_up = asyncio.Event()
         self._server_up.set()
+        self._gates: list[threading.Event] = []
 
     def start_workers(self) -> None:
         while len(self.live) < self.plan.workers:
             self.live.append(self.b.start_worker())
 
-    async def run(self, total_turns: int) -> None:
+    def schedule(self, total_turns: int) -> list[tuple[str, int]]:
+        """Each fault, at the progress (distinct turns asked for) after which it fires, and
+        a gate one turn later that holds the runs until it has: on a fast machine the runs
+        would otherwise finish before a slow fault (a server restart) came round."""
         kinds = ["kill"] * self.plan.worker_kills + ["restart"] * self.plan.server_restarts
         self.rng.shuffle(kinds)
-        # One event somewhere in each equal slice of the run's first 85 %, so all fire before it ends.
+        # One fault somewhere in each equal slice of the run's first 85 %.
         slices = len(kinds)
-        for i, kind in enumerate(kinds):
-            threshold = total_turns * 0.85 * (i + self.rng.random()) / slices
-            await self._until(lambda t=threshold: self.recorder.turns_done() >= t)
-            await asyncio.sleep(self.rng.uniform(0, 0.3))
-            if kind == "kill":
-                await self._kill_one()
-            else:
-                await self._restart_server(len([e for e in self.events if e["kind"] == "restart"]))
+        faults = [(kind, math.ceil(total_turns * 0.85 * (i + self.rng.random()) / slices))
+                  for i, kind in enumerate(kinds)]
+        self._gates = [self.recorder.gate(at + 1) for _, at in faults]
+        return faults
+
+    async def run(self, faults: list[tuple[str, int]]) -> None:
+        try:
+            for (kind, at), gate in zip(faults, self._gates, strict=True):
+                await self._until(lambda at=at: self.recorder.turns_done() >= at)
+                await asyncio.sleep(self.rng.uniform(0, 0.3))  # anywhere in the step: a tool, the model call
+                if kind == "kill":
+                    await self._kill_one()
+                else:
+                    await self._restart_server(len([e for e in self.events if e["kind"] == "restart"]))
+                gate.set()
+        finally:
+            self.recorder.open_gates()
 
     async def _kill_one(self) -> None:
         # Kill only with every worker up, so there is always a survivor to take over.
@@ -238,8 +253,9 @@ async def run_chaos(plan: Plan) -> Report:
         client = await connect(b.server.address)
         reference = await reference_result(client, b, plan.steps, deadline)
         recorder.clear()
+        faults = monkey.schedule(plan.agents * (plan.steps + 1))
         runs = await start_runs(client, b, plan, "chaos")
-        chaos = asyncio.create_task(monkey.run(plan.agents * (plan.steps + 1)))
+        chaos = asyncio.create_task(monkey.run(faults))
         results = await asyncio.gather(*(outcome(client, r.workflow_id, deadline) for r in runs))
         chaos.cancel()
         await monkey.settle()

@@ -133,9 +133,10 @@ class DurableContender:
         wall_s = time.perf_counter() - wall0
         cpu = {pid: _cpu_s(pid) - before for pid, before in cpu0.items()}
         extra: dict[str, Any] = {"worker_cpu_s": cpu[worker], "server_cpu_s": cpu[server]}
+        size = None
         if agents == 1:
             extra["journal_bytes"] = journal_bytes(Path(self._workspaces[handles[0].id]))
-        size = await history_bytes(self.client, handles[0].id) if agents == 1 else None
+            size, extra["runs_in_chain"] = await history_bytes(self.client, handles[0].id)
         return Figures(wall_s, sum(cpu.values()), size, [r.output for r in results], extra)
 
     async def begin(self, steps: int) -> Path:
@@ -169,13 +170,13 @@ def _cpu_s(pid: int) -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-async def history_bytes(client: Client, workflow_id: str) -> int:
-    """historySizeBytes of every run in the workflow's continue-as-new chain."""
-    total = 0
+async def history_bytes(client: Client, workflow_id: str) -> tuple[int, int]:
+    """historySizeBytes summed over the workflow's continue-as-new chain, and the chain's length."""
+    sizes = []
     async for run in client.list_workflows(f'WorkflowId="{workflow_id}"'):
         described = await client.get_workflow_handle(workflow_id, run_id=run.run_id).describe()
-        total += described.raw_description.workflow_execution_info.history_size_bytes
-    return total
+        sizes.append(described.raw_description.workflow_execution_info.history_size_bytes)
+    return sum(sizes), len(sizes)
 
 
 def journal_bytes(workspace: Path) -> int:

@@ -103,6 +103,9 @@ def bench(script: Any, latency_s: float = 0.0, persistent: bool = True) -> Itera
     earlier_address = os.environ.get("TEMPORAL_ADDRESS")
     os.environ["TEMPORAL_ADDRESS"] = server.address
     model = ModelServer(script, latency_s=latency_s).start()
+    # http.server listens with a backlog of 5: 50 agents connecting at once would see
+    # dropped SYNs (a 1 s retransmit) or resets. Listening again raises it in place.
+    model._httpd.socket.listen(512)
     b = Bench(server=server, model=model, task_queue=f"bench-{uuid.uuid4().hex[:8]}", home=home)
     try:
         yield b

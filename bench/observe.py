@@ -20,6 +20,9 @@ from typing import Any
 from bench.task import agent_of
 from durable_agent.model_server import Responder, count_assistant_turns
 
+GATE_TIMEOUT_S = 120
+"""A gate left shut (a crashed harness) delays a reply by this much, never forever."""
+
 
 @dataclass(frozen=True)
 class Request:
@@ -37,12 +40,31 @@ class Recorder:
         self.responder = responder
         self.log: list[Request] = []
         self._lock = threading.Lock()
+        self._gates: list[tuple[int, threading.Event]] = []
 
     def __call__(self, request: dict[str, Any]) -> Any:
         entry = Request(time.time(), agent_of(request), count_assistant_turns(request))
         with self._lock:
             self.log.append(entry)
+            progress = len({(r.agent, r.turn) for r in self.log})
+            closed = [gate for at, gate in self._gates if progress >= at and not gate.is_set()]
+        for gate in closed:
+            gate.wait(timeout=GATE_TIMEOUT_S)
         return self.responder(request)
+
+    def gate(self, at_turns: int) -> threading.Event:
+        """Hold every reply once `at_turns` distinct turns have been asked for, until the
+        returned event is set: the runs cannot outpace a test that must act before then."""
+        gate = threading.Event()
+        with self._lock:
+            self._gates.append((at_turns, gate))
+        return gate
+
+    def open_gates(self) -> None:
+        with self._lock:
+            gates, self._gates = self._gates, []
+        for _, gate in gates:
+            gate.set()
 
     def clear(self) -> None:
         with self._lock:

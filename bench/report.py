@@ -16,6 +16,7 @@ import psutil
 
 from bench.observe import spread
 from durable_agent.server import temporal_binary
+from workflows.types import AgentInput
 
 DURABLE = "durable-agent"
 LANGGRAPH = "LangGraph + SQLite"
@@ -156,12 +157,7 @@ def _notes(data: dict[str, Any]) -> list[str]:
         "N-step run, ÷ N; **bytes added per step** is the growth between the last two N. Per implementation:",
     ]
     lines += [f"  - {name}: {scope['bytes']}" for name, scope in data["scopes"].items()]
-    journal = data["bytes"].get(DURABLE, {}).get(str(o["byte_marks"][-1]), {}).get("extra", {}).get("journal_bytes")
-    if journal is not None:
-        lines.append(
-            f"  - durable-agent also keeps its tool idempotency journal in the workspace, outside history: "
-            f"{_kb(journal / o['byte_marks'][-1])} per step at N = {o['byte_marks'][-1]}."
-        )
+    lines += _durable_bytes_notes(data)
     lines += [
         f"- **throughput**: {o['agents']} agents of {o['agent_steps']} steps each, all started at once "
         "(one process for a peer, one worker for durable-agent); steps ÷ wall time.",
@@ -182,6 +178,20 @@ def _notes(data: dict[str, Any]) -> list[str]:
         "grows with N for all four (the `openai` SDK's request preparation walks every message).",
         "",
     ]
+    return lines
+
+
+def _durable_bytes_notes(data: dict[str, Any]) -> list[str]:
+    last = data["options"]["byte_marks"][-1]
+    extra = data["bytes"].get(DURABLE, {}).get(str(last), {}).get("extra", {})
+    lines = []
+    if "journal_bytes" in extra:
+        lines.append(f"  - durable-agent also keeps its tool idempotency journal in the workspace, outside "
+                     f"history: {_kb(extra['journal_bytes'] / last)} per step at N = {last}.")
+    if extra.get("runs_in_chain", 1) > 1:
+        every = AgentInput.model_fields["continue_as_new_every"].default
+        lines.append(f"  - at N = {last} the run continued as new ({extra['runs_in_chain']} runs, every {every} "
+                     "steps by default): each new run's input carries the transcript, which is in the figure.")
     return lines
 
 

@@ -668,8 +668,10 @@ def _group_alive(pgid: int) -> bool:
     Zombies don't count: where PID 1 does not reap orphans (many containers), killed
     background processes linger as zombies and would make the group look alive forever.
     """
+    if not _signal_group(pgid, 0):
+        return False  # no process at all, not even a zombie: the usual case, without a /proc scan
     if not os.path.isdir("/proc"):
-        return _signal_group(pgid, 0)
+        return True
     with os.scandir("/proc") as entries:
         for entry in entries:
             fields = _proc_stat(entry.name) if entry.name.isdigit() else None

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from activities.journal import atomic_write
-from activities.model import REQUEST_TIMEOUT_S, _reply, _to_openai, openai_sdk
+from activities.model import REQUEST_TIMEOUT_S, _reply, _to_openai, openai_sdk, post_chat_completion
 from activities.sandbox import Workspace
 from workflows.context import initial_messages
 from workflows.tool_specs import RunCommandArgs, WriteFileArgs, openai_tool_schemas, parse_tool_call
@@ -59,12 +59,10 @@ class ModelClient:
 
     def __init__(self) -> None:
         self._client = openai_sdk().AsyncOpenAI(max_retries=0, timeout=REQUEST_TIMEOUT_S)
-        self._schemas: dict[tuple[str, ...], list[dict[str, Any]]] = {}
 
     async def complete(self, agent: PeerAgent, messages: list[dict[str, Any]]) -> ModelReply:
-        tools = tuple(agent.tools)
-        schemas = self._schemas.setdefault(tools, openai_tool_schemas(agent.tools))
-        response = await self._client.chat.completions.create(model=agent.model, messages=messages, tools=schemas)
+        request = {"model": agent.model, "messages": messages, "tools": openai_tool_schemas(agent.tools)}
+        response = await post_chat_completion(self._client, request)
         return _reply(agent.model, response)
 
 

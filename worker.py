@@ -27,12 +27,12 @@ busy agents on one worker ~5-10 % of tasks outwait it and go to the shared queue
 the same worker then serves: measured, that was no slower than a 3 s timeout."""
 
 
-HEARTBEAT_THROTTLE = timedelta(seconds=1)
+HEARTBEAT_THROTTLE = timedelta(seconds=0.5)
 """The SDK forwards an activity's heartbeats at most every 0.8 x its heartbeat timeout,
-1.6 s for our 2 s: a beat delayed by 0.4 s (a busy server, a stalled loop) and a live
-call is timed out and retried. Sending at most one a second leaves a full second of
-slack at 1.6 x the heartbeat RPCs (one a second per running activity, ~1-3 ms of
-server CPU each); every 0.5 s would double them again for little more."""
+1.2 s for our 1.5 s: a beat delayed by 0.3 s (a busy server, a stalled loop) and a live
+call is timed out and retried. At most one every 0.5 s leaves a full second of slack, for
+two heartbeat RPCs a second per running tool call (~1-3 ms of server CPU each); only
+commands run long enough to send more than the first."""
 
 
 def build_worker(client: Client, queue: str | None = None, **overrides: object) -> Worker:
@@ -54,10 +54,14 @@ async def run_worker(address: str | None = None, queue: str | None = None) -> No
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # The openai import (~1 s) overlaps the connection; done before polling, so a first
+    # model call never waits for it inside a workflow task (under load that wait outlasted
+    # the 2 s task timeout, and a replacement worker's first task was timed out again).
+    warm_up = asyncio.create_task(asyncio.to_thread(openai_sdk))
     client = await connect(address)
+    await warm_up
     async with build_worker(client, queue):
         print(f"worker polling task queue {queue or task_queue()!r}", flush=True)
-        await asyncio.to_thread(openai_sdk)  # warm up after polling has begun
         await stop.wait()
 
 

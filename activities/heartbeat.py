@@ -13,7 +13,7 @@ from temporalio.api.workflowservice.v1 import ResetStickyTaskQueueRequest
 from temporalio.service import RPCError
 
 INTERVAL_S = 0.5
-"""Half a second against a 2 s heartbeat timeout: the SDK throttles sends to 80 % of it."""
+"""Half a second against a 1.5 s heartbeat timeout; the worker sends at most one per 0.5 s."""
 
 
 @asynccontextmanager

@@ -1,8 +1,8 @@
 """The `call_model` activity: one chat completion through the `openai` SDK.
 
-The activity's input names a context version, not the messages: it reads the frozen
-context from the workflow with a query (queries write nothing to history), so history
-grows by the model's reply per step instead of by the whole transcript.
+The workflow runs it as a local activity, so its input (the whole context) stays in the
+worker's memory: history records only the reply, and grows by the model's reply per step
+instead of by the whole transcript.
 
 Retries belong to Temporal alone (`max_retries=0`): HTTP 408/409/429/5xx and connection
 errors are retryable, honouring `Retry-After`; 400/401/403/404/422 are not.
@@ -10,6 +10,7 @@ errors are retryable, honouring `Retry-After`; 400/401/403/404/422 are not.
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import importlib
 import os
@@ -21,15 +22,13 @@ from typing import TYPE_CHECKING, Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.heartbeat import heartbeating
 from activities.pricing import price_of
 from workflows.tool_specs import openai_tool_schemas
-from workflows.types import Message, ModelCallInput, ModelContext, ModelReply, ToolCall
+from workflows.types import Message, ModelCallInput, ModelReply, ToolCall
 
 if TYPE_CHECKING:
     from openai import APIStatusError, AsyncOpenAI
 
-MODEL_CONTEXT_QUERY = "model_context"
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 REQUEST_TIMEOUT_S = 110.0
 """Just under the activity's start-to-close timeout, so the SDK's own timeout fires first."""
@@ -44,13 +43,17 @@ def openai_sdk() -> ModuleType:
     return importlib.import_module("openai")
 
 
+def _new_client() -> AsyncOpenAI:
+    return openai_sdk().AsyncOpenAI(max_retries=0, timeout=REQUEST_TIMEOUT_S)
+
+
 class ModelActivities:
     """Holds one OpenAI client per worker, created on first use from the worker's env."""
 
     def __init__(self, client: AsyncOpenAI | None = None) -> None:
         self._client = client
 
-    def _openai(self) -> AsyncOpenAI:
+    async def _openai(self) -> AsyncOpenAI:
         if self._client is not None:
             return self._client
         if not os.environ.get("OPENAI_API_KEY"):
@@ -60,21 +63,24 @@ class ModelActivities:
                 type="ModelNotConfigured",
                 non_retryable=True,
             )
-        self._client = openai_sdk().AsyncOpenAI(max_retries=0, timeout=REQUEST_TIMEOUT_S)
+        # Off the event loop: a new worker's first call can come while its warm-up import
+        # still runs, and waiting for the import lock on the loop stalls all of the worker's
+        # tasks (measured: a replacement worker's workflow task timed out that way).
+        self._client = await asyncio.to_thread(_new_client)
         return self._client
 
     @activity.defn(name="call_model")
     async def call_model(self, input: ModelCallInput) -> ModelReply:
+        """Run by the workflow as a local activity (see workflows/options.py): no heartbeats;
+        a worker that dies mid-call loses its workflow task, and the next worker calls again."""
+        client = await self._openai()
         openai = openai_sdk()
-        async with heartbeating():
-            context = await _read_context(input)
-            request = _request(input.model, context)
-            try:
-                response = await post_chat_completion(self._openai(), request)
-            except openai.APIStatusError as e:
-                raise _status_error(e) from e
-            except (openai.APIConnectionError, openai.APITimeoutError) as e:
-                raise ApplicationError(f"model endpoint unreachable: {e}", type="ModelUnavailable") from e
+        try:
+            response = await post_chat_completion(client, _request(input))
+        except openai.APIStatusError as e:
+            raise _status_error(e) from e
+        except (openai.APIConnectionError, openai.APITimeoutError) as e:
+            raise ApplicationError(f"model endpoint unreachable: {e}", type="ModelUnavailable") from e
         return _reply(input.model, response)
 
 
@@ -87,23 +93,10 @@ async def post_chat_completion(client: AsyncOpenAI, request: dict[str, Any]) -> 
     return await client.post("/chat/completions", body=request, cast_to=chat.ChatCompletion)
 
 
-async def _read_context(input: ModelCallInput) -> ModelContext:
-    handle = activity.client().get_workflow_handle(input.workflow_id, run_id=input.run_id)
-    context = await handle.query(MODEL_CONTEXT_QUERY, input.context_version, result_type=ModelContext)
-    if context.context_version != input.context_version:
-        # The workflow moved on (this attempt is stale); nothing to send.
-        raise ApplicationError(
-            f"context version {input.context_version} is gone (now {context.context_version})",
-            type="StaleContext",
-            non_retryable=True,
-        )
-    return context
-
-
-def _request(model: str, context: ModelContext) -> dict[str, Any]:
-    request: dict[str, Any] = {"model": model, "messages": [_to_openai(m) for m in context.messages]}
-    if context.tools:
-        request["tools"] = openai_tool_schemas(context.tools)
+def _request(input: ModelCallInput) -> dict[str, Any]:
+    request: dict[str, Any] = {"model": input.model, "messages": [_to_openai(m) for m in input.messages]}
+    if input.tools:
+        request["tools"] = openai_tool_schemas(input.tools)
     return request
 
 

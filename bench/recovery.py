@@ -2,8 +2,8 @@
 
 `python -m bench.recovery [--kills 10] [--restart-delay 0.5]`: one long run of the
 benchmark agent; a worker is SIGKILLed at a random moment, a new one started 0.5 s later.
-Recovery time = from the kill to the next `call_model` scheduled in history, i.e. the
-step that was in flight has finished on the new worker and the next one has begun.
+Recovery time = from the kill to the next step beginning in history, i.e. the step that
+was in flight has finished on the new worker and the next one has begun.
 """
 
 from __future__ import annotations
@@ -41,15 +41,17 @@ async def wait_progress(handle: WorkflowHandle, beyond: int) -> int:
         await asyncio.sleep(0.05)
 
 
-async def model_calls_scheduled(client: Client, workflow_id: str) -> list[float]:
-    """Times (epoch seconds) at which each call_model was scheduled, over every run of the chain."""
+async def steps_begun(client: Client, workflow_id: str) -> list[float]:
+    """Times (epoch seconds) at which each step began, over every run of the chain: the
+    search-attribute upsert that publishes the new step number before its model call."""
     times = []
     async for run in client.list_workflows(f'WorkflowId="{workflow_id}"'):
         history = await client.get_workflow_handle(workflow_id, run_id=run.run_id).fetch_history()
-        for event in history.events:
-            attrs = event.activity_task_scheduled_event_attributes
-            if event.HasField("activity_task_scheduled_event_attributes") and attrs.activity_type.name == "call_model":
-                times.append(event.event_time.ToDatetime().timestamp())
+        times += [
+            event.event_time.ToDatetime().timestamp()
+            for event in history.events
+            if event.HasField("upsert_workflow_search_attributes_event_attributes")
+        ]
     return sorted(times)
 
 
@@ -62,7 +64,7 @@ async def measure(kills: int, restart_delay_s: float, seed: int) -> dict[str, An
         worker = b.start_worker()
         client = await connect(b.server.address)
         workspace = b.workspace()
-        agent = bench_input("benchmark", workspace, steps, continue_as_new_every=10 * steps)
+        agent = bench_input("benchmark", workspace, steps)
         handle = await start_agent(client, agent, "recovery", b.task_queue)
         step = 0
         for _ in range(kills):
@@ -73,9 +75,9 @@ async def measure(kills: int, restart_delay_s: float, seed: int) -> dict[str, An
             await asyncio.sleep(restart_delay_s)
             worker = b.start_worker()
         result = await handle.result()
-        scheduled = await model_calls_scheduled(client, "recovery")
+        begun = await steps_begun(client, "recovery")
         ledger = (workspace / "ledger.txt").read_text().split()
-    recoveries = [min(t for t in scheduled if t > k) - k for k in kill_times]
+    recoveries = [min(t for t in begun if t > k) - k for k in kill_times]
     return {
         "kills": kills,
         "restart_delay_s": restart_delay_s,

@@ -12,13 +12,15 @@ from workflows.types import WORKFLOW_TYPE, AgentInput, AgentResult
 
 WORKFLOW_TASK_TIMEOUT = timedelta(seconds=2)
 """A workflow task held by a SIGKILLed worker is handed to another after this long (the
-server's default is 10 s). A fifth to a third of random kills land inside a workflow
-task, so this is the floor of the worst recovery: above ~2 s the 3 s target is out of
-reach. The risk runs the other way: a task is also a new worker's full replay of the run,
-~0.65 ms per history event in the sandbox here (1-1.5 ms under heavy load; ~17 events
-per step). At 200 steps (~3,500 events) that is 2.3-5 s, the task times out, and one
-recovery measured 22 s. 2 s is safe only while runs continue-as-new every <= ~50 steps
-(~900 events: ~0.6 s of replay, ~1.2 s under heavy load)."""
+server's default is 10 s). The model call runs inside a workflow task (a local activity),
+so every kill during a model call lands here, and this is the floor of the worst
+recovery: above ~2 s the 3 s target is out of reach. A model call longer than 1.6 s
+(80 % of it) makes the worker extend its task, three small events per extension. The
+risk runs the other way: a task is also a new worker's full replay of the run, ~0.65 ms
+per history event in the sandbox here (1-1.5 ms under heavy load; ~14 events per step).
+At 200 steps that is 2-4 s, the task times out, and one recovery measured 22 s. 2 s is
+safe only while runs continue-as-new every <= ~50 steps (~700 events: ~0.5 s of replay,
+~1 s under heavy load)."""
 
 
 async def start_agent(

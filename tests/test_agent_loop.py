@@ -55,14 +55,13 @@ async def test_history_holds_no_transcript_copy(
     handle = await start(client, task_queue, goal="write files", workspace=str(workspace))
     await handle.result()
     history = await handle.fetch_history()
-    sizes = [
-        e.activity_task_scheduled_event_attributes.input.ByteSize()
-        for e in history.events
-        if e.HasField("activity_task_scheduled_event_attributes")
-        and e.activity_task_scheduled_event_attributes.activity_type.name == "call_model"
-    ]
-    # Every model call's input is a few hundred bytes, even as the context reaches 120 KB.
-    assert len(sizes) == 7 and max(sizes) < 1_000
+    markers = [e.ByteSize() for e in history.events if e.HasField("marker_recorded_event_attributes")]
+    # One record per model call, the size of its reply (one 20 KB tool call), not of the
+    # context it was sent (up to 120 KB): call_model's input never enters history.
+    assert len(markers) == 7 and max(markers) < 22_000
+    # Each 20 KB text is in history twice (the model's reply, write_file's input) and only
+    # twice: a transcript re-sent with every call would add 20 + 40 + ... + 120 KB.
+    assert sum(e.ByteSize() for e in history.events) < 2 * 6 * 20_000 + 30_000
 
 
 async def test_bad_tool_calls_become_tool_errors_and_the_run_goes_on(
@@ -160,3 +159,22 @@ async def test_status_and_transcript_queries(
     assert status.state == "completed" and status.step == 2 and status.result is not None
     messages = await handle.query("transcript", {"from_step": 2}, result_type=list[Message])
     assert [m.role for m in messages] == ["assistant"] and messages[0].content == "listed"
+
+
+async def test_every_model_call_and_tool_call_is_labelled_for_the_web_ui(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([tools(("run_command", {"command": "echo hi"})), answer("ok")])
+    handle = await start(client, task_queue, goal="label", workspace=str(workspace))
+    await handle.result()
+    converter = client.data_converter.payload_converter
+    summaries = [
+        converter.from_payload(e.user_metadata.summary, str)
+        for e in (await handle.fetch_history()).events
+        if e.HasField("user_metadata") and e.user_metadata.HasField("summary")
+    ]
+    # The run's own summary is its goal; then one line per model call (a local activity's
+    # marker) and per tool activity, as the Web UI lists them.
+    assert summaries == [
+        "label", "call_model: gpt-4.1-mini step 1", "run_command: echo hi", "call_model: gpt-4.1-mini step 2"
+    ]

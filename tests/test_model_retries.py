@@ -10,18 +10,20 @@ from temporalio.worker import Worker
 
 from durable_agent.model_server import Failure, ModelServer, Reply
 from tests.helpers import start, wait_for
+from tests.scripts import Turn
 
 
 class Sequence:
     """Replies in order, one per request, recording when each request arrived."""
 
-    def __init__(self, *outcomes: Reply | Failure) -> None:
+    def __init__(self, *outcomes: Turn) -> None:
         self.outcomes = list(outcomes)
         self.arrivals: list[float] = []
 
     def __call__(self, request: dict) -> Reply | Failure:
         self.arrivals.append(time.monotonic())
-        return self.outcomes[min(len(self.arrivals), len(self.outcomes)) - 1]
+        outcome = self.outcomes[min(len(self.arrivals), len(self.outcomes)) - 1]
+        return outcome(request) if callable(outcome) else outcome
 
 
 async def test_a_500_is_retried(
@@ -75,3 +77,28 @@ async def test_missing_api_key_is_a_clear_error(
         result = await handle.result()
     assert result.state == "terminated" and result.stop_reason == "terminated"
     assert not model_server.requests
+
+
+async def test_a_model_call_longer_than_the_task_timeout_runs_once_and_the_run_stays_controllable(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    # call_model is a local activity inside a 2 s workflow task: the worker must extend the
+    # task while the call runs, not let it time out and call the model again.
+    def slow(request: dict) -> Reply:
+        time.sleep(5)
+        return Reply(tool_calls=[("list_files", {})])
+
+    model_server.responder = script = Sequence(slow, Reply(content="done"))
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    await wait_for(handle, lambda s: len(script.arrivals) == 1)
+    status = await wait_for(handle, lambda s: s.step == 1 and s.state == "running")
+    assert "calling" in status.activity
+    await handle.signal("pause", {"reason": "mid-call"})
+    await handle.signal("add_message", {"text": "and one more thing"})
+    await wait_for(handle, lambda s: s.state == "paused", timeout_s=30)
+    assert len(script.arrivals) == 1  # the slow call finished; no second step began while paused
+    await handle.signal("resume")
+    result = await handle.result()
+    assert result.state == "completed" and result.output == "done"
+    assert len(script.arrivals) == 2  # never repeated
+    assert model_server.requests[-1]["messages"][-1] == {"role": "user", "content": "and one more thing"}

@@ -1,6 +1,6 @@
 """`AgentWorkflow`: the agent loop, whose event history is its checkpoint.
 
-One step = one `call_model` activity plus the tool activities it asked for (run
+One step = one `call_model` local activity plus the tool activities it asked for (run
 concurrently). Every decision here is deterministic and made from recorded results:
 limits, approvals, pauses, needs-attention and continue-as-new. All I/O is in activities.
 """
@@ -15,9 +15,9 @@ from pydantic import BaseModel, ValidationError
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.model import MODEL_CONTEXT_QUERY
     from workflows import limits as budget
     from workflows import options
     from workflows.approval import approval_reason
@@ -38,7 +38,6 @@ with workflow.unsafe.imports_passed_through():
         LimitsPatch,
         Message,
         ModelCallInput,
-        ModelContext,
         ModelReply,
         PauseRequest,
         PendingApproval,
@@ -54,6 +53,10 @@ with workflow.unsafe.imports_passed_through():
     )
 
 _M = TypeVar("_M", bound=BaseModel)
+
+MODEL_CALL_FAILED = (ActivityError, ApplicationError, TemporalTimeoutError)
+"""How a failed local activity surfaces: its own error (a non-retryable one, or the last
+attempt's), a timeout, or wrapped like a regular activity's. Cancellation is not here."""
 
 AGENT_STATE = SearchAttributeKey.for_keyword("AgentState")
 AGENT_STEP = SearchAttributeKey.for_int("AgentStep")
@@ -77,8 +80,6 @@ class AgentWorkflow:
         self._limits = Limits()
         self._started_at = workflow.now()
         self._steps_this_run = 0
-        self._frozen: ModelContext | None = None
-        self._context_version = 0
         self._tokens_before_step = 0
         self._pending_approvals: dict[str, PendingApproval] = {}
         self._decisions: dict[str, ApprovalDecision] = {}
@@ -204,10 +205,9 @@ class AgentWorkflow:
         self._steps_this_run += 1
         self._tokens_before_step = self._carry.usage.tokens
         while True:
-            self._freeze_context()
             try:
                 reply = await self._execute_model_call()
-            except ActivityError as e:
+            except MODEL_CALL_FAILED as e:
                 await self._needs_attention(
                     what=f"call_model ({self._carry.model}) at step {self._carry.step}",
                     error=e,
@@ -217,31 +217,21 @@ class AgentWorkflow:
             self._record_reply(reply)
             return reply
 
-    def _freeze_context(self) -> None:
-        self._context_version += 1
-        self._frozen = ModelContext(
-            context_version=self._context_version,
-            messages=list(self._carry.messages),
-            tools=self._agent.enabled_tools(),
-        )
-
     async def _execute_model_call(self) -> ModelReply:
-        info = workflow.info()
         self._doing = f"calling {self._carry.model} (step {self._carry.step})"
         self._publish()
-        return await workflow.execute_activity(
+        return await workflow.execute_local_activity(
             "call_model",
             ModelCallInput(
-                workflow_id=info.workflow_id,
-                run_id=info.run_id,
-                context_version=self._context_version,
+                messages=list(self._carry.messages),
+                tools=self._agent.enabled_tools(),
                 model=self._carry.model,
                 step=self._carry.step,
             ),
             result_type=ModelReply,
             start_to_close_timeout=options.MODEL_START_TO_CLOSE,
-            heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
             retry_policy=options.MODEL_RETRY,
+            local_retry_threshold=options.MODEL_LOCAL_RETRY_THRESHOLD,
             summary=f"call_model: {self._carry.model} step {self._carry.step}"[:120],
         )
 
@@ -368,7 +358,7 @@ class AgentWorkflow:
 
     # --- people ------------------------------------------------------------------------
 
-    async def _needs_attention(self, what: str, error: ActivityError | str, attempts: int) -> Resolution:
+    async def _needs_attention(self, what: str, error: FailureError | str, attempts: int) -> Resolution:
         message = error if isinstance(error, str) else _failure_message(error)
         self._attention = AttentionReport(
             what_failed=what,
@@ -498,12 +488,6 @@ class AgentWorkflow:
         from_step = request.from_step if request else 0
         return [m for m in self._carry.messages if m.step >= from_step]
 
-    @workflow.query(name=MODEL_CONTEXT_QUERY)
-    def model_context(self, context_version: int) -> ModelContext:
-        if self._frozen is None:
-            raise ValueError("no model call in flight")
-        return self._frozen
-
     # --- state and visibility ----------------------------------------------------------
 
     def _state(self) -> RunState:
@@ -599,10 +583,12 @@ def _failure_message(error: BaseException) -> str:
     return message
 
 
-def _attempts(error: ActivityError, maximum: int) -> int:
+def _attempts(error: FailureError, maximum: int) -> int:
     # The retry state says why retrying ended; the attempt count itself is not in the error.
-    state = error.retry_state
-    return maximum if state is not None and state.name == "MAXIMUM_ATTEMPTS_REACHED" else 1
+    state = error.retry_state if isinstance(error, ActivityError) else None
+    if state is not None:
+        return maximum if state.name == "MAXIMUM_ATTEMPTS_REACHED" else 1
+    return 1 if isinstance(error, ApplicationError) and error.non_retryable else maximum
 
 
 def _resolution_text(resolution: Resolution) -> str:

@@ -1,10 +1,20 @@
 """Timeouts and retry policies for every activity the agent runs, with the reasons.
 
-Crash recovery speed is set here. When a worker is SIGKILLed mid-activity, the server
-notices only when a heartbeat is missed: a 2 s heartbeat timeout (activities beat every
-0.5 s; the worker sends at most one a second, see worker.py) plus a 0.1 s first retry
-interval puts the call on a new worker ~2.1 s after it last beat. Start-to-close
-timeouts only bound hung calls.
+Crash recovery speed is set here and by the 2 s workflow task timeout (durable_agent/runs.py).
+Tools are regular activities: when a worker is SIGKILLed mid-tool, the server notices a
+missed heartbeat (1.5 s timeout; tools beat every 0.5 s, the worker sends at most one a
+second, see worker.py) and a 0.1 s first retry puts the call on a new worker ~1.6 s after
+it last beat. `call_model` is a local activity, run inside the workflow task: a worker
+killed mid-call loses that task, which times out after 2 s and goes to the next worker.
+Start-to-close timeouts only bound hung calls.
+
+Why the model call is local: it is the one activity of every step, and as a regular
+activity it cost a task round trip through the server plus a query for its context
+(~45 ms of the ~120 ms a zero-latency step took, and most of the server's CPU per step).
+Local, its input never enters history, it needs no query, and its reply is recorded in
+the same workflow task that schedules the step's tools. The price: while a call runs
+longer than 1.6 s (80 % of the task timeout) the worker extends its workflow task, three
+small events every 1.6 s, and signals and updates wait for the next extension.
 """
 
 from __future__ import annotations
@@ -14,15 +24,17 @@ from datetime import timedelta
 from temporalio.common import RetryPolicy
 from temporalio.workflow import ActivityCancellationType
 
-HEARTBEAT_TIMEOUT = timedelta(seconds=2)
-"""Not lower: the timeout also runs from the moment the server hands an activity to a
-worker, before its first beat, and a loaded worker (50 agents on 2 cores) can take over a
-second to begin one; at 2 s some calls were already retried spuriously under such load.
-Going lower would not shorten the worst recovery either: a worker killed inside a
-workflow task costs the 2 s task timeout (durable_agent/runs.py) anyway."""
+HEARTBEAT_TIMEOUT = timedelta(seconds=1.5)
+"""Tools only (the model call is local). The timeout also runs from the moment the server
+hands a tool call to a worker, before its first beat, so it must cover a loaded worker's
+delay in starting one: at 2 s, with the model call still a heartbeating activity and 50
+agents on 2 cores, a few calls were retried spuriously; with the model call local the
+worker runs far fewer tasks. At 1.5 s a crashed worker's tool call runs again ~1.6 s
+after its last beat. A spurious retry is safe (the journal reports the first attempt's
+outcome) but costs a "command interrupted" answer to the model."""
 
 RETRY_FIRST = timedelta(milliseconds=100)
-"""The first retry is the one after a crash: the heartbeat timeout has already waited 2 s
+"""The first retry is the one after a crash: the heartbeat timeout has already waited 1.5 s
 and a replacement worker is usually polling by then, so every 100 ms here is 100 ms of
 recovery (the former 0.5 s was a sixth of the ~3 s). Real failures then back off fast."""
 RETRY_GROWTH = 4.0
@@ -37,8 +49,12 @@ MODEL_RETRY = RetryPolicy(
     # Bounded: after ~30 s of failures (0.1+0.4+1.6+6.4+25.6 s between the six attempts)
     # a person decides (needs_attention), not a retry loop.
     maximum_attempts=6,
-    non_retryable_error_types=["ModelRequestRejected", "ModelNotConfigured", "StaleContext"],
+    non_retryable_error_types=["ModelRequestRejected", "ModelNotConfigured"],
 )
+MODEL_LOCAL_RETRY_THRESHOLD = timedelta(seconds=2)
+"""Back-offs up to this wait in the worker's memory; longer ones (the 6.4 s and 25.6 s
+retries, a long Retry-After) on a durable timer, so they survive the worker and show in
+history instead of holding its workflow task open."""
 
 TOOL_START_TO_CLOSE = timedelta(seconds=120)
 COMMAND_GRACE = timedelta(seconds=30)

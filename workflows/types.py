@@ -238,26 +238,16 @@ class Message(BaseModel):
 
 
 class ModelCallInput(BaseModel):
-    """Deliberately small: the activity reads the frozen context through a query.
+    """What one model call sends. `call_model` runs as a local activity: its input stays in
+    the worker's memory and never reaches history, where only its result (the reply) is
+    recorded. Re-sending the transcript as a regular activity's input would make history
+    grow with the square of the steps; here every message is written once, by the step
+    that produced it, and a replay rebuilds the same input from those results."""
 
-    Re-sending the transcript as every call's input makes history grow with the square of
-    the steps. The context lives once in history (as the activity results that produced
-    it), and `context_version` pins exactly which prefix this call sees.
-    """
-
-    workflow_id: str
-    run_id: str
-    context_version: int
-    model: str
-    step: int
-
-
-class ModelContext(BaseModel):
-    """Result of the `model_context` query: what one model call sends."""
-
-    context_version: int
     messages: list[Message]
     tools: list[str]
+    model: str
+    step: int
 
 
 class Price(BaseModel):

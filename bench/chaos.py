@@ -375,6 +375,8 @@ async def soak(minutes: float, agents: int = 10, steps: int = 20) -> dict[str, A
 async def _sample_rss(worker: Any, started: float, samples: list[tuple[float, float]]) -> None:
     while True:
         samples.append((time.monotonic() - started, worker.memory_info().rss / 1e6))
+        if len(samples) % 12 == 1:  # a progress line a minute, so a cut-short soak still tells
+            print(f"soak {samples[-1][0] / 60:5.1f} min: worker RSS {samples[-1][1]:.1f} MB", flush=True)
         await asyncio.sleep(5)
 
 

@@ -29,6 +29,7 @@ from typing import Any
 from bench.contenders import DurableContender, Figures, PeerContender
 from bench.harness import Bench, StepScript, bench
 from bench.observe import Kill, Recorder, kill_figures, ledger_check
+from bench.report import git_commit
 from bench.task import goal_for
 from durable_agent.connection import connect
 
@@ -177,7 +178,7 @@ async def measure(o: Options) -> dict[str, Any]:
             "scopes": {c.name: {"cpu": c.cpu_scope, "bytes": c.bytes_scope} for c in contenders},
         }
     data["run"] = {"started": started, "seconds": time.time() - started,
-                   "load_before": load_before, "load_after": os.getloadavg()}
+                   "load_before": load_before, "load_after": os.getloadavg(), "commit": git_commit()}
     return data
 
 

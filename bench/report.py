@@ -175,7 +175,7 @@ def _notes(data: dict[str, Any]) -> list[str]:
         "effect): that is part of what durable-agent's durability costs. LangGraph runs with its default "
         "durability mode (\"async\": a checkpoint is written while the next node runs).",
         "- Every implementation sends the whole conversation on each model call, so the per-step cost "
-        "grows with N for all four (the `openai` SDK's request preparation walks every message).",
+        "grows with N for all four (the request's JSON grows with every message).",
         "",
     ]
     return lines
@@ -205,7 +205,7 @@ def _environment(data: dict[str, Any]) -> list[str]:
         f"- load average (1, 5, 15 min) before → after the benchmark: {load}",
         f"- Python {sys.version.split()[0]}; " + "; ".join(f"{p} {_version(p)}" for p in PACKAGES),
         f"- Temporal CLI: {_temporal_version()}",
-        f"- durable-agent commit: {_git_commit()}",
+        f"- durable-agent commit: {data['run'].get('commit') or git_commit()}",
         "",
     ]
 
@@ -253,7 +253,8 @@ def _temporal_version() -> str:
     return out.stdout.strip() or out.stderr.strip()
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
+    """The measured code's commit: recorded when measuring, since the report may be rendered later."""
     root = Path(__file__).resolve().parent.parent
     head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True)

@@ -37,7 +37,7 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
 from bench.harness import Bench, StepScript, bench, bench_input
@@ -262,10 +262,12 @@ async def run_chaos(plan: Plan) -> Report:
         report.events = monkey.events
         report.figures["unexpected_worker_exits"] = monkey.unexpected_exits
         check(report, reference, runs, results, recorder)
-        report.figures["executions_on_server"] = await count_executions(client, b.task_queue)
-        if report.figures["executions_on_server"] != plan.agents + 1:  # + the reference run
-            report.failures.append(f"{report.figures['executions_on_server']} executions on the server, "
-                                   f"expected {plan.agents + 1}")
+        on_server = await final_executions(client, b.task_queue)
+        report.figures["final_executions_on_server"] = sum(on_server.values())
+        expected = {r.workflow_id for r in runs} | {"reference-0"}
+        if set(on_server) != expected or set(on_server.values()) != {1}:
+            report.failures.append(f"final executions on the server {on_server}: expected one for each of "
+                                   f"{sorted(expected)}")
         b.keep = not report.ok
     return report
 
@@ -346,8 +348,14 @@ def takeovers(events: list[dict[str, Any]], recorder: Recorder) -> int:
     return count
 
 
-async def count_executions(client: Client, task_queue: str) -> int:
-    return len([w async for w in client.list_workflows(f'TaskQueue="{task_queue}"')])
+async def final_executions(client: Client, task_queue: str) -> dict[str, int]:
+    """Per workflow id, its executions that did not continue as new: 1 each, or a run was lost
+    (0, never listed) or started twice (2)."""
+    counts: dict[str, int] = {}
+    async for execution in client.list_workflows(f'TaskQueue="{task_queue}"'):
+        final = execution.status != WorkflowExecutionStatus.CONTINUED_AS_NEW
+        counts[execution.id] = counts.get(execution.id, 0) + final
+    return counts
 
 
 # --- soak ------------------------------------------------------------------------------

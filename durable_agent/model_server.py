@@ -9,6 +9,7 @@ the decoded request and returns a `Reply` (text and/or tool calls, with usage) o
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -49,7 +50,7 @@ class ModelServer:
         self.latency_s = latency_s
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
+        self._httpd = _QuietServer(("127.0.0.1", port), _handler_for(self))
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="model-server", daemon=True)
 
@@ -115,6 +116,15 @@ def completion_body(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
             "total_tokens": input_tokens + output_tokens,
         },
     }
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that went away mid-request is a worker that was killed: expected in the
+        # demo, the crash tests and the chaos runs, and nothing the stub must report.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:

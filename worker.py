@@ -54,14 +54,13 @@ async def run_worker(address: str | None = None, queue: str | None = None) -> No
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    # The openai import (~1 s) overlaps the connection; done before polling, so a first
-    # model call never waits for it inside a workflow task (under load that wait outlasted
-    # the 2 s task timeout, and a replacement worker's first task was timed out again).
-    warm_up = asyncio.create_task(asyncio.to_thread(openai_sdk))
     client = await connect(address)
-    await warm_up
     async with build_worker(client, queue):
         print(f"worker polling task queue {queue or task_queue()!r}", flush=True)
+        # Polling first: a replacement worker takes over tool calls ~1 s sooner. Importing
+        # openai before polling instead was measured too (bench.recovery, seeds 7 and 8):
+        # no better at the worst, worse at the median.
+        await asyncio.to_thread(openai_sdk)
         await stop.wait()
 
 

@@ -19,7 +19,8 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
-from bench.harness import StepScript, bench, bench_input
+from bench.chaos import RecheckingScript
+from bench.harness import bench, bench_input
 from durable_agent.connection import connect
 from durable_agent.runs import start_agent
 from workflows.types import AgentStatus
@@ -58,7 +59,7 @@ async def steps_begun(client: Client, workflow_id: str) -> list[float]:
 async def measure(kills: int, restart_delay_s: float, seed: int) -> dict[str, Any]:
     rng = random.Random(seed)
     steps = 60 * kills + 100
-    script = StepScript(steps)
+    script = RecheckingScript(steps)  # re-checks a command it was told was interrupted, as a real model would
     kill_times: list[float] = []
     with bench(script) as b:
         worker = b.start_worker()
@@ -87,6 +88,7 @@ async def measure(kills: int, restart_delay_s: float, seed: int) -> dict[str, An
         "state": result.state,
         "steps": result.steps,
         "model_calls_served": len(b.model.requests),
+        "commands_reported_interrupted": len(script.rechecked),
         "side_effects_duplicated": len(ledger) - len(set(ledger)),
         "side_effects_missing": steps - len(set(ledger)),
     }

@@ -70,14 +70,16 @@ async def main() -> None:
 
     home = Path(tempfile.mkdtemp())
     server = start_server(home, port=free_port(), ui_port=None, persistent=False)
-    with ModelServer(Script([])) as model:
-        os.environ.update(OPENAI_BASE_URL=model.base_url, OPENAI_API_KEY="record")
-        client = await connect(server.address)
-        workspace = home / "ws"
-        workspace.mkdir()
-        async with build_worker(client, "record"):
-            history = await record(client, "record", workspace, model)
-    server.stop()
+    try:
+        with ModelServer(Script([])) as model:
+            os.environ.update(OPENAI_BASE_URL=model.base_url, OPENAI_API_KEY="record")
+            client = await connect(server.address)
+            workspace = home / "ws"
+            workspace.mkdir()
+            async with build_worker(client, "record"):
+                history = await record(client, "record", workspace, model)
+    finally:
+        server.stop()  # a failed recording must not leave a dev server behind
     HISTORY_FILE.write_text(history.to_json())
     print(f"wrote {HISTORY_FILE} ({len(history.events)} events)")
 

@@ -64,8 +64,8 @@ class ModelActivities:
                 non_retryable=True,
             )
         # Off the event loop: a new worker's first call can come while its warm-up import
-        # still runs, and waiting for the import lock on the loop stalls all of the worker's
-        # tasks (measured: a replacement worker's workflow task timed out that way).
+        # still runs, and waiting for the import lock on the loop would stall every other
+        # task of the worker for up to a second.
         self._client = await asyncio.to_thread(_new_client)
         return self._client
 

@@ -26,7 +26,6 @@ import json
 import math
 import os
 import random
-import re
 import signal
 import statistics
 import sys
@@ -40,56 +39,12 @@ from typing import Any
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
-from bench.harness import Bench, StepScript, bench, bench_input
+from bench.harness import Bench, RecheckingScript, StepScript, bench, bench_input
 from bench.observe import Recorder, ledger_check
-from bench.task import agent_of, goal_for
+from bench.task import goal_for
 from durable_agent.connection import connect
-from durable_agent.model_server import Reply
 from durable_agent.runs import start_agent
 from workflows.types import AgentResult
-
-
-class RecheckingScript(StepScript):
-    """The benchmark agent, plus what a real model does when a command reports an error.
-
-    durable-agent never re-runs a command whose worker died mid-command; it tells the model
-    to "check its effects before re-running it". This model does exactly that, in the next
-    step and without an extra turn: `grep -qx N ledger.txt || echo N >> ledger.txt`.
-    """
-
-    def __init__(self, steps: int) -> None:
-        super().__init__(steps)
-        self.rechecked: set[tuple[str, int]] = set()
-        """(agent, step) whose ledger command had to be checked: the model was told it was interrupted."""
-
-    def __call__(self, request: dict[str, Any]) -> Reply:
-        reply = super().__call__(request)
-        failed = failed_ledger_writes(request)
-        self.rechecked.update((agent_of(request), n) for n in failed)
-        rechecks = [("run_command", {"command": f"grep -qx {n} ledger.txt || echo {n} >> ledger.txt"}) for n in failed]
-        if rechecks and not reply.tool_calls:  # the last step's command: settle it before finishing
-            return Reply(tool_calls=rechecks, input_tokens=50, output_tokens=20)
-        reply.tool_calls = [*reply.tool_calls, *rechecks]
-        return reply
-
-
-def failed_ledger_writes(request: dict[str, Any]) -> list[int]:
-    """Step numbers whose ledger command, in the latest step, came back as an error."""
-    messages = request.get("messages", [])
-    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
-    if last is None:
-        return []
-    commands = {
-        c["id"]: c["function"]["arguments"]
-        for c in messages[last].get("tool_calls") or []
-        if c["function"]["name"] == "run_command"
-    }
-    failed = [
-        commands[m["tool_call_id"]]
-        for m in messages[last + 1 :]
-        if m.get("tool_call_id") in commands and str(m.get("content", "")).startswith("ERROR:")
-    ]
-    return [int(n) for arguments in failed for n in re.findall(r"echo (\d+) >>", arguments)]
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import tempfile
@@ -14,6 +15,7 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
+from bench.task import agent_of
 from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer, free_port, start_server
@@ -55,6 +57,49 @@ class StepScript:
             input_tokens=50,
             output_tokens=20,
         )
+
+
+class RecheckingScript(StepScript):
+    """The benchmark agent, plus what a real model does when a command reports an error.
+
+    durable-agent never re-runs a command whose worker died mid-command; it tells the model
+    to "check its effects before re-running it". This model does exactly that, in the next
+    step and without an extra turn: `grep -qx N ledger.txt || echo N >> ledger.txt`.
+    """
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(steps)
+        self.rechecked: set[tuple[str, int]] = set()
+        """(agent, step) whose ledger command had to be checked: the model was told it was interrupted."""
+
+    def __call__(self, request: dict[str, Any]) -> Reply:
+        reply = super().__call__(request)
+        failed = failed_ledger_writes(request)
+        self.rechecked.update((agent_of(request), n) for n in failed)
+        rechecks = [("run_command", {"command": f"grep -qx {n} ledger.txt || echo {n} >> ledger.txt"}) for n in failed]
+        if rechecks and not reply.tool_calls:  # the last step's command: settle it before finishing
+            return Reply(tool_calls=rechecks, input_tokens=50, output_tokens=20)
+        reply.tool_calls = [*reply.tool_calls, *rechecks]
+        return reply
+
+
+def failed_ledger_writes(request: dict[str, Any]) -> list[int]:
+    """Step numbers whose ledger command, in the latest step, came back as an error."""
+    messages = request.get("messages", [])
+    last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
+    if last is None:
+        return []
+    commands = {
+        c["id"]: c["function"]["arguments"]
+        for c in messages[last].get("tool_calls") or []
+        if c["function"]["name"] == "run_command"
+    }
+    failed = [
+        commands[m["tool_call_id"]]
+        for m in messages[last + 1 :]
+        if m.get("tool_call_id") in commands and str(m.get("content", "")).startswith("ERROR:")
+    ]
+    return [int(n) for arguments in failed for n in re.findall(r"echo (\d+) >>", arguments)]
 
 
 @dataclass
@@ -103,9 +148,6 @@ def bench(script: Any, latency_s: float = 0.0, persistent: bool = True) -> Itera
     earlier_address = os.environ.get("TEMPORAL_ADDRESS")
     os.environ["TEMPORAL_ADDRESS"] = server.address
     model = ModelServer(script, latency_s=latency_s).start()
-    # http.server listens with a backlog of 5: 50 agents connecting at once would see
-    # dropped SYNs (a 1 s retransmit) or resets. Listening again raises it in place.
-    model._httpd.socket.listen(512)
     b = Bench(server=server, model=model, task_queue=f"bench-{uuid.uuid4().hex[:8]}", home=home)
     try:
         yield b

@@ -46,7 +46,7 @@ class Recorder:
         entry = Request(time.time(), agent_of(request), count_assistant_turns(request))
         with self._lock:
             self.log.append(entry)
-            progress = len({(r.agent, r.turn) for r in self.log})
+            progress = self.turns_done()
             closed = [gate for at, gate in self._gates if progress >= at and not gate.is_set()]
         for gate in closed:
             gate.wait(timeout=GATE_TIMEOUT_S)

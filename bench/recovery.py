@@ -19,8 +19,7 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
-from bench.chaos import RecheckingScript
-from bench.harness import bench, bench_input
+from bench.harness import RecheckingScript, bench, bench_input
 from durable_agent.connection import connect
 from durable_agent.runs import start_agent
 from workflows.types import AgentStatus

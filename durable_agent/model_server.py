@@ -119,6 +119,10 @@ def completion_body(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
 
 
 class _QuietServer(ThreadingHTTPServer):
+    request_queue_size = 512
+    """http.server listens with a backlog of 5: 50 agents connecting at once would see
+    dropped SYNs (a 1 s retransmit) or resets."""
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that went away mid-request is a worker that was killed: expected in the
         # demo, the crash tests and the chaos runs, and nothing the stub must report.

@@ -226,7 +226,6 @@ class AgentWorkflow:
                 messages=list(self._carry.messages),
                 tools=self._agent.enabled_tools(),
                 model=self._carry.model,
-                step=self._carry.step,
             ),
             result_type=ModelReply,
             start_to_close_timeout=options.MODEL_START_TO_CLOSE,

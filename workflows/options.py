@@ -2,8 +2,8 @@
 
 Crash recovery speed is set here and by the 2 s workflow task timeout (durable_agent/runs.py).
 Tools are regular activities: when a worker is SIGKILLed mid-tool, the server notices a
-missed heartbeat (1.5 s timeout; tools beat every 0.5 s, the worker sends at most one a
-second, see worker.py) and a 0.1 s first retry puts the call on a new worker ~1.6 s after
+missed heartbeat (1.5 s timeout; tools beat every 0.5 s and the worker sends at most one
+per 0.5 s, see worker.py) and a 0.1 s first retry puts the call on a new worker ~1.6 s after
 it last beat. `call_model` is a local activity, run inside the workflow task: a worker
 killed mid-call loses that task, which times out after 2 s and goes to the next worker.
 Start-to-close timeouts only bound hung calls.

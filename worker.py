@@ -12,7 +12,7 @@ import sys
 from datetime import timedelta
 
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.model import ModelActivities, openai_sdk
 from activities.tools import ToolActivities
@@ -27,6 +27,19 @@ busy agents on one worker ~5-10 % of tasks outwait it and go to the shared queue
 the same worker then serves: measured, that was no slower than a 3 s timeout."""
 
 
+WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
+"""The SDK's sandbox re-imports the workflow module for every run and, in SDK 1.35, enters
+itself (an `exec` plus its import hooks) for every payload of every activation, three
+passes each way: a third of the worker's workflow CPU, measured with py-spy. A new worker
+replays up to `continue_as_new_every` steps before its first step, so that cost sits on
+the path of every crash recovery: `python -m bench.replay` replays 49 steps in 0.73 s
+sandboxed, 0.38 s without; with the sandbox, `bench.recovery` saw 3.7 s median and 9.6 s
+worst (first tasks outran their 2 s timeout), without it 2.2 s and 2.5 s.
+What the sandbox guards against (I/O, clocks, randomness in workflow code) is still
+checked: tests/test_replay.py replays recorded histories through the sandboxed runner,
+which raises on any restricted call."""
+
+
 HEARTBEAT_THROTTLE = timedelta(seconds=0.5)
 """The SDK forwards an activity's heartbeats at most every 0.8 x its heartbeat timeout,
 1.2 s for our 1.5 s: a beat delayed by 0.3 s (a busy server, a stalled loop) and a live
@@ -39,6 +52,7 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
     options: dict[str, object] = {
         "task_queue": queue or task_queue(),
         "workflows": [AgentWorkflow],
+        "workflow_runner": WORKFLOW_RUNNER,
         "activities": [ModelActivities().call_model, *ToolActivities().all()],
         "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,

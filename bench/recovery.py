@@ -22,22 +22,23 @@ from temporalio.client import Client, WorkflowHandle
 from bench.harness import RecheckingScript, bench, bench_input
 from durable_agent.connection import connect
 from durable_agent.runs import start_agent
-from workflows.types import AgentStatus
+from workflows.agent import AGENT_STEP
 
 
-async def current_step(handle: WorkflowHandle) -> int | None:
-    try:
-        status = await asyncio.wait_for(handle.query("status", result_type=AgentStatus), timeout=1)
-    except Exception:  # the worker may be dead: the answer is simply "not known now"
-        return None
-    return status.step
+async def recorded_step(handle: WorkflowHandle) -> int:
+    """The step the run's history has reached: the `AgentStep` search attribute, written by
+    a completed workflow task. A `status` query would not do: it answers from the worker's
+    memory, which runs ahead of history while a task is in flight, and a kill timed on it
+    can land before the previous recovery was recorded, so that two recoveries overlap."""
+    description = await handle.describe()
+    return description.typed_search_attributes.get(AGENT_STEP) or 0
 
 
-async def wait_progress(handle: WorkflowHandle, beyond: int) -> int:
+async def wait_progress(handle: WorkflowHandle, beyond: int) -> None:
     while True:
-        step = await current_step(handle)
-        if step is not None and step > beyond:
-            return step
+        step = await recorded_step(handle)
+        if step > beyond:
+            return
         await asyncio.sleep(0.05)
 
 
@@ -66,9 +67,9 @@ async def measure(kills: int, restart_delay_s: float, seed: int) -> dict[str, An
         workspace = b.workspace()
         agent = bench_input("benchmark", workspace, steps)
         handle = await start_agent(client, agent, "recovery", b.task_queue)
-        step = 0
         for _ in range(kills):
-            step = await wait_progress(handle, step + 2)
+            # Two steps recorded since the last kill: that recovery is over before the next kill.
+            await wait_progress(handle, await recorded_step(handle) + 2)
             await asyncio.sleep(rng.uniform(0, 0.3))
             b.kill_worker(worker)
             kill_times.append(time.time())

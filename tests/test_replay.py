@@ -7,6 +7,7 @@ from pathlib import Path
 from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from durable_agent.model_server import ModelServer
 from tests.record_history import HISTORY_FILE, record
@@ -14,7 +15,11 @@ from workflows.agent import AgentWorkflow
 
 
 def replayer() -> Replayer:
-    return Replayer(workflows=[AgentWorkflow], data_converter=pydantic_data_converter)
+    # Sandboxed on purpose: the worker runs workflows unsandboxed for speed (worker.py), so
+    # this replay is where a clock, random or I/O call in workflow code gets caught.
+    return Replayer(
+        workflows=[AgentWorkflow], data_converter=pydantic_data_converter, workflow_runner=SandboxedWorkflowRunner()
+    )
 
 
 async def test_committed_history_replays() -> None:

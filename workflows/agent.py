@@ -478,7 +478,7 @@ class AgentWorkflow:
             degradations=self._carry.degradations,
             soft_tier=budget.soft_tier(spend, self._limits) if self._input else [],
             runway=budget.runway(spend, self._limits),
-            activity=self._doing,
+            activity=self._activity(),
             result=self._result,
         )
 
@@ -499,6 +499,17 @@ class AgentWorkflow:
         if self._pending_approvals:
             return "awaiting_approval"
         return "running"
+
+    def _activity(self) -> str:
+        """What the run is doing now, in words: a waiting state says what it waits for."""
+        state = self._state()
+        if state == "needs_attention":
+            return "waiting for a person to resolve a failure"
+        if state == "paused":
+            return "paused before the next step"
+        if state == "awaiting_approval":
+            return f"waiting for a person to approve {len(self._pending_approvals)} tool call(s)"
+        return self._doing
 
     def _publish(self) -> None:
         """Search attributes and current details for the Web UI, written only when changed."""
@@ -535,7 +546,7 @@ class AgentWorkflow:
             usage=self._usage_now(),
             unfinished=unfinished,
         )
-        self._doing = f"{state}: {reason}"
+        self._doing = f"finished ({reason})"
         self._publish()
         return self._result
 

@@ -1,8 +1,15 @@
-"""The run's "current details" in the Web UI: a short markdown page built from the status."""
+"""The run's "current details" in the Web UI: a short markdown page built from the status.
+
+Written for the Web UI's renderer (checked in headless Chromium against UI 2.54): a list
+only renders after a blank line, tables get neither borders nor padding (so the budget is
+a fixed-width code block), and `_` or `*` in free text would turn into emphasis.
+"""
 
 from __future__ import annotations
 
-from workflows.types import AgentStatus
+import re
+
+from workflows.types import AgentInput, AgentStatus
 
 BAR_WIDTH = 20
 
@@ -13,9 +20,14 @@ def bar(used: float, limit: float) -> str:
     return "█" * filled + "░" * (BAR_WIDTH - filled) + f" {fraction:4.0%}"
 
 
-def details_markdown(status: AgentStatus) -> str:
+def plain(text: str) -> str:
+    """Free text (a goal, an error, a command) shown as itself, not as markdown."""
+    return re.sub(r"([\\`*_\[\]<>#|])", r"\\\1", text)
+
+
+def budget_block(status: AgentStatus) -> list[str]:
     usage, limits = status.usage, status.limits
-    cost = f"${usage.cost_usd:.4f}" + ("" if usage.cost_known else " (unknown model price)")
+    cost = f"${usage.cost_usd:.4f}" + ("" if usage.cost_known else "?")
     rows = [
         ("steps", str(status.step), f"{limits.hard_steps} (soft {limits.soft_steps})", status.step, limits.hard_steps),
         ("tokens", f"{usage.tokens:,}", f"{limits.max_tokens:,}", usage.tokens, limits.max_tokens),
@@ -24,23 +36,49 @@ def details_markdown(status: AgentStatus) -> str:
         ("tool calls", str(usage.tool_calls), str(limits.max_tool_calls), usage.tool_calls, limits.max_tool_calls),
         ("time", f"{usage.elapsed_s:.0f} s", f"{limits.max_duration_s:g} s", usage.elapsed_s, limits.max_duration_s),
     ]
-    lines = [
-        f"**{status.state}** · step {status.step} · {status.model}",
-        f"_{status.activity}_" if status.activity else "",
-        "",
-        "| budget | used | limit | |",
-        "|---|---|---|---|",
-    ]
-    lines += [f"| {name} | {shown} | {limit} | `{bar(used, cap)}` |" for name, shown, limit, used, cap in rows]
-    if status.paused_reason:
-        lines += ["", f"**Paused:** {status.paused_reason}"]
+    lines = ["```", f"{'budget':<12}{'used':>10}  {'limit':<16}"]
+    lines += [f"{name:<12}{shown:>10}  {limit:<16}{bar(used, cap)}" for name, shown, limit, used, cap in rows]
+    if not usage.cost_known:
+        lines.append("? the model's price is unknown: cost counts 0")
+    return [*lines, "```"]
+
+
+def details_markdown(status: AgentStatus) -> str:
+    lines = [f"**{status.state}** · step {status.step} · {plain(status.model)}"]
+    if status.activity:
+        lines += ["", f"Now: {plain(status.activity)}"]
     if status.pending_approvals:
-        lines += ["", "**Waiting for approval** (`approve` update with the call id):"]
-        lines += [f"- `{p.call_id}` {p.summary} — {p.reason}" for p in status.pending_approvals]
+        lines += ["", "**Waiting for approval.** Decide with the `approve` update and the call id:", ""]
+        lines += [f"- `{p.call_id}` {plain(p.summary)} ({plain(p.reason)})" for p in status.pending_approvals]
     if status.attention:
         a = status.attention
-        lines += ["", f"**Needs attention:** {a.what_failed}", f"> {a.last_error[:500]}"]
-        lines += [f"- {action}" for action in a.suggested_actions]
+        lines += ["", f"**Needs attention:** {plain(a.what_failed)} (step {a.step}, {a.attempts} attempts)", ""]
+        lines += [f"Last error: {plain(a.last_error[:500])}", "", "Decide with the `resolve` update:", ""]
+        lines += [f"- {plain(action)}" for action in a.suggested_actions]
+    if status.paused_reason:
+        lines += ["", f"**Paused:** {plain(status.paused_reason)}. Continue with the `resume` signal."]
     if status.soft_tier:
-        lines += ["", f"Soft tier: {', '.join(status.soft_tier)}"]
+        lines += ["", f"Soft tier: {plain(', '.join(status.soft_tier))}"]
+    return "\n".join([*lines, "", *budget_block(status)])
+
+
+def start_details(agent: AgentInput) -> str:
+    """The run page's fixed "Details": what the run was given and how to steer it."""
+    limits = agent.limits
+    gated = [*agent.approval.tools, *(f"run_command ~ /{c}/" for c in agent.approval.commands)]
+    lines = [
+        f"**Workspace:** {plain(agent.workspace)}",
+        "",
+        f"**Model:** {plain(agent.model)}" + (f", falls back to {plain(agent.fallback_model)}" if agent.fallback_model else ""),
+        "",
+        f"**Tools:** {', '.join(agent.enabled_tools())}",
+        "",
+        f"**Needs approval:** {plain(', '.join(gated)) if gated else 'nothing'}",
+        "",
+        f"**Limits:** {limits.hard_steps} steps (soft {limits.soft_steps}), {limits.max_tokens:,} tokens, "
+        f"${limits.max_cost_usd:g}, {limits.max_duration_s:g} s",
+        "",
+        "Steer it with the signals `pause`, `resume`, `add_message` and the updates `approve`, "
+        "`resolve`, `raise_limits`; the `status` query (or the Current Details here) says what it waits for.",
+    ]
     return "\n".join(lines)

@@ -129,9 +129,17 @@ def _schema(model: type[_Args]) -> dict[str, Any]:
     return schema
 
 
+SUMMARY_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "run_command": ("command",),
+    "search_files": ("pattern", "path"),
+    "list_files": ("path", "pattern"),
+}
+"""The arguments that say what a call does, in the order shown; other tools show `path`."""
+
+
 def call_summary(name: str, arguments: dict[str, Any], limit: int = 120) -> str:
     """One line for the Web UI and the CLI: `run_command: pytest -q`."""
-    key = {"run_command": "command", "search_files": "pattern"}.get(name, "path")
-    detail = str(arguments.get(key, "")).replace("\n", " ")
+    keys = SUMMARY_ARGUMENTS.get(name, ("path",))
+    detail = " ".join(str(arguments[k]) for k in keys if arguments.get(k) not in (None, "")).replace("\n", " ")
     text = f"{name}: {detail}" if detail else name
     return text if len(text) <= limit else text[: limit - 1] + "…"

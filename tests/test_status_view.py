@@ -8,7 +8,7 @@ from workflows.types import AgentInput, AgentStatus, AttentionReport, Limits, Pe
 
 
 def status(**fields: object) -> AgentStatus:
-    base: dict[str, object] = {"state": "running", "step": 3, "model": "gpt-4.1-mini", "usage": Usage(), "limits": Limits()}
+    base: dict[str, object] = {"state": "running", "step": 3, "model": "m", "usage": Usage(), "limits": Limits()}
     return AgentStatus.model_validate({**base, **fields})
 
 

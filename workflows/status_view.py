@@ -64,12 +64,12 @@ def details_markdown(status: AgentStatus) -> str:
 
 def start_details(agent: AgentInput) -> str:
     """The run page's fixed "Details": what the run was given and how to steer it."""
-    limits = agent.limits
+    limits, fallback = agent.limits, agent.fallback_model
     gated = [*agent.approval.tools, *(f"run_command ~ /{c}/" for c in agent.approval.commands)]
     lines = [
         f"**Workspace:** {plain(agent.workspace)}",
         "",
-        f"**Model:** {plain(agent.model)}" + (f", falls back to {plain(agent.fallback_model)}" if agent.fallback_model else ""),
+        f"**Model:** {plain(agent.model)}" + (f", falls back to {plain(fallback)}" if fallback else ""),
         "",
         f"**Tools:** {', '.join(agent.enabled_tools())}",
         "",

@@ -24,7 +24,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.pricing import price_of
 from workflows.tool_specs import openai_tool_schemas
-from workflows.types import Message, ModelCallInput, ModelReply, ToolCall
+from workflows.types import ModelCallInput, ModelReply, ToolCall
 
 if TYPE_CHECKING:
     from openai import APIStatusError, AsyncOpenAI
@@ -94,24 +94,10 @@ async def post_chat_completion(client: AsyncOpenAI, request: dict[str, Any]) -> 
 
 
 def _request(input: ModelCallInput) -> dict[str, Any]:
-    request: dict[str, Any] = {"model": input.model, "messages": [_to_openai(m) for m in input.messages]}
+    request: dict[str, Any] = {"model": input.model, "messages": input.messages}
     if input.tools:
         request["tools"] = openai_tool_schemas(input.tools)
     return request
-
-
-def _to_openai(message: Message) -> dict[str, Any]:
-    if message.role == "tool":
-        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content or ""}
-    out: dict[str, Any] = {"role": message.role, "content": message.content}
-    if message.tool_calls:
-        out["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in message.tool_calls
-        ]
-    elif out["content"] is None:
-        out["content"] = ""
-    return out
 
 
 def _reply(model: str, response: Any) -> ModelReply:

@@ -39,12 +39,13 @@ from typing import Any
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
+from activities.pricing import price_of
 from bench.harness import Bench, RecheckingScript, StepScript, bench, bench_input
 from bench.observe import Recorder, ledger_check
 from bench.task import goal_for
 from durable_agent.connection import connect
 from durable_agent.runs import start_agent
-from workflows.types import AgentResult
+from workflows.types import AgentInput, AgentResult, ModelReply
 
 
 @dataclass
@@ -194,8 +195,28 @@ async def outcome(client: Client, workflow_id: str, deadline: float) -> AgentRes
 
 
 def comparable(result: AgentResult) -> dict[str, Any]:
-    """What must match an uninterrupted run: everything but wall-clock time."""
-    return {**result.model_dump(exclude={"usage"}), "usage": result.usage.model_dump(exclude={"elapsed_s"})}
+    """What must match an uninterrupted run: everything but wall-clock time (cost in
+    micro-dollars, so that adding it up in another order cannot tell runs apart)."""
+    usage = result.usage.model_dump(exclude={"elapsed_s"})
+    usage["cost_usd"] = round(usage["cost_usd"] * 1e6)
+    return {**result.model_dump(exclude={"usage"}), "usage": usage}
+
+
+def expected_result(reference: AgentResult, script: RecheckingScript, goal: str, steps: int) -> dict[str, Any]:
+    """The uninterrupted run's result, plus what the model's re-checks add: each is one tool
+    call the uninterrupted run did not need, and re-checking the last step's command takes
+    one more step before the final answer (see RecheckingScript)."""
+    want = comparable(reference)
+    want["usage"]["tool_calls"] += sum(1 for agent, _ in script.rechecked if agent == goal)
+    if (goal, steps) in script.rechecked:
+        model = AgentInput.model_fields["model"].default  # bench_input keeps the product's default
+        step = ModelReply(model=model, price=price_of(model), **script.STEP_TOKENS)
+        want["steps"] += 1
+        want["usage"]["model_calls"] += 1
+        want["usage"]["input_tokens"] += step.input_tokens
+        want["usage"]["output_tokens"] += step.output_tokens
+        want["usage"]["cost_usd"] += round(step.cost_usd() * 1e6)
+    return want
 
 
 async def run_chaos(plan: Plan) -> Report:
@@ -263,13 +284,10 @@ def check_run(report: Report, reference: AgentResult, run: Started, result: Any,
     if isinstance(result, str) or result.state != "completed":
         report.failures.append(f"{run.workflow_id}: {result if isinstance(result, str) else result.state}")
         return {"steps": 0, "model_calls": 0, "side_effects_duplicated": 0, "side_effects_missing": 0}
-    # Each re-check the model made is one tool call the uninterrupted run did not need.
-    want = comparable(reference)
-    rechecks = sum(1 for agent, _ in script.rechecked if agent == run.goal)
-    want["usage"]["tool_calls"] += rechecks
-    if comparable(result) != want:
-        report.failures.append(f"{run.workflow_id}: result differs from the uninterrupted run's: "
-                               f"{comparable(result)} != {want}")
+    want = expected_result(reference, script, run.goal, report.plan.steps)
+    got = comparable(result)
+    if got != want:
+        report.failures.append(f"{run.workflow_id}: result differs from the uninterrupted run's: {got} != {want}")
     ledger = ledger_check(run.workspace / "ledger.txt", report.plan.steps)
     if any(ledger.values()):
         report.failures.append(f"{run.workflow_id}: ledger {ledger}")

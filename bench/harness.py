@@ -36,6 +36,9 @@ class StepScript:
     The command appends the step number to ledger.txt, so duplicated side effects show.
     """
 
+    STEP_TOKENS = {"input_tokens": 50, "output_tokens": 20}
+    """The usage each tool step's reply reports (the final answer reports 50 and 5)."""
+
     def __init__(self, steps: int) -> None:
         self.steps = steps
         self.hooks: dict[int, Any] = {}
@@ -54,8 +57,7 @@ class StepScript:
                 ("write_file", {"path": f"out/step-{n}.txt", "content": f"step {n}\n"}),
                 ("run_command", {"command": f"echo {n} >> ledger.txt"}),
             ],
-            input_tokens=50,
-            output_tokens=20,
+            **self.STEP_TOKENS,
         )
 
 
@@ -78,7 +80,7 @@ class RecheckingScript(StepScript):
         self.rechecked.update((agent_of(request), n) for n in failed)
         rechecks = [("run_command", {"command": f"grep -qx {n} ledger.txt || echo {n} >> ledger.txt"}) for n in failed]
         if rechecks and not reply.tool_calls:  # the last step's command: settle it before finishing
-            return Reply(tool_calls=rechecks, input_tokens=50, output_tokens=20)
+            return Reply(tool_calls=rechecks, **self.STEP_TOKENS)
         reply.tool_calls = [*reply.tool_calls, *rechecks]
         return reply
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from activities.journal import atomic_write
-from activities.model import REQUEST_TIMEOUT_S, _reply, _to_openai, openai_sdk, post_chat_completion
+from activities.model import REQUEST_TIMEOUT_S, _reply, openai_sdk, post_chat_completion
 from activities.sandbox import Workspace
-from workflows.context import initial_messages
+from workflows.context import initial_messages, openai_message
 from workflows.tool_specs import RunCommandArgs, WriteFileArgs, openai_tool_schemas, parse_tool_call
 from workflows.types import AgentInput, Message, ModelReply, ToolCall
 
@@ -51,7 +51,7 @@ class PeerAgent:
 
     def opening(self) -> list[dict[str, Any]]:
         """System prompt and goal, as durable-agent's workflow starts its transcript."""
-        return [_to_openai(m) for m in initial_messages(AgentInput(goal=self.goal, workspace=self.workspace.root))]
+        return [openai_message(m) for m in initial_messages(AgentInput(goal=self.goal, workspace=self.workspace.root))]
 
 
 class ModelClient:
@@ -67,7 +67,7 @@ class ModelClient:
 
 
 def assistant_message(reply: ModelReply) -> dict[str, Any]:
-    return _to_openai(Message(role="assistant", content=reply.content, tool_calls=reply.tool_calls))
+    return openai_message(Message(role="assistant", content=reply.content, tool_calls=reply.tool_calls))
 
 
 async def run_tool(agent: PeerAgent, call: ToolCall) -> dict[str, Any]:

@@ -57,8 +57,13 @@ async def test_soft_then_hard_tier(
     models = [r["model"] for r in model_server.requests]
     assert set(models[:switched_at]) == {"gpt-4.1-mini"}
     assert models[switched_at:] and set(models[switched_at:]) == {"gpt-4.1-nano"}
-    warnings = [m for m in await handle.query("transcript", result_type=list[Message]) if m.kind == "warning"]
+    transcript = await handle.query("transcript", result_type=list[Message])
+    warnings = [m for m in transcript if m.kind == "warning"]
     assert warnings and "Budget warning" in (warnings[0].content or "")
+    switches = [m for m in transcript if m.kind == "degradation"]
+    assert [m.step for m in switches] == [switched_at] and "gpt-4.1-nano" in (switches[0].content or "")
+    sent = [m.get("content") or "" for r in model_server.requests for m in r["messages"]]
+    assert not any("switched from" in text for text in sent)  # a record for people, not the model
 
     u, lim = result.usage, status.limits
     if name == "tokens":

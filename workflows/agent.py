@@ -21,7 +21,14 @@ with workflow.unsafe.imports_passed_through():
     from workflows import limits as budget
     from workflows import options
     from workflows.approval import approval_reason
-    from workflows.context import estimate_tokens, initial_messages, last_answer, progress_summary
+    from workflows.context import (
+        WireContext,
+        estimate_tokens,
+        initial_messages,
+        last_answer,
+        model_context,
+        progress_summary,
+    )
     from workflows.livelock import LIVELOCK_REPEATS, call_key
     from workflows.status_view import details_markdown
     from workflows.tool_specs import ToolArgumentError, call_summary, parse_tool_call
@@ -88,6 +95,7 @@ class AgentWorkflow:
         self._doing = "starting"
         self._result: AgentResult | None = None
         self._published: tuple[Any, ...] = ()
+        self._wire = WireContext()
         try:
             self._start(_parse_input(raw_input))
         except ApplicationError as e:
@@ -160,7 +168,7 @@ class AgentWorkflow:
 
     def _hard_stop(self) -> StopReason | None:
         # The context only grows, so the last call's real input size is a floor for the next.
-        context_tokens = max(estimate_tokens(self._carry.messages), self._carry.last_input_tokens)
+        context_tokens = max(estimate_tokens(model_context(self._carry.messages)), self._carry.last_input_tokens)
         estimate = budget.estimate_next_call(context_tokens, self._carry.output_tokens, self._carry.last_price)
         return budget.hard_stop(self._spend(), self._limits, estimate)
 
@@ -179,7 +187,9 @@ class AgentWorkflow:
         fallback = self._agent.fallback_model if self._input else None
         if not fallback or fallback == self._carry.model:
             return
-        self._degrade("fallback_model", f"switched from {self._carry.model} to {fallback}")
+        detail = f"switched from {self._carry.model} to {fallback}"
+        self._degrade("fallback_model", detail)
+        self._add_message("system", f"Model {detail} (soft tier).", kind="degradation")
         self._carry.model = fallback
 
     def _degrade(self, kind: Any, detail: str) -> None:
@@ -223,7 +233,7 @@ class AgentWorkflow:
         return await workflow.execute_local_activity(
             "call_model",
             ModelCallInput(
-                messages=list(self._carry.messages),
+                messages=self._wire.render(model_context(self._carry.messages)),
                 tools=self._agent.enabled_tools(),
                 model=self._carry.model,
             ),

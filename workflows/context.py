@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from workflows.types import AgentInput, Message
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -17,6 +19,14 @@ def initial_messages(input: AgentInput) -> list[Message]:
         Message(role="system", content=input.system_prompt or DEFAULT_SYSTEM_PROMPT, step=0, kind="system_prompt"),
         Message(role="user", content=input.goal, step=0, kind="goal"),
     ]
+
+
+RECORD_ONLY_KINDS = frozenset({"degradation"})
+"""Transcript entries for people (what changed and when), never sent to the model."""
+
+
+def model_context(messages: list[Message]) -> list[Message]:
+    return [m for m in messages if m.kind not in RECORD_ONLY_KINDS]
 
 
 def estimate_tokens(messages: list[Message]) -> int:
@@ -41,3 +51,36 @@ def progress_summary(messages: list[Message], step: int, reason: str) -> str:
     calls = [c for m in messages if m.role == "assistant" for c in m.tool_calls]
     recent = ", ".join(c.name for c in calls[-8:]) or "none"
     return f"Stopped at step {step} ({reason}) before a final answer. {len(calls)} tool call(s); last: {recent}."
+
+
+def openai_message(message: Message) -> dict[str, Any]:
+    """One message in the chat-completions wire format."""
+    if message.role == "tool":
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content or ""}
+    out: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in message.tool_calls
+        ]
+    elif out["content"] is None:
+        out["content"] = ""
+    return out
+
+
+class WireContext:
+    """The transcript in wire format, each message rendered once rather than at every step:
+    a 200-step run sends ~600 messages per call, and rebuilding and re-validating them as
+    models on every call was a tenth of the worker's CPU (py-spy)."""
+
+    def __init__(self) -> None:
+        self._rendered: dict[int, tuple[Message, dict[str, Any]]] = {}
+
+    def render(self, messages: list[Message]) -> list[dict[str, Any]]:
+        rendered: dict[int, tuple[Message, dict[str, Any]]] = {}
+        for message in messages:
+            hit = self._rendered.get(id(message))
+            # `is` guards against a new message reusing a dropped one's id.
+            rendered[id(message)] = hit if hit is not None and hit[0] is message else (message, openai_message(message))
+        self._rendered = rendered
+        return [wire for _, wire in rendered.values()]

@@ -244,7 +244,8 @@ class ModelCallInput(BaseModel):
     grow with the square of the steps; here every message is written once, by the step
     that produced it, and a replay rebuilds the same input from those results."""
 
-    messages: list[Message]
+    messages: list[dict[str, Any]]
+    """The context in the chat-completions wire format (workflows/context.py)."""
     tools: list[str]
     model: str
 

@@ -1,4 +1,4 @@
-"""`python -m bench <name> [options]`: compare, chaos, history or recovery (see bench/README.md)."""
+"""`python -m bench <name> [options]`: compare, chaos, history, recovery or replay (see bench/README.md)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ COMMANDS = {
     "chaos": ("bench.chaos", "worker kills and server restarts under load; checks nothing is lost or doubled"),
     "history": ("bench.history", "history bytes per step on one long run"),
     "recovery": ("bench.recovery", "time from a worker SIGKILL to the next step, over repeated kills"),
+    "replay": ("bench.replay", "a new worker's replay of a run, with and without the SDK's sandbox"),
 }
 
 

@@ -30,7 +30,7 @@ the same worker then serves: measured, that was no slower than a 3 s timeout."""
 WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
 """The SDK's sandbox re-imports the workflow module for every run and, in SDK 1.35, enters
 itself (an `exec` plus its import hooks) for every payload of every activation, three
-passes each way: a third of the worker's workflow CPU, measured with py-spy. A new worker
+passes each way: a third of a replay's CPU, measured with py-spy. A new worker
 replays up to `continue_as_new_every` steps before its first step, so that cost sits on
 the path of every crash recovery: `python -m bench.replay` replays 49 steps in 0.73 s
 sandboxed, 0.38 s without; with the sandbox, `bench.recovery` saw 3.7 s median and 9.6 s

@@ -19,13 +19,13 @@ from typing import Any
 
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, WorkflowRunner
+from temporalio.worker import Replayer, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from bench.harness import StepScript, bench, bench_input
 from durable_agent.connection import connect
 from durable_agent.runs import start_agent
-from worker import build_worker
+from worker import WORKFLOW_RUNNER, build_worker
 from workflows.agent import AgentWorkflow
 
 
@@ -51,11 +51,12 @@ async def replay_s(history: WorkflowHistory, runner: WorkflowRunner) -> float:
 
 async def measure(steps: int, rounds: int) -> dict[str, Any]:
     history = await record(steps)
-    runners = {"sandboxed": SandboxedWorkflowRunner, "unsandboxed (the worker's)": UnsandboxedWorkflowRunner}
+    workers = f"the worker's ({type(WORKFLOW_RUNNER).__name__})"
+    runners = {"sandboxed": SandboxedWorkflowRunner(), workers: WORKFLOW_RUNNER}
     times: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(rounds):  # interleaved, so a busy moment hits both alike
         for name, runner in runners.items():
-            times[name].append(await replay_s(history, runner()))
+            times[name].append(await replay_s(history, runner))
     return {
         "steps": steps,
         "events": len(history.events),

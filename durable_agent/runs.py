@@ -20,7 +20,7 @@ recovery: above ~2 s the 3 s target is out of reach. A model call longer than 1.
 risk runs the other way: a task is also a new worker's full replay of the run, ~7.8 ms
 per step here (`python -m bench.replay`; ~14 events a step, twice that under heavy load
 or in the SDK's sandbox, which the worker does without, see worker.py). At 200 steps
-that is 2-4 s, the task times out, and one recovery measured 22 s. 2 s is safe only
+that is ~2 s idle and up to twice that under load, the task times out, and one recovery measured 22 s. 2 s is safe only
 while runs continue-as-new every <= ~50 steps (~0.4 s of replay, ~1 s under load)."""
 
 

@@ -153,11 +153,24 @@ def _wait_ready(server: EmbeddedServer, timeout_s: float) -> None:
         if server.process.poll() is not None:
             tail = server.log_file.read_text(errors="replace")[-2000:]
             raise ServerError(f"the Temporal dev server exited with code {server.process.returncode}:\n{tail}")
-        if port_open(host, int(port)):
+        if port_open(host, int(port)) and _frontend_serving(server.address):
             return
         time.sleep(0.1)
     server.stop(signal.SIGKILL)
     raise ServerError(f"the Temporal dev server did not answer on {server.address} within {timeout_s:.0f} s")
+
+
+def _frontend_serving(address: str) -> bool:
+    """The port opens before the frontend is healthy; a client connecting in between fails
+    with "Frontend is not healthy yet" (seen in CI right after a server start)."""
+    try:
+        health = subprocess.run(
+            [temporal_binary(), "operator", "cluster", "health", "--address", address],
+            capture_output=True, text=True, timeout=5,
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return health.returncode == 0 and "SERVING" in health.stdout and "NOT_SERVING" not in health.stdout
 
 
 def free_port() -> int:

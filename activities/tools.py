@@ -37,6 +37,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
+from activities.host import boot_id, proc_stat
 from activities.journal import Journal, atomic_write, key_digest
 from activities.sandbox import RESERVED_DIR, SandboxError, Workspace
 from workflows.tool_specs import (
@@ -674,29 +675,20 @@ def _group_alive(pgid: int) -> bool:
         return True
     with os.scandir("/proc") as entries:
         for entry in entries:
-            fields = _proc_stat(entry.name) if entry.name.isdigit() else None
+            fields = proc_stat(entry.name) if entry.name.isdigit() else None
             if fields is not None and fields[2] == str(pgid) and fields[0] != "Z":
                 return True
     return False
 
 
-def _proc_stat(pid: str) -> list[str] | None:
-    """/proc/<pid>/stat from field 3 (state) on; the name before it may hold spaces."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()
-
-
 def _group_record(pid: int, command: str) -> dict[str, Any]:
     """What a later attempt needs to find this process group again, and only this one."""
-    fields = _proc_stat(str(pid))
+    fields = proc_stat(str(pid))
     return {
         "command": command,
         "pgid": pid,
         "host": socket.gethostname(),
-        "boot_id": _boot_id(),
+        "boot_id": boot_id(),
         "leader_start": fields[19] if fields else None,
     }
 
@@ -708,7 +700,7 @@ def _stop_leftover(record: dict[str, Any], grace_s: float) -> str:
         return "it had not been started yet, or had only just been"
     if record.get("host") != socket.gethostname():
         return f"it ran on host {record.get('host')}, where it may still be running"
-    if record.get("boot_id") != _boot_id() or not _same_leader(pgid, record.get("leader_start")):
+    if record.get("boot_id") != boot_id() or not _same_leader(pgid, record.get("leader_start")):
         return "it is no longer running"
     if kill_process_group(pgid, grace_s):
         return "it was still running and has now been killed"
@@ -717,15 +709,8 @@ def _stop_leftover(record: dict[str, Any], grace_s: float) -> str:
 
 def _same_leader(pgid: int, leader_start: str | None) -> bool:
     # A live leader with another start time means the group id was reused by a new group.
-    fields = _proc_stat(str(pgid))
+    fields = proc_stat(str(pgid))
     return fields is None or leader_start is None or fields[19] == leader_start
-
-
-def _boot_id() -> str | None:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return None
 
 
 def _command_env() -> dict[str, str]:

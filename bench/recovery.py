@@ -1,9 +1,14 @@
-"""Time from SIGKILL of a worker to the run's next finished step, over repeated kills.
+"""Time from SIGKILL of a worker to the run's next finished step, over repeated kills, and
+what each kill interrupted.
 
-`python -m bench.recovery [--kills 10] [--restart-delay 0.5]`: one long run of the
-benchmark agent; a worker is SIGKILLed at a random moment, a new one started 0.5 s later.
-Recovery time = from the kill to the next step beginning in history, i.e. the step that
-was in flight has finished on the new worker and the next one has begun.
+`python -m bench.recovery [--kills 10] [--restart-delay 0.5] [--seed 7]`: one long run of
+the benchmark agent; a worker is SIGKILLed at a random moment, a new one started
+`--restart-delay` s later (0: at once, as `bench compare` does). Recovery time = from the
+kill (and from the restart) to the next step beginning in history, i.e. the step that was
+in flight has finished on the new worker and the next one has begun. Each kill is
+classified from history by what it interrupted: a workflow task (which waits out its
+timeout), a tool call (its heartbeat timeout, or a takeover by the new worker), or
+nothing in flight.
 """
 
 from __future__ import annotations
@@ -15,13 +20,17 @@ import os
 import random
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Any
 
+from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle
 
 from bench.harness import RecheckingScript, bench, bench_input
 from durable_agent.connection import connect
 from durable_agent.runs import start_agent
+from durable_agent.takeover import WORKER_GONE
 from workflows.agent import AGENT_STEP
 
 
@@ -42,18 +51,46 @@ async def wait_progress(handle: WorkflowHandle, beyond: int) -> None:
         await asyncio.sleep(0.05)
 
 
-async def steps_begun(client: Client, workflow_id: str) -> list[float]:
-    """Times (epoch seconds) at which each step began, over every run of the chain: the
-    search-attribute upsert that publishes the new step number before its model call."""
-    times = []
+@dataclass
+class Event:
+    at: float
+    """Epoch seconds."""
+    kind: str
+    """The event type without its EVENT_TYPE_ prefix."""
+    raw: HistoryEvent
+
+
+async def chain_events(client: Client, workflow_id: str) -> list[Event]:
+    """Every event of every run of the continue-as-new chain, in time order."""
+    events = []
     async for run in client.list_workflows(f'WorkflowId="{workflow_id}"'):
         history = await client.get_workflow_handle(workflow_id, run_id=run.run_id).fetch_history()
-        times += [
-            event.event_time.ToDatetime().timestamp()
-            for event in history.events
-            if event.HasField("upsert_workflow_search_attributes_event_attributes")
+        events += [
+            Event(e.event_time.ToDatetime().timestamp(), EventType.Name(e.event_type).removeprefix("EVENT_TYPE_"), e)
+            for e in history.events
         ]
-    return sorted(times)
+    return sorted(events, key=lambda e: e.at)
+
+
+def step_began(event: Event) -> bool:
+    # The search-attribute upsert that publishes the new step number before its model call.
+    return event.kind == "UPSERT_WORKFLOW_SEARCH_ATTRIBUTES"
+
+
+def interrupted(events: list[Event], killed_at: float, recovered_at: float) -> str:
+    """What the kill caught in flight, told by how the server got the run going again. A
+    workflow task comes first: when one was in flight too, its timeout is what was waited for."""
+    window = [e for e in events if killed_at < e.at <= recovered_at]
+    for event in window:
+        timeout = event.raw.workflow_task_timed_out_event_attributes.timeout_type
+        if event.kind == "WORKFLOW_TASK_TIMED_OUT" and timeout == TimeoutType.TIMEOUT_TYPE_START_TO_CLOSE:
+            return "workflow task"
+    for event in window:
+        started = event.raw.activity_task_started_event_attributes
+        if event.kind == "ACTIVITY_TASK_STARTED" and started.attempt > 1:
+            taken = started.last_failure.application_failure_info.type == WORKER_GONE
+            return "tool call, taken over" if taken else "tool call, heartbeat timeout"
+    return "nothing in flight"
 
 
 async def measure(kills: int, restart_delay_s: float, seed: int) -> dict[str, Any]:
@@ -61,6 +98,7 @@ async def measure(kills: int, restart_delay_s: float, seed: int) -> dict[str, An
     steps = 60 * kills + 100
     script = RecheckingScript(steps)  # re-checks a command it was told was interrupted, as a real model would
     kill_times: list[float] = []
+    restart_times: list[float] = []
     with bench(script) as b:
         worker = b.start_worker()
         client = await connect(b.server.address)
@@ -75,16 +113,25 @@ async def measure(kills: int, restart_delay_s: float, seed: int) -> dict[str, An
             kill_times.append(time.time())
             await asyncio.sleep(restart_delay_s)
             worker = b.start_worker()
+            restart_times.append(time.time())
         result = await handle.result()
-        begun = await steps_begun(client, "recovery")
+        events = await chain_events(client, "recovery")
         ledger = (workspace / "ledger.txt").read_text().split()
-    recoveries = [min(t for t in begun if t > k) - k for k in kill_times]
+    recovered = [min(e.at for e in events if step_began(e) and e.at > k) for k in kill_times]
+    from_kill = [r - k for r, k in zip(recovered, kill_times, strict=True)]
+    from_restart = [r - k for r, k in zip(recovered, restart_times, strict=True)]
+    kinds = [interrupted(events, k, r) for k, r in zip(kill_times, recovered, strict=True)]
     return {
         "kills": kills,
         "restart_delay_s": restart_delay_s,
-        "recovery_s": [round(r, 2) for r in recoveries],
-        "median_s": round(statistics.median(recoveries), 2),
-        "worst_s": round(max(recoveries), 2),
+        "recovery_s": [round(r, 2) for r in from_kill],
+        "median_s": round(statistics.median(from_kill), 2),
+        "worst_s": round(max(from_kill), 2),
+        "from_restart_s": {"median": round(statistics.median(from_restart), 2), "worst": round(max(from_restart), 2)},
+        "by_interruption": {
+            kind: [round(t, 2) for t, k in zip(from_kill, kinds, strict=True) if k == kind]
+            for kind in sorted(set(kinds))
+        },
         "state": result.state,
         "steps": result.steps,
         "model_calls_served": len(b.model.requests),

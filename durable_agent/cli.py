@@ -251,11 +251,12 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 async def work(args: argparse.Namespace, console: Console) -> int:
-    from worker import build_worker  # imports every activity (and openai): only here
+    from worker import build_worker, start_takeover  # imports every activity (and openai): only here
 
     client = await connect_client()
     worker = build_worker(client, task_queue())
     running = asyncio.create_task(worker.run())
+    takeover = start_takeover(worker)
     console.line(f"worker polling task queue {task_queue()} on {configured_address()}; Ctrl-C stops it")
     try:
         finished = await _until_signalled(asyncio.shield(running))
@@ -265,6 +266,7 @@ async def work(args: argparse.Namespace, console: Console) -> int:
         console.line("stopping: in-flight activities get a few seconds to finish")
         await worker.shutdown()
         await running
+    takeover.cancel()
     console.line("worker stopped")
     return EXIT_OK
 

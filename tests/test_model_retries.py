@@ -82,7 +82,7 @@ async def test_missing_api_key_is_a_clear_error(
 async def test_a_model_call_longer_than_the_task_timeout_runs_once_and_the_run_stays_controllable(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
-    # call_model is a local activity inside a 2 s workflow task: the worker must extend the
+    # call_model is a local activity inside a 1.5 s workflow task: the worker must extend the
     # task while the call runs, not let it time out and call the model again.
     def slow(request: dict) -> Reply:
         time.sleep(5)

@@ -1,11 +1,13 @@
 """Timeouts and retry policies for every activity the agent runs, with the reasons.
 
-Crash recovery speed is set here and by the 2 s workflow task timeout (durable_agent/runs.py).
+Crash recovery speed is set here and by the 1.5 s workflow task timeout (durable_agent/runs.py).
 Tools are regular activities: when a worker is SIGKILLed mid-tool, the server notices a
 missed heartbeat (1.5 s timeout; tools beat every 0.5 s and the worker sends at most one
 per 0.5 s, see worker.py) and a 0.1 s first retry puts the call on a new worker ~1.6 s after
-it last beat. `call_model` is a local activity, run inside the workflow task: a worker
-killed mid-call loses that task, which times out after 2 s and goes to the next worker.
+it last beat; sooner when a replacement worker on the same machine sees, at its start, that
+the call's worker is gone (durable_agent/takeover.py). `call_model` is a local activity, run
+inside the workflow task: a worker killed mid-call loses that task, which times out after
+1.5 s and goes to the next worker.
 Start-to-close timeouts only bound hung calls.
 
 Why the model call is local: it is the one activity of every step, and as a regular
@@ -13,8 +15,8 @@ activity it cost a task round trip through the server plus a query for its conte
 (~45 ms of the ~120 ms a zero-latency step took, and most of the server's CPU per step).
 Local, its input never enters history, it needs no query, and its reply is recorded in
 the same workflow task that schedules the step's tools. The price: while a call runs
-longer than 1.6 s (80 % of the task timeout) the worker extends its workflow task, three
-small events every 1.6 s, and signals and updates wait for the next extension.
+longer than 1.2 s (80 % of the task timeout) the worker extends its workflow task, three
+small events every 1.2 s, and signals and updates wait for the next extension.
 """
 
 from __future__ import annotations

@@ -21,8 +21,13 @@ async def heartbeating(*details: Any) -> AsyncIterator[None]:
     """Heartbeat from a background task for as long as the block runs.
 
     The work inside must not block the event loop (use `asyncio.to_thread`), or the
-    heartbeats starve and the server times the activity out.
+    heartbeats starve and the server times the activity out. A local activity (the file
+    tools) neither beats nor hands its run over: it runs inside the run's workflow task,
+    which the worker keeps alive itself.
     """
+    if activity.info().is_local:
+        yield
+        return
     await release_sticky_run()
 
     async def beat() -> None:

@@ -84,7 +84,9 @@ def interrupted(events: list[Event], killed_at: float, recovered_at: float) -> s
     for event in window:
         timeout = event.raw.workflow_task_timed_out_event_attributes.timeout_type
         if event.kind == "WORKFLOW_TASK_TIMED_OUT" and timeout == TimeoutType.TIMEOUT_TYPE_START_TO_CLOSE:
-            return "workflow task"
+            # Later attempts are not recorded one by one; the started task says which it was.
+            attempts = [e.raw.workflow_task_scheduled_event_attributes.attempt for e in window]
+            return "workflow task" if max(attempts) <= 2 else "workflow task, then its replay timed out too"
     for event in window:
         started = event.raw.activity_task_started_event_attributes
         if event.kind == "ACTIVITY_TASK_STARTED" and started.attempt > 1:

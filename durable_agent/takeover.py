@@ -93,7 +93,8 @@ def abandoned(activity: PendingActivityInfo, me: Holder) -> bool:
 
 async def take_over(client: Client, task_queue: str, identity: str) -> int:
     """Fail every abandoned tool-call attempt of the running agents on `task_queue`, so that
-    the server retries them now; returns how many. Never raises (bar cancellation)."""
+    the server retries them now; returns how many. A failed request is logged, not raised:
+    the heartbeat timeouts still apply."""
     me = parse_identity(identity)
     if me is None:
         return 0

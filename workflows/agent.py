@@ -240,7 +240,7 @@ class AgentWorkflow:
             result_type=ModelReply,
             start_to_close_timeout=options.MODEL_START_TO_CLOSE,
             retry_policy=options.MODEL_RETRY,
-            local_retry_threshold=options.MODEL_LOCAL_RETRY_THRESHOLD,
+            local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
             summary=f"call_model: {self._carry.model} step {self._carry.step}"[:120],
         )
 
@@ -307,6 +307,16 @@ class AgentWorkflow:
             output_chars=self._agent.context.tool_output_chars,
         )
         try:
+            if call.name in options.LOCAL_TOOLS and workflow.patched(options.LOCAL_TOOLS_PATCH):
+                return await workflow.execute_local_activity(
+                    call.name,
+                    request,
+                    result_type=ToolOutcome,
+                    start_to_close_timeout=options.TOOL_START_TO_CLOSE,
+                    retry_policy=options.TOOL_RETRY,
+                    local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
+                    summary=call_summary(call.name, args),
+                )
             return await workflow.execute_activity(
                 call.name,
                 request,

@@ -53,12 +53,30 @@ MODEL_RETRY = RetryPolicy(
     maximum_attempts=6,
     non_retryable_error_types=["ModelRequestRejected", "ModelNotConfigured"],
 )
-MODEL_LOCAL_RETRY_THRESHOLD = timedelta(seconds=2)
-"""Back-offs up to this wait in the worker's memory; longer ones (the 6.4 s and 25.6 s
-retries, a long Retry-After) on a durable timer, so they survive the worker and show in
-history instead of holding its workflow task open."""
+LOCAL_RETRY_THRESHOLD = timedelta(seconds=2)
+"""For local activities (the model call, the file tools): back-offs up to this wait in the
+worker's memory; longer ones (the 6.4 s and 25.6 s retries, a long Retry-After) on a
+durable timer, so they survive the worker and show in history instead of holding its
+workflow task open."""
 
 TOOL_START_TO_CLOSE = timedelta(seconds=120)
+
+LOCAL_TOOLS = frozenset({"read_file", "write_file", "edit_file", "list_files", "search_files"})
+"""The file tools run as local activities, inside the workflow task that asked for them,
+like the model call. As regular activities each cost a task round trip through the server
+and, when it finished, a workflow task of its own that only recorded it: a zero-latency
+benchmark step (one model call, `write_file`, `run_command`) made three workflow tasks
+and ~17 events; now one task and ~9 (see README, "Benchmarks"). They take milliseconds, so
+the workflow task is held no longer than a model call holds it; a slow one (a search of
+a huge tree) makes the worker extend its task as for a slow model. Crash safety is the
+journal's, as before: a local activity whose worker dies before its task completes runs
+again on the next worker, and `write_file` and `edit_file` find their recorded outcome
+there instead of acting twice; the others only read. In the Web UI each shows as a
+labelled marker (`write_file: notes.md`) rather than as a pending activity.
+`run_command` stays a regular activity: it runs for seconds to minutes, heartbeats, and
+is what a replacement worker takes over (durable_agent/takeover.py)."""
+LOCAL_TOOLS_PATCH = "file-tools-local"
+"""`workflow.patched` id: runs recorded before the change replay with regular activities."""
 COMMAND_GRACE = timedelta(seconds=30)
 """run_command's start-to-close is its own timeout plus this, so the tool reports the timeout."""
 TOOL_RETRY = RetryPolicy(

@@ -332,7 +332,7 @@ class AgentResult(BaseModel):
 PACKED_MESSAGES = "zlib+base64:"
 """How a carried transcript starts in the continue-as-new input (see `Carry.messages`)."""
 MAX_UNPACKED_BYTES = 256 * 2**20
-"""Far above any transcript a 2 MB payload can carry at ~5-8x; a bound against a crafted input."""
+"""Far above any transcript a model could be sent whole; a bound against a crafted input."""
 _MESSAGE_LIST = TypeAdapter(list[Message])
 
 
@@ -363,8 +363,8 @@ class Carry(BaseModel):
     """Every message so far. In the continue-as-new input it is packed (`pack_messages`): the
     server stores that input twice (the old run's last event, the new run's first) and each
     later continue-as-new carries the whole transcript again, so these bytes are what makes
-    history grow faster than the steps. Packed, a transcript is ~5-8x smaller
-    (`python -m bench.history`); it stays readable through the `transcript` query and
+    history grow faster than the steps. Packed, a transcript is several times smaller (~7x
+    for the benchmark agent's); it stays readable through the `transcript` query and
     `durable-agent export`. A plain list is accepted too."""
     elapsed_before_s: float = 0.0
     """Wall time spent in earlier runs of the chain."""

@@ -71,8 +71,10 @@ the workflow task is held no longer than a model call holds it; a slow one (a se
 a huge tree) makes the worker extend its task as for a slow model. Crash safety is the
 journal's, as before: a local activity whose worker dies before its task completes runs
 again on the next worker, and `write_file` and `edit_file` find their recorded outcome
-there instead of acting twice; the others only read. In the Web UI each shows as a
-labelled marker (`write_file: notes.md`) rather than as a pending activity.
+there instead of acting twice; the others only read. In the Web UI (2.54, checked in
+Chromium) each is a "Local Activity" row with its summary (`write_file: notes.md`) in the
+event history, and a point labelled with the tool name on the Timeline; a regular
+activity would show its summary there too, and show as pending while it runs.
 `run_command` stays a regular activity: it runs for seconds to minutes, heartbeats, and
 is what a replacement worker takes over (durable_agent/takeover.py)."""
 LOCAL_TOOLS_PATCH = "file-tools-local"

@@ -29,7 +29,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from bench.harness import RecheckingScript, bench, bench_input
 from durable_agent.connection import connect
-from durable_agent.runs import start_agent
+from durable_agent.runs import chain_histories, start_agent
 from durable_agent.takeover import WORKER_GONE
 from workflows.agent import AGENT_STEP
 
@@ -62,13 +62,11 @@ class Event:
 
 async def chain_events(client: Client, workflow_id: str) -> list[Event]:
     """Every event of every run of the continue-as-new chain, in time order."""
-    events = []
-    async for run in client.list_workflows(f'WorkflowId="{workflow_id}"'):
-        history = await client.get_workflow_handle(workflow_id, run_id=run.run_id).fetch_history()
-        events += [
-            Event(e.event_time.ToDatetime().timestamp(), EventType.Name(e.event_type).removeprefix("EVENT_TYPE_"), e)
-            for e in history.events
-        ]
+    events = [
+        Event(e.event_time.ToDatetime().timestamp(), EventType.Name(e.event_type).removeprefix("EVENT_TYPE_"), e)
+        for history in await chain_histories(client, workflow_id)
+        for e in history.events
+    ]
     return sorted(events, key=lambda e: e.at)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 
 from durable_agent.connection import task_queue as default_task_queue
 from workflows.status_view import start_details
@@ -15,13 +15,14 @@ WORKFLOW_TASK_TIMEOUT = timedelta(seconds=1.5)
 """A workflow task held by a SIGKILLed worker is handed to another after this long (the
 server's default is 10 s). Workflow tasks are in flight most of a step's time (three a
 step; the model call is a local activity inside one), so most kills land here: recovery
-is this timeout plus the new worker's replay. Measured A/B, 12 kills, restart at once
-(as `python -m bench.recovery --restart-delay 0` does), with the takeover of tool calls
-in both: at 2 s, medians 1.80-1.93 s and worst 2.42-2.50 s; at 1.5 s, 1.69-1.83 s and
+is this timeout plus the new worker's replay. Measured A/B with a one-off script that
+did what `python -m bench.recovery --restart-delay 0` now does (12 kills, restart at
+once, the takeover of tool calls in both): at 2 s, medians 1.80-1.93 s and worst 2.42-2.50 s; at 1.5 s, 1.69-1.83 s and
 1.97-2.11 s.
 The risk runs the other way: a task is also a new worker's full replay of the run, ~5-8 ms
 per step here (`python -m bench.replay`; ~14 events a step), several times that while 50
-runs replay at once after a crash. 50 agents on one worker, SIGKILLed mid-run: 53 and 54
+runs replay at once after a crash. With a one-off script counting timeouts in the
+histories of 50 agents on one worker, SIGKILLed mid-run: 53 and 54
 tasks timed out at 2 s (the 50 the kill interrupted, and a few of the replays), 70 and 89
 at 1.5 s; every run completed, in the same wall time. A task that times out during a
 model call repeats that call: `python -m bench chaos --seed 11` (50 agents, 20 kills, 2
@@ -46,3 +47,10 @@ async def start_agent(
         static_summary=agent.goal[:400],  # the run page's "Summary" in the Web UI
         static_details=start_details(agent),
     )
+
+
+async def chain_histories(client: Client, workflow_id: str) -> list[WorkflowHistory]:
+    """The history of every run of a workflow's continue-as-new chain, oldest first."""
+    runs = [run async for run in client.list_workflows(f'WorkflowId="{workflow_id}"')]
+    runs.sort(key=lambda run: run.start_time)
+    return [await client.get_workflow_handle(workflow_id, run_id=run.run_id).fetch_history() for run in runs]

@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle, WorkflowHistory
+from temporalio.client import Client
 from temporalio.worker import Worker
 
 import workflows.types as types
 from durable_agent.model_server import ModelServer
+from durable_agent.runs import chain_histories
 from tests.helpers import start
 from tests.scripts import Script, answer, tool_results, tools
 from tests.test_replay import replayer
@@ -80,7 +81,7 @@ async def test_a_long_run_continues_as_new_and_loses_nothing(
     assert result.usage.model_calls == steps + 1 and result.usage.tool_calls == 2 * steps
     assert sorted(p.name for p in (workspace / "out").iterdir()) == sorted(f"{n}.txt" for n in range(1, steps + 1))
 
-    runs = await chain(client, handle)
+    runs = await chain_histories(client, handle.id)
     assert len(runs) == 3  # after steps 10 and 20
     for history in runs[:-1]:
         [last] = history.events[-1:]
@@ -100,10 +101,3 @@ async def test_a_long_run_continues_as_new_and_loses_nothing(
     assert {m.step for m in transcript} == set(range(steps + 2))
     status = await handle.query("status", result_type=AgentStatus)
     assert status.step == steps + 1 and status.usage.tool_calls == 2 * steps
-
-
-async def chain(client: Client, handle: WorkflowHandle) -> list[WorkflowHistory]:
-    """The histories of every run of the workflow's continue-as-new chain, oldest first."""
-    runs = [run async for run in client.list_workflows(f'WorkflowId="{handle.id}"')]
-    runs.sort(key=lambda run: run.start_time)
-    return [await client.get_workflow_handle(handle.id, run_id=run.run_id).fetch_history() for run in runs]

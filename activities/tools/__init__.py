@@ -1,0 +1,127 @@
+"""The tool activities: every file and shell operation the model can ask for (DESIGN §5).
+
+One activity per tool, named after it, taking `ToolCallInput` and returning `ToolOutcome`.
+
+Errors are sorted three ways:
+* what the model can act on (bad arguments, a path outside the workspace, a missing or
+  binary file, an ambiguous edit, a timeout) comes back as `ToolOutcome(ok=False)`, and
+  the run goes on. When `ok` is False, `error` is the whole message for the model,
+  partial output included, and `output` is empty;
+* what a retry may cure (EIO, ENOSPC, EMFILE, ...) is raised for Temporal to retry;
+* anything else raised is a bug that would fail the same way again: a non-retryable
+  `ApplicationError`.
+
+Output longer than `ToolCallInput.output_chars` keeps its head and tail for the model and
+is saved whole under `<workspace>/.durable-agent/outputs/`, named by the call's key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.heartbeat import heartbeating
+from activities.sandbox import SandboxError
+from activities.tools import files, search
+from activities.tools.base import PATH_ERRNOS, ToolCallContext, ToolError, describe_os_error
+from activities.tools.command import INTERRUPTED, CommandRunner
+from workflows.tool_specs import ToolArgumentError, validate_arguments
+from workflows.types import ToolCallInput, ToolOutcome
+
+__all__ = ["INTERRUPTED", "ToolActivities"]
+
+_EXPECTED = (ToolError, SandboxError, ToolArgumentError)
+
+Work = Callable[[ToolCallContext, Any], Awaitable[ToolOutcome]]
+
+
+class ToolActivities:
+    """The six tool activities, bound to one worker's options; register `all()`.
+
+    Exactly once: `write_file`, `edit_file` and `run_command` record their outcome in the
+    workspace journal (`activities/journal.py`) under the call's idempotency key, and a
+    retry of the same key returns the recorded outcome without acting again. How commands
+    run: `activities/tools/command.py`.
+    """
+
+    def __init__(
+        self,
+        *,
+        command_timeout_s: float = 120.0,
+        kill_grace_s: float = 2.0,
+        max_list_entries: int = 1_000,
+        max_search_matches: int = 200,
+    ) -> None:
+        self._commands = CommandRunner(command_timeout_s=command_timeout_s, kill_grace_s=kill_grace_s)
+        self._max_list_entries = max_list_entries
+        self._max_search_matches = max_search_matches
+
+    def all(self) -> list[Callable[[ToolCallInput], Awaitable[ToolOutcome]]]:
+        return [
+            self.read_file,
+            self.write_file,
+            self.edit_file,
+            self.list_files,
+            self.search_files,
+            self.run_command,
+        ]
+
+    @activity.defn(name="read_file")
+    async def read_file(self, input: ToolCallInput) -> ToolOutcome:
+        return await self._serve("read_file", input, partial(asyncio.to_thread, files.read_file))
+
+    @activity.defn(name="write_file")
+    async def write_file(self, input: ToolCallInput) -> ToolOutcome:
+        return await self._serve("write_file", input, partial(asyncio.to_thread, files.write_file))
+
+    @activity.defn(name="edit_file")
+    async def edit_file(self, input: ToolCallInput) -> ToolOutcome:
+        return await self._serve("edit_file", input, partial(asyncio.to_thread, files.edit_file))
+
+    @activity.defn(name="list_files")
+    async def list_files(self, input: ToolCallInput) -> ToolOutcome:
+        return await self._serve("list_files", input, partial(asyncio.to_thread, self._list_files))
+
+    @activity.defn(name="search_files")
+    async def search_files(self, input: ToolCallInput) -> ToolOutcome:
+        return await self._serve("search_files", input, partial(asyncio.to_thread, self._search_files))
+
+    @activity.defn(name="run_command")
+    async def run_command(self, input: ToolCallInput) -> ToolOutcome:
+        return await self._serve("run_command", input, self._commands.run)
+
+    async def _serve(self, name: str, input: ToolCallInput, work: Work) -> ToolOutcome:
+        """Heartbeat, re-validate, run the tool and sort its errors (see the module docstring).
+
+        The heartbeats come from a background task, so `work` must leave the event loop
+        free: file tools run in a thread, run_command awaits its process.
+        """
+        async with heartbeating():
+            try:
+                # Defence in depth: the workflow validated already, but histories outlive code.
+                args = validate_arguments(name, input.arguments)
+                call = await asyncio.to_thread(ToolCallContext.open, input)
+                return await work(call, args)
+            except _EXPECTED as e:
+                return ToolOutcome(ok=False, error=str(e))
+            except OSError as e:
+                if e.errno not in PATH_ERRNOS:
+                    raise  # the machine, not the path: a retry may succeed
+                return ToolOutcome(ok=False, error=describe_os_error(e, input.workspace))
+            except ApplicationError:
+                raise
+            except Exception as e:
+                raise ApplicationError(
+                    f"{name} failed unexpectedly: {type(e).__name__}: {e}", type="ToolBug", non_retryable=True
+                ) from e
+
+    def _list_files(self, call: ToolCallContext, args: Any) -> ToolOutcome:
+        return search.list_files(call, args, self._max_list_entries)
+
+    def _search_files(self, call: ToolCallContext, args: Any) -> ToolOutcome:
+        return search.search_files(call, args, self._max_search_matches)

@@ -1,0 +1,212 @@
+"""run_command: a shell command in the workspace, at most once per idempotency key."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import time
+from typing import Any
+
+from activities.host import boot_id, proc_stat
+from activities.tools.base import ToolCallContext
+from activities.tools.output import OutputPipe
+from workflows.tool_specs import RunCommandArgs
+from workflows.types import ToolOutcome
+
+SECRET_ENV = frozenset({"OPENAI_API_KEY", "TEMPORAL_API_KEY", "DURABLE_AGENT_ENCRYPTION_KEY"})
+SECRET_ENV_PREFIX = "TEMPORAL_TLS_"
+"""Worker secrets a command must not see: the model could print them into history."""
+
+INTERRUPTED = (
+    "the worker running this command was killed before it finished; the command may have "
+    "partially run; check its effects before re-running it"
+)
+CANCELLED = "the command was cancelled and its process group killed; it may have partially run"
+
+
+class CommandRunner:
+    """Runs `bash -c` in the workspace, in a process group of its own, with stdin from
+    /dev/null and stderr merged into stdout (the model reads them interleaved, as in a
+    terminal). The group never outlives the call: on timeout, on cancellation, and after
+    bash exits, whatever is left gets SIGTERM, then SIGKILL after `kill_grace_s`.
+    A non-zero exit code is a normal result (`ok=True`, the text starts with the exit
+    code): the model ran a command and reads what it said. `ok=False` means the tool could
+    not give a full answer: a timeout, a cancellation or an interrupted earlier attempt.
+    """
+
+    def __init__(self, *, command_timeout_s: float, kill_grace_s: float) -> None:
+        self._command_timeout_s = command_timeout_s
+        self._kill_grace_s = kill_grace_s
+
+    async def run(self, call: ToolCallContext, args: RunCommandArgs) -> ToolOutcome:
+        """Run the command at most once per idempotency key.
+
+        A completed journal entry is returned as is. A start record without completion
+        means an earlier attempt's worker died mid-command: its process group is killed if
+        it still runs on this host, and the call fails with INTERRUPTED instead of running
+        the command a second time; only the model can judge whether a re-run is safe.
+        """
+        journal, key = call.journal, call.input.idempotency_key
+        recorded = await asyncio.to_thread(journal.completed, key)
+        if recorded is not None:
+            return recorded
+        leftover = await asyncio.to_thread(journal.started, key)
+        try:
+            if leftover is not None:
+                note = await asyncio.to_thread(_stop_leftover, leftover, self._kill_grace_s)
+                outcome = ToolOutcome(ok=False, error=f"{INTERRUPTED} ({note})")
+            else:
+                outcome = await self._execute(call, args)
+        except asyncio.CancelledError:
+            await asyncio.to_thread(journal.complete, key, ToolOutcome(ok=False, error=CANCELLED))
+            raise
+        await asyncio.to_thread(journal.complete, key, outcome)
+        return outcome
+
+    async def _execute(self, call: ToolCallContext, args: RunCommandArgs) -> ToolOutcome:
+        timeout_s = args.timeout_s or self._command_timeout_s
+        # Recorded before the launch: a crash in between must not lead to a silent second run.
+        await asyncio.to_thread(call.journal.start, call.input.idempotency_key, {"command": args.command})
+        with call.capture() as capture:
+            async with OutputPipe(capture, self._kill_grace_s) as output:
+                process = await _spawn(call, args.command, output)
+                timed_out = await self._supervise(call, args.command, process, output, timeout_s)
+        if timed_out:
+            return capture.outcome(
+                f"command timed out after {timeout_s:g} s; it and every process it started were killed. "
+                "Output before the timeout:\n",
+                ok=False,
+            )
+        return capture.outcome(f"{_exit_text(process.returncode)}\n")
+
+    async def _supervise(
+        self,
+        call: ToolCallContext,
+        command: str,
+        process: asyncio.subprocess.Process,
+        output: OutputPipe,
+        timeout_s: float,
+    ) -> bool:
+        """Wait for the command; True if it timed out. Its process group never outlives this call."""
+        try:
+            record = _group_record(process.pid, command)
+            await asyncio.to_thread(call.journal.start, call.input.idempotency_key, record)
+            async with asyncio.timeout(timeout_s):
+                await process.wait()
+            return False
+        except TimeoutError:
+            return True
+        finally:
+            # Runs on timeout, on cancellation and after a normal exit alike.
+            if process.returncode is not None:
+                # bash is done; background children may still be writing, so give them a moment.
+                await output.drained(self._kill_grace_s)
+            await asyncio.to_thread(kill_process_group, process.pid, self._kill_grace_s)
+            await process.wait()
+
+
+async def _spawn(call: ToolCallContext, command: str, output: OutputPipe) -> asyncio.subprocess.Process:
+    try:
+        return await asyncio.create_subprocess_exec(
+            "bash",
+            "-c",
+            command,
+            cwd=call.workspace.root,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=output.write_fd,
+            stderr=output.write_fd,
+            start_new_session=True,
+            env=_command_env(),
+        )
+    except OSError:
+        # Nothing ran, so a retry may run it.
+        await asyncio.to_thread(call.journal.forget_start, call.input.idempotency_key)
+        raise
+    finally:
+        # Only the command's processes hold the write end now: EOF means all of them closed it.
+        output.close_write_end()
+
+
+# --- process groups ------------------------------------------------------------------
+
+
+def kill_process_group(pgid: int, grace_s: float) -> bool:
+    """SIGTERM the group, SIGKILL whatever is left after `grace_s`; False if nothing ran."""
+    if not _group_alive(pgid):
+        return False
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _signal_group(pgid, signal.SIGKILL)
+    return True
+
+
+def _signal_group(pgid: int, sig: int) -> bool:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs.
+
+    Zombies don't count: where PID 1 does not reap orphans (many containers), killed
+    background processes linger as zombies and would make the group look alive forever.
+    """
+    if not _signal_group(pgid, 0):
+        return False  # no process at all, not even a zombie: the usual case, without a /proc scan
+    if not os.path.isdir("/proc"):
+        return True
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            fields = proc_stat(entry.name) if entry.name.isdigit() else None
+            if fields is not None and fields[2] == str(pgid) and fields[0] != "Z":
+                return True
+    return False
+
+
+def _group_record(pid: int, command: str) -> dict[str, Any]:
+    """What a later attempt needs to find this process group again, and only this one."""
+    fields = proc_stat(str(pid))
+    return {
+        "command": command,
+        "pgid": pid,
+        "host": socket.gethostname(),
+        "boot_id": boot_id(),
+        "leader_start": fields[19] if fields else None,
+    }
+
+
+def _stop_leftover(record: dict[str, Any], grace_s: float) -> str:
+    """Kill a dead attempt's process group if it still runs here; say what was found."""
+    pgid = record.get("pgid")
+    if pgid is None:
+        return "it had not been started yet, or had only just been"
+    if record.get("host") != socket.gethostname():
+        return f"it ran on host {record.get('host')}, where it may still be running"
+    if record.get("boot_id") != boot_id() or not _same_leader(pgid, record.get("leader_start")):
+        return "it is no longer running"
+    if kill_process_group(pgid, grace_s):
+        return "it was still running and has now been killed"
+    return "it is no longer running"
+
+
+def _same_leader(pgid: int, leader_start: str | None) -> bool:
+    # A live leader with another start time means the group id was reused by a new group.
+    fields = proc_stat(str(pgid))
+    return fields is None or leader_start is None or fields[19] == leader_start
+
+
+def _command_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in SECRET_ENV and not k.startswith(SECRET_ENV_PREFIX)}
+
+
+def _exit_text(returncode: int | None) -> str:
+    if returncode is not None and returncode < 0:
+        return f"killed by signal {signal.Signals(-returncode).name}"
+    return f"exit code: {returncode}"

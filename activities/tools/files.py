@@ -1,0 +1,114 @@
+"""read_file, write_file and edit_file."""
+
+from __future__ import annotations
+
+from typing import BinaryIO
+
+from activities.journal import atomic_write
+from activities.tools.base import ToolCallContext, ToolError, binary, clip, decode_text, exactly_once, sha256
+from workflows.tool_specs import EditFileArgs, ReadFileArgs, WriteFileArgs
+from workflows.types import ToolOutcome
+
+SNIFF_BYTES = 8_192
+
+
+def read_file(call: ToolCallContext, args: ReadFileArgs) -> ToolOutcome:
+    path = call.workspace.resolve(args.path)
+    size = path.stat().st_size
+    first = args.offset or 1
+    last = first + args.limit - 1 if args.limit else None
+    with path.open("rb") as f:
+        if b"\0" in f.read(SNIFF_BYTES):
+            raise binary(args.path, size)
+        f.seek(0)
+        numbered, total = _number_lines(f, first, last, call.input.output_chars, args.path, size)
+    if total == 0:
+        return ToolOutcome(ok=True, output="(empty file)", output_bytes=0)
+    if first > total:
+        raise ToolError(f"offset {first} is past the end of {args.path}, which has {total:,} lines")
+    end = first + len(numbered) - 1
+    if len(numbered) < total:
+        more = f"; read more with offset={end + 1}" if end < total else ""
+        numbered.append(f"[showing lines {first:,}-{end:,} of {total:,}{more}]")
+    return ToolOutcome(ok=True, output="\n".join(numbered), output_bytes=size)
+
+
+def _number_lines(
+    f: BinaryIO, first: int, last: int | None, budget: int, shown: str, size: int
+) -> tuple[list[str], int]:
+    """Lines first..last numbered like `cat -n`, within `budget` chars; and the file's line count."""
+    numbered: list[str] = []
+    used = 0
+    full = False
+    total = 0
+    for total, raw in enumerate(f, start=1):
+        if full or total < first or (last is not None and total > last):
+            continue  # still counted: the model is told how long the file is
+        text = decode_text(raw)
+        if text is None:
+            raise binary(shown, size)
+        line = text.removesuffix("\n").removesuffix("\r")
+        entry = f"{total:6}\t{clip(line)}"
+        if numbered and used + len(entry) + 1 > budget:
+            full = True
+            continue
+        numbered.append(entry)
+        used += len(entry) + 1
+    return numbered, total
+
+
+def write_file(call: ToolCallContext, args: WriteFileArgs) -> ToolOutcome:
+    def act() -> ToolOutcome:
+        path = call.workspace.resolve(args.path, for_write=True)
+        data = args.content.encode()
+        atomic_write(path, data)
+        lines = len(args.content.splitlines())
+        return ToolOutcome(
+            ok=True, output=f"wrote {call.workspace.display(path)} ({len(data):,} bytes, {lines:,} lines)"
+        )
+
+    return exactly_once(call, act)
+
+
+def edit_file(call: ToolCallContext, args: EditFileArgs) -> ToolOutcome:
+    """Replace text; safe to retry although the edit itself is not idempotent.
+
+    Before writing, the expected result's hash and outcome are journalled as started. A
+    retry that finds the file already holding that result knows the crashed attempt
+    applied the edit, and reports it instead of applying it twice (or failing with
+    "old_text not found").
+    """
+    key = call.input.idempotency_key
+
+    def act() -> ToolOutcome:
+        path = call.workspace.resolve(args.path, for_write=True)
+        data = path.read_bytes()
+        earlier = call.journal.started(key)
+        if earlier is not None and earlier.get("after") == sha256(data):
+            return ToolOutcome.model_validate(earlier["outcome"])
+        text = decode_text(data)
+        if text is None:
+            raise binary(args.path, len(data))
+        count = text.count(args.old_text)
+        _check_matches(count, args.replace_all, call.workspace.display(path))
+        new_data = text.replace(args.old_text, args.new_text).encode()
+        times = "1 occurrence" if count == 1 else f"{count:,} occurrences"
+        outcome = ToolOutcome(ok=True, output=f"replaced {times} of old_text in {call.workspace.display(path)}")
+        call.journal.start(key, {"after": sha256(new_data), "outcome": outcome.model_dump()})
+        atomic_write(path, new_data)
+        return outcome
+
+    return exactly_once(call, act)
+
+
+def _check_matches(count: int, replace_all: bool, shown: str) -> None:
+    if count == 0:
+        raise ToolError(
+            f"old_text was not found in {shown}; read the file again and copy the exact text, "
+            "including whitespace and indentation"
+        )
+    if count > 1 and not replace_all:
+        raise ToolError(
+            f"old_text occurs {count} times in {shown}; include more surrounding lines to make it "
+            "unique, or set replace_all to true"
+        )

@@ -1,0 +1,135 @@
+"""A tool's output: head and tail for the model, the whole stream saved by reference."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import BinaryIO
+
+from activities.sandbox import RESERVED_DIR
+from workflows.types import ToolOutcome
+
+OUTPUTS_DIR = f"{RESERVED_DIR}/outputs"
+MARKER_RESERVE = 200
+"""Room left in the output budget for the truncation marker and the exit-code line."""
+
+
+class OutputCapture:
+    """Keeps a stream's head and tail for the model and saves the whole stream to a file.
+
+    Memory stays within the budget however much the stream carries: until the stream
+    outgrows the budget everything is kept in memory; from then on the head is frozen,
+    the tail rolls, and every byte also goes to `<workspace>/.durable-agent/outputs/`.
+    """
+
+    def __init__(self, budget_chars: int, workspace_root: str, digest: str) -> None:
+        keep = max(budget_chars - MARKER_RESERVE, 64)
+        self._head_max = keep // 2
+        self._tail_max = keep - self._head_max
+        self.ref = f"{OUTPUTS_DIR}/{digest}.txt"
+        self._path = Path(workspace_root) / self.ref
+        self._head = bytearray()
+        self._tail = bytearray()
+        self._file: BinaryIO | None = None
+        self.total = 0
+
+    @property
+    def truncated(self) -> bool:
+        return self._file is not None
+
+    def write(self, data: bytes) -> None:
+        if self._file is None and self.total + len(data) > self._head_max + self._tail_max:
+            self._spill()
+        if self._file is not None:
+            self._file.write(data)
+        self.total += len(data)
+        room = self._head_max - len(self._head)
+        self._head += data[:room]
+        self._tail += data[room:]
+        del self._tail[: -self._tail_max]
+
+    def text(self) -> str:
+        if not self.truncated:
+            return (self._head + self._tail).decode(errors="replace")
+        head, tail = _whole_lines(bytes(self._head), bytes(self._tail))
+        cut = self.total - len(head) - len(tail)
+        gap = "" if head.endswith(b"\n") else "\n"
+        return (
+            f"{head.decode(errors='replace')}{gap}… {self.total:,} bytes total, {cut:,} cut; "
+            f"full output: {self.ref} …\n{tail.decode(errors='replace')}"
+        )
+
+    def outcome(self, prefix: str = "", *, ok: bool = True) -> ToolOutcome:
+        text = prefix + (self.text() or "(no output)")
+        return ToolOutcome(
+            ok=ok,
+            output=text if ok else "",
+            error=None if ok else text,
+            full_output_ref=self.ref if self.truncated else None,
+            output_bytes=self.total,
+        )
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    def __enter__(self) -> OutputCapture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _spill(self) -> None:
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self._path.open("wb")
+        self._file.write(self._head + self._tail)  # everything so far: nothing was dropped yet
+
+
+def _whole_lines(head: bytes, tail: bytes) -> tuple[bytes, bytes]:
+    """Drop the partial lines at the cut (and with them any split character), unless that drops all."""
+    end = head.rfind(b"\n") + 1
+    start = tail.find(b"\n") + 1
+    return head[: end or len(head)], tail[start:] if 0 < start < len(tail) else tail
+
+
+class OutputPipe:
+    """The pipe a command writes stdout and stderr to, pumped into an OutputCapture.
+
+    Our own pipe rather than asyncio's PIPE: with that, `Process.wait()` would also wait
+    for every background child to close its copy of the output.
+    """
+
+    def __init__(self, capture: OutputCapture, grace_s: float) -> None:
+        self._capture = capture
+        self._grace_s = grace_s
+        self.write_fd: int | None = None
+
+    async def __aenter__(self) -> OutputPipe:
+        read_fd, self.write_fd = os.pipe()
+        reader = asyncio.StreamReader()
+        self._transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_fd, "rb", buffering=0)
+        )
+        self._pump = asyncio.create_task(_pump(reader, self._capture))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close_write_end()
+        await self.drained(self._grace_s)
+        self._transport.close()  # a process that left the group could hold the pipe forever
+        await self._pump
+
+    def close_write_end(self) -> None:
+        if self.write_fd is not None:
+            os.close(self.write_fd)
+            self.write_fd = None
+
+    async def drained(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for every writer to close the pipe and its data to be captured."""
+        await asyncio.wait([self._pump], timeout=timeout_s)
+
+
+async def _pump(reader: asyncio.StreamReader, capture: OutputCapture) -> None:
+    while chunk := await reader.read(65_536):
+        await asyncio.to_thread(capture.write, chunk)

@@ -98,8 +98,9 @@ class Monkey:
         self.rng.shuffle(kinds)
         # One fault somewhere in each equal slice of the run's first 85 %.
         slices = len(kinds)
-        faults = [(kind, math.ceil(total_turns * 0.85 * (i + self.rng.random()) / slices))
-                  for i, kind in enumerate(kinds)]
+        faults = [
+            (kind, math.ceil(total_turns * 0.85 * (i + self.rng.random()) / slices)) for i, kind in enumerate(kinds)
+        ]
         self._gates = [self.recorder.gate(at + 1) for _, at in faults]
         return faults
 
@@ -123,8 +124,14 @@ class Monkey:
         self.live.remove(victim)
         self.b.kill_worker(victim)
         delay = self.rng.uniform(*self.plan.replace_after_s)
-        self.events.append({"kind": "kill", "at": time.time(), "turns": self.recorder.turns_done(),
-                            "replaced_after_s": round(delay, 2)})
+        self.events.append(
+            {
+                "kind": "kill",
+                "at": time.time(),
+                "turns": self.recorder.turns_done(),
+                "replaced_after_s": round(delay, 2),
+            }
+        )
         task = asyncio.create_task(self._replace_after(delay))
         self._replacements.add(task)
         task.add_done_callback(self._replacements.discard)
@@ -143,8 +150,15 @@ class Monkey:
             await asyncio.to_thread(self.b.restart_server, sig)
         finally:
             self._server_up.set()
-        self.events.append({"kind": "restart", "signal": sig.name, "at": at, "turns": self.recorder.turns_done(),
-                            "down_s": round(time.time() - at, 2)})
+        self.events.append(
+            {
+                "kind": "restart",
+                "signal": sig.name,
+                "at": at,
+                "turns": self.recorder.turns_done(),
+                "down_s": round(time.time() - at, 2),
+            }
+        )
 
     def _count_live(self) -> int:
         """Live workers; one that died on its own is counted (a failure: workers must ride out
@@ -174,8 +188,9 @@ class Started:
 async def start_runs(client: Client, b: Bench, plan: Plan, prefix: str) -> list[Started]:
     async def one(i: int) -> Started:
         started = Started(f"{prefix}-{i}", goal_for(i, plan.steps), b.workspace())
-        await start_agent(client, bench_input(started.goal, started.workspace, plan.steps), started.workflow_id,
-                          b.task_queue)
+        await start_agent(
+            client, bench_input(started.goal, started.workspace, plan.steps), started.workflow_id, b.task_queue
+        )
         return started
 
     return list(await asyncio.gather(*(one(i) for i in range(plan.agents))))
@@ -242,8 +257,9 @@ async def run_chaos(plan: Plan) -> Report:
         report.figures["final_executions_on_server"] = sum(on_server.values())
         expected = {r.workflow_id for r in runs} | {"reference-0"}
         if set(on_server) != expected or set(on_server.values()) != {1}:
-            report.failures.append(f"final executions on the server {on_server}: expected one for each of "
-                                   f"{sorted(expected)}")
+            report.failures.append(
+                f"final executions on the server {on_server}: expected one for each of {sorted(expected)}"
+            )
         b.keep = not report.ok
     return report
 
@@ -258,28 +274,32 @@ async def reference_result(client: Client, b: Bench, steps: int, deadline: float
 
 def check(report: Report, reference: AgentResult, runs: list[Started], results: list[Any], recorder: Recorder) -> None:
     script: RecheckingScript = recorder.responder  # type: ignore[assignment]
-    checked = [check_run(report, reference, run, result, recorder, script) for run, result in zip(runs, results,
-                                                                                                strict=True)]
+    checked = [
+        check_run(report, reference, run, result, recorder, script) for run, result in zip(runs, results, strict=True)
+    ]
     kills = sum(1 for e in report.events if e["kind"] == "kill")
     extra_calls = [c["model_calls"] - c["steps"] for c in checked]
-    report.figures.update({
-        "completed": sum(1 for r in results if isinstance(r, AgentResult) and r.state == "completed"),
-        "agents": report.plan.agents,
-        "worker_kills": kills,
-        "server_restarts": len(report.events) - kills,
-        "kills_taken_over_by_the_survivor": takeovers(report.events, recorder),
-        "model_calls": sum(c["model_calls"] for c in checked),
-        "model_calls_beyond_steps": sum(extra_calls),
-        "max_model_calls_beyond_steps_per_run": max(extra_calls, default=0),
-        "commands_reported_interrupted": len(script.rechecked),
-        "side_effects_duplicated": sum(c["side_effects_duplicated"] for c in checked),
-        "side_effects_missing": sum(c["side_effects_missing"] for c in checked),
-    })
+    report.figures.update(
+        {
+            "completed": sum(1 for r in results if isinstance(r, AgentResult) and r.state == "completed"),
+            "agents": report.plan.agents,
+            "worker_kills": kills,
+            "server_restarts": len(report.events) - kills,
+            "kills_taken_over_by_the_survivor": takeovers(report.events, recorder),
+            "model_calls": sum(c["model_calls"] for c in checked),
+            "model_calls_beyond_steps": sum(extra_calls),
+            "max_model_calls_beyond_steps_per_run": max(extra_calls, default=0),
+            "commands_reported_interrupted": len(script.rechecked),
+            "side_effects_duplicated": sum(c["side_effects_duplicated"] for c in checked),
+            "side_effects_missing": sum(c["side_effects_missing"] for c in checked),
+        }
+    )
     check_chaos(report, extra_calls)
 
 
-def check_run(report: Report, reference: AgentResult, run: Started, result: Any, recorder: Recorder,
-              script: RecheckingScript) -> dict[str, int]:
+def check_run(
+    report: Report, reference: AgentResult, run: Started, result: Any, recorder: Recorder, script: RecheckingScript
+) -> dict[str, int]:
     """One run's checks (failures go to the report); its figures, or nothing if it did not complete."""
     if isinstance(result, str) or result.state != "completed":
         report.failures.append(f"{run.workflow_id}: {result if isinstance(result, str) else result.state}")
@@ -300,15 +320,19 @@ def check_chaos(report: Report, extra_calls: list[int]) -> None:
     if f["completed"] < plan.agents:
         report.failures.append(f"only {f['completed']} of {plan.agents} runs completed")
     if plan.agents == 1 and extra_calls and extra_calls[0] > f["worker_kills"]:
-        report.failures.append(f"model calls {f['model_calls']} > steps + kills "
-                               f"({f['model_calls'] - extra_calls[0]} + {f['worker_kills']})")
+        report.failures.append(
+            f"model calls {f['model_calls']} > steps + kills "
+            f"({f['model_calls'] - extra_calls[0]} + {f['worker_kills']})"
+        )
     if f.get("unexpected_worker_exits"):
         report.failures.append(f"{f['unexpected_worker_exits']} worker(s) exited without being killed")
     if f["worker_kills"] >= 5 and not f["kills_taken_over_by_the_survivor"]:
         report.failures.append("the surviving worker never moved a run on before the killed one was replaced")
     if f["worker_kills"] + f["server_restarts"] < plan.worker_kills + plan.server_restarts:
-        report.failures.append(f"only {f['worker_kills']} kills and {f['server_restarts']} restarts happened "
-                               "before the runs ended: make the runs longer")
+        report.failures.append(
+            f"only {f['worker_kills']} kills and {f['server_restarts']} restarts happened "
+            "before the runs ended: make the runs longer"
+        )
 
 
 def takeovers(events: list[dict[str, Any]], recorder: Recorder) -> int:
@@ -367,8 +391,11 @@ def rss_summary(samples: list[tuple[float, float]], waves: int, steps: int, minu
     early = statistics.median(mb for _, mb in samples[fifth : 2 * fifth] or samples[:1])
     late = statistics.median(mb for _, mb in samples[-fifth:])
     return {
-        "minutes": minutes, "waves": waves, "steps": steps,
-        "rss_mb_early": round(early, 1), "rss_mb_late": round(late, 1),
+        "minutes": minutes,
+        "waves": waves,
+        "steps": steps,
+        "rss_mb_early": round(early, 1),
+        "rss_mb_late": round(late, 1),
         "rss_mb_max": round(max(mb for _, mb in samples), 1),
         "growth_pct": round(100 * (late - early) / early, 1),
         "slope_mb_per_min_second_half": round(_slope(samples[len(samples) // 2 :]) * 60, 2),
@@ -397,18 +424,34 @@ def _by_minute(samples: list[tuple[float, float]]) -> list[float]:
 
 def print_report(title: str, report: Report) -> None:
     print(f"\n== {title}: {'PASS' if report.ok else 'FAIL'}")
-    print(json.dumps({"plan": asdict(report.plan), "figures": report.figures, "failures": report.failures,
-                      "events": [{k: v for k, v in e.items() if k != "at"} for e in report.events]}, indent=1),
-          flush=True)
+    print(
+        json.dumps(
+            {
+                "plan": asdict(report.plan),
+                "figures": report.figures,
+                "failures": report.failures,
+                "events": [{k: v for k, v in e.items() if k != "at"} for e in report.events],
+            },
+            indent=1,
+        ),
+        flush=True,
+    )
 
 
 async def scenarios(args: argparse.Namespace) -> bool:
     single = Plan(steps=args.steps, worker_kills=args.kills, server_restarts=args.restarts, seed=args.seed)
-    many = Plan(steps=args.agent_steps, agents=args.agents, worker_kills=args.kills,
-                server_restarts=args.restarts, seed=args.seed + 1)
+    many = Plan(
+        steps=args.agent_steps,
+        agents=args.agents,
+        worker_kills=args.kills,
+        server_restarts=args.restarts,
+        seed=args.seed + 1,
+    )
     ok = True
-    for title, plan in ((f"one run of {single.steps} steps", single),
-                        (f"{many.agents} concurrent agents of {many.steps} steps", many)):
+    for title, plan in (
+        (f"one run of {single.steps} steps", single),
+        (f"{many.agents} concurrent agents of {many.steps} steps", many),
+    ):
         started = time.monotonic()
         report = await run_chaos(plan)
         report.figures["seconds"] = round(time.monotonic() - started, 1)

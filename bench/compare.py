@@ -52,8 +52,9 @@ class Options:
 
     @classmethod
     def quick_options(cls, **changes: Any) -> Options:
-        return cls(steps=50, byte_marks=[10, 25, 50], agents=10, agent_steps=5, kills=2, kill_steps=24,
-                   quick=True, **changes)
+        return cls(
+            steps=50, byte_marks=[10, 25, 50], agents=10, agent_steps=5, kills=2, kill_steps=24, quick=True, **changes
+        )
 
 
 def log(message: str) -> None:
@@ -177,8 +178,13 @@ async def measure(o: Options) -> dict[str, Any]:
             "recovery": await s.recovery(),
             "scopes": {c.name: {"cpu": c.cpu_scope, "bytes": c.bytes_scope} for c in contenders},
         }
-    data["run"] = {"started": started, "seconds": time.time() - started,
-                   "load_before": load_before, "load_after": os.getloadavg(), "commit": git_commit()}
+    data["run"] = {
+        "started": started,
+        "seconds": time.time() - started,
+        "load_before": load_before,
+        "load_after": os.getloadavg(),
+        "commit": git_commit(),
+    }
     return data
 
 
@@ -186,8 +192,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="N=50 and fewer agents: a few minutes, for a smoke run")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--with-langgraph-sync", action="store_true",
-                        help='add LangGraph with durability="sync" (a checkpoint before every next node)')
+    parser.add_argument(
+        "--with-langgraph-sync",
+        action="store_true",
+        help='add LangGraph with durability="sync" (a checkpoint before every next node)',
+    )
     parser.add_argument("--out", default=str(HERE / "RESULTS.md"))
     args = parser.parse_args(argv)
     o = Options.quick_options(runs=args.runs) if args.quick else Options(runs=args.runs)

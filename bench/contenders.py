@@ -99,10 +99,20 @@ class PeerContender:
 
     async def _spawn(self, folder: Path, steps: int, agents: int) -> None:
         self._process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bench.peer_process", "--impl", self.impl, "--folder", str(folder),
-            "--steps", str(steps), "--agents", str(agents),
+            sys.executable,
+            "-m",
+            "bench.peer_process",
+            "--impl",
+            self.impl,
+            "--folder",
+            str(folder),
+            "--steps",
+            str(steps),
+            "--agents",
+            str(agents),
             env={**os.environ, "OPENAI_BASE_URL": self.bench.model.base_url, "OPENAI_API_KEY": "bench"},
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
         )
 
 

@@ -25,8 +25,13 @@ from workflows.types import AgentInput
 def bench_input(goal: str, workspace: Path, steps: int, **overrides: Any) -> AgentInput:
     """The benchmark agent's run input: limits far enough out that no soft tier or stop
     changes what the model is sent; everything else is the product's default."""
-    limits = {"soft_steps": steps + 5, "hard_steps": steps + 10, "max_model_calls": steps + 10,
-              "max_tool_calls": 3 * steps, "max_tokens": 10**9}
+    limits = {
+        "soft_steps": steps + 5,
+        "hard_steps": steps + 10,
+        "max_model_calls": steps + 10,
+        "max_tool_calls": 3 * steps,
+        "max_tokens": 10**9,
+    }
     return AgentInput.model_validate({"goal": goal, "workspace": str(workspace), "limits": limits, **overrides})
 
 

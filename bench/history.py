@@ -24,7 +24,9 @@ from durable_agent.server import temporal_binary
 def history_size(address: str, workflow_id: str) -> int:
     described = subprocess.run(
         [temporal_binary(), "--address", address, "workflow", "describe", "-w", workflow_id, "-o", "json"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return int(json.loads(described.stdout)["workflowExecutionInfo"]["historySizeBytes"])
 
@@ -35,12 +37,14 @@ async def measure(steps: int, marks: list[int]) -> dict[str, object]:
     paused_s = 0.0
     workflow_id = f"history-{steps}"
     with bench(script) as b:
+
         def reader(step: int):
             def read() -> None:
                 nonlocal paused_s
                 started = time.perf_counter()
                 sizes[step] = history_size(b.server.address, workflow_id)
                 paused_s += time.perf_counter() - started
+
             return read
 
         for step in marks:

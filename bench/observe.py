@@ -128,4 +128,3 @@ def ledger_check(path: Path, steps: int) -> dict[str, int]:
 def spread(values: list[float]) -> dict[str, float]:
     """Median, min and max: what the tables show for repeated measurements."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-

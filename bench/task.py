@@ -96,8 +96,14 @@ def _write_file(workspace: Workspace, args: WriteFileArgs) -> str:
 
 async def _run_command(workspace: Workspace, args: RunCommandArgs) -> str:
     process = await asyncio.create_subprocess_exec(
-        "bash", "-c", args.command, cwd=workspace.root, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+        "bash",
+        "-c",
+        args.command,
+        cwd=workspace.root,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
     )
     out, _ = await process.communicate()
     return f"exit code: {process.returncode}\n{out.decode(errors='replace') or '(no output)'}"

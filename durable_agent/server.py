@@ -166,7 +166,9 @@ def _frontend_serving(address: str) -> bool:
     try:
         health = subprocess.run(
             [temporal_binary(), "operator", "cluster", "health", "--address", address],
-            capture_output=True, text=True, timeout=5,
+            capture_output=True,
+            text=True,
+            timeout=5,
         )
     except subprocess.TimeoutExpired:
         return False

@@ -22,8 +22,15 @@ async def test_multi_step_run_with_parallel_tools(
 ) -> None:
     model_server.responder = Script(
         [
-            tools(("write_file", {"path": "a.txt", "content": "alpha\n"}), ("write_file", {"path": "b/c.txt", "content": "gamma\n"})),
-            tools(("list_files", {}), ("read_file", {"path": "a.txt"}), ("run_command", {"command": "cat a.txt b/c.txt | wc -l"})),
+            tools(
+                ("write_file", {"path": "a.txt", "content": "alpha\n"}),
+                ("write_file", {"path": "b/c.txt", "content": "gamma\n"}),
+            ),
+            tools(
+                ("list_files", {}),
+                ("read_file", {"path": "a.txt"}),
+                ("run_command", {"command": "cat a.txt b/c.txt | wc -l"}),
+            ),
             answer("two files written"),
         ]
     )
@@ -119,8 +126,17 @@ async def test_bad_input_from_the_cli_closes_the_run_with_a_clear_error(
     run_id = f"bad-{uuid.uuid4().hex[:8]}"
     bad = {"goal": "x", "workspace": "relative/path", "limit": {}}
     started = await run_cli(
-        temporal_server.address, "workflow", "start", "--type", "AgentWorkflow", "--task-queue", task_queue,
-        "--workflow-id", run_id, "--input", json.dumps(bad),
+        temporal_server.address,
+        "workflow",
+        "start",
+        "--type",
+        "AgentWorkflow",
+        "--task-queue",
+        task_queue,
+        "--workflow-id",
+        run_id,
+        "--input",
+        json.dumps(bad),
     )
     assert started.returncode == 0, started.stderr
     with pytest.raises(WorkflowFailureError) as failure:
@@ -132,19 +148,39 @@ async def test_bad_input_from_the_cli_closes_the_run_with_a_clear_error(
 async def test_started_from_the_temporal_cli_exactly_as_documented(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path, temporal_server
 ) -> None:
-    model_server.responder = Script([tools(("write_file", {"path": "hello.txt", "content": "hi"})), answer("wrote hello")])
+    model_server.responder = Script(
+        [tools(("write_file", {"path": "hello.txt", "content": "hi"})), answer("wrote hello")]
+    )
     run_id = f"cli-{uuid.uuid4().hex[:8]}"
     # Exactly the command of DESIGN §4, plus the test's own task queue and id.
     started = await run_cli(
-        temporal_server.address, "workflow", "start", "--type", "AgentWorkflow", "--task-queue", task_queue,
-        "--workflow-id", run_id, "--input", json.dumps({"goal": "say hi", "workspace": str(workspace)}),
+        temporal_server.address,
+        "workflow",
+        "start",
+        "--type",
+        "AgentWorkflow",
+        "--task-queue",
+        task_queue,
+        "--workflow-id",
+        run_id,
+        "--input",
+        json.dumps({"goal": "say hi", "workspace": str(workspace)}),
     )
     assert started.returncode == 0, started.stderr
     result = await client.get_workflow_handle(run_id, result_type=AgentResult).result()
     assert result.state == "completed" and (workspace / "hello.txt").read_text() == "hi"
     queried = await run_cli(
-        temporal_server.address, "workflow", "query", "--workflow-id", run_id, "--name", "transcript",
-        "--input", '{"from_step": 1}', "-o", "json",
+        temporal_server.address,
+        "workflow",
+        "query",
+        "--workflow-id",
+        run_id,
+        "--name",
+        "transcript",
+        "--input",
+        '{"from_step": 1}',
+        "-o",
+        "json",
     )
     assert queried.returncode == 0, queried.stderr
     assert "wrote hello" in queried.stdout

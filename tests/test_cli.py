@@ -250,9 +250,22 @@ async def test_run_asks_for_approvals_inline_at_a_terminal(
     )
     leader, follower = os.openpty()  # stdin is a terminal, as when a person runs the command
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "durable_agent.cli", "run", "gated", "--workspace", str(workspace), "--no-worker",
-        "--approve-commands", "echo", "rm", cwd=ROOT, env=cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue),
-        stdin=follower, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "durable_agent.cli",
+        "run",
+        "gated",
+        "--workspace",
+        str(workspace),
+        "--no-worker",
+        "--approve-commands",
+        "echo",
+        "rm",
+        cwd=ROOT,
+        env=cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue),
+        stdin=follower,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     os.close(follower)
     mark, seen, answered = "? [y]es / [n]o / or type why not: ", "", 0

@@ -65,7 +65,10 @@ async def test_approve_and_deny_through_the_python_client(
     (workspace / "notes.txt").write_text("n")
     model_server.responder = gated_script()
     handle = await start(
-        client, task_queue, goal="x", workspace=str(workspace),
+        client,
+        task_queue,
+        goal="x",
+        workspace=str(workspace),
         approval={"commands": [r"^echo", r"\brm\b"]},
     )
     status = await wait_for(handle, lambda s: len(s.pending_approvals) == 2)
@@ -88,20 +91,46 @@ async def test_approve_and_deny_through_the_python_client(
 
 
 async def test_approve_through_the_temporal_cli(
-    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path,
+    client: Client,
+    worker: Worker,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
     temporal_server: EmbeddedServer,
 ) -> None:
     model_server.responder = gated_script()
     handle = await start(client, task_queue, goal="x", workspace=str(workspace), approval={"tools": ["run_command"]})
     status = await wait_for(handle, lambda s: len(s.pending_approvals) == 2)
-    listed = await cli(temporal_server, "workflow", "list", "--query", f'AgentState="awaiting_approval" AND WorkflowId="{handle.id}"')
+    listed = await cli(
+        temporal_server, "workflow", "list", "--query", f'AgentState="awaiting_approval" AND WorkflowId="{handle.id}"'
+    )
     assert handle.id in listed.stdout
-    rejected = await cli(temporal_server, "workflow", "update", "execute", "--workflow-id", handle.id, "--name", "approve",
-                   "--input", json.dumps({"call_id": "9:zzz", "approved": True}))
+    rejected = await cli(
+        temporal_server,
+        "workflow",
+        "update",
+        "execute",
+        "--workflow-id",
+        handle.id,
+        "--name",
+        "approve",
+        "--input",
+        json.dumps({"call_id": "9:zzz", "approved": True}),
+    )
     assert rejected.returncode != 0 and "no pending approval" in (rejected.stdout + rejected.stderr)
     for pending in status.pending_approvals:
-        done = await cli(temporal_server, "workflow", "update", "execute", "--workflow-id", handle.id, "--name", "approve",
-                   "--input", json.dumps({"call_id": pending.call_id, "approved": "echo" in pending.summary}))
+        done = await cli(
+            temporal_server,
+            "workflow",
+            "update",
+            "execute",
+            "--workflow-id",
+            handle.id,
+            "--name",
+            "approve",
+            "--input",
+            json.dumps({"call_id": pending.call_id, "approved": "echo" in pending.summary}),
+        )
         assert done.returncode == 0, done.stderr
     result = await handle.result()
     assert result.state == "completed" and (workspace / "ledger.txt").exists()
@@ -112,7 +141,10 @@ async def test_approval_timeout_denies(
 ) -> None:
     model_server.responder = gated_script()
     handle = await start(
-        client, task_queue, goal="x", workspace=str(workspace),
+        client,
+        task_queue,
+        goal="x",
+        workspace=str(workspace),
         approval={"tools": ["run_command"], "timeout_s": 1, "on_timeout": "deny"},
     )
     result = await handle.result()
@@ -126,7 +158,9 @@ async def test_raise_limits_validates_and_applies(
     # The first command holds step 1 open until the pause has landed.
     first = tools(("run_command", {"command": "sleep 1"}))
     model_server.responder = Script([first] + [tools(("list_files", {}))] * 4, final="finished late")
-    handle = await start(client, task_queue, goal="x", workspace=str(workspace), limits={"soft_steps": 2, "hard_steps": 3})
+    handle = await start(
+        client, task_queue, goal="x", workspace=str(workspace), limits={"soft_steps": 2, "hard_steps": 3}
+    )
     await handle.signal("pause")
     await wait_for(handle, lambda s: s.state == "paused")
     assert "greater than or equal to 0" in await rejected_update(handle, "raise_limits", {"max_cost_usd": -1})
@@ -185,7 +219,9 @@ async def test_needs_attention_from_a_livelocked_tool(
 async def test_cancel_ends_cleanly_with_a_result(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
-    model_server.responder = Script([tools(("run_command", {"command": "echo started > s.txt; sleep 60; echo no > never.txt"}))])
+    model_server.responder = Script(
+        [tools(("run_command", {"command": "echo started > s.txt; sleep 60; echo no > never.txt"}))]
+    )
     handle = await start(client, task_queue, goal="x", workspace=str(workspace))
     await wait_for(handle, lambda s: (workspace / "s.txt").exists())
     await handle.cancel()
@@ -211,8 +247,12 @@ async def test_a_pause_sent_with_the_start_holds_before_the_first_step(
 ) -> None:
     model_server.responder = Script([], final="after the pause")
     handle = await client.start_workflow(  # signal-with-start: the pause is in the first task
-        "AgentWorkflow", AgentInput(goal="x", workspace=str(workspace)), id=f"early-{task_queue}",
-        task_queue=task_queue, result_type=AgentResult, start_signal="pause",
+        "AgentWorkflow",
+        AgentInput(goal="x", workspace=str(workspace)),
+        id=f"early-{task_queue}",
+        task_queue=task_queue,
+        result_type=AgentResult,
+        start_signal="pause",
         start_signal_args=[{"reason": "read the goal first"}],
     )
     status = await wait_for(handle, lambda s: s.state == "paused")

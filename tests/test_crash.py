@@ -71,7 +71,10 @@ async def test_run_survives_worker_kills_at_three_points(
     model_server.responder = Script(
         [
             tools(("run_command", {"command": "echo 1 >> ledger.txt; sleep 2; echo done-1"})),
-            tools(("write_file", {"path": "f.txt", "content": "one"}), ("run_command", {"command": "echo 2 >> ledger.txt"})),
+            tools(
+                ("write_file", {"path": "f.txt", "content": "one"}),
+                ("run_command", {"command": "echo 2 >> ledger.txt"}),
+            ),
             slow_model,
             tools(("edit_file", {"path": "f.txt", "old_text": "one", "new_text": "two"})),
             answer("all done"),

@@ -42,8 +42,13 @@ async def test_soft_then_hard_tier(
     limits, usage, reason = CASES[name]
     model_server.responder = always_tools(count=2 if name == "tool_calls" else 1, **usage)
     handle = await start(
-        client, task_queue, goal="never ends", workspace=str(workspace),
-        model="gpt-4.1-mini", fallback_model="gpt-4.1-nano", limits=limits,
+        client,
+        task_queue,
+        goal="never ends",
+        workspace=str(workspace),
+        model="gpt-4.1-mini",
+        fallback_model="gpt-4.1-nano",
+        limits=limits,
     )
     result = await handle.result()
     assert result.state == "stopped" and result.stop_reason == reason

@@ -16,10 +16,18 @@ def test_lists_follow_a_blank_line_so_they_render_as_lists() -> None:
     text = details_markdown(
         status(
             state="needs_attention",
-            pending_approvals=[PendingApproval(call_id="3:c1", tool="run_command", summary="run_command: rm -rf build",
-                                               step=3, reason="matches rm")],
-            attention=AttentionReport(what_failed="read_file: a.txt failed 3 times", last_error="missing",
-                                      attempts=3, step=3, suggested_actions=["retry: again", "skip: drop it"]),
+            pending_approvals=[
+                PendingApproval(
+                    call_id="3:c1", tool="run_command", summary="run_command: rm -rf build", step=3, reason="matches rm"
+                )
+            ],
+            attention=AttentionReport(
+                what_failed="read_file: a.txt failed 3 times",
+                last_error="missing",
+                attempts=3,
+                step=3,
+                suggested_actions=["retry: again", "skip: drop it"],
+            ),
         )
     )
     lines = text.splitlines()

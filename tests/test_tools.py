@@ -262,9 +262,7 @@ async def test_edit_file_ambiguous_without_replace_all(workspace: Path) -> None:
 
 async def test_edit_file_replace_all(workspace: Path) -> None:
     (workspace / "a.py").write_text("x = 1\nx = 1\nx = 1\n")
-    outcome = await run_tool(
-        workspace, "edit_file", path="a.py", old_text="1", new_text="2", replace_all=True
-    )
+    outcome = await run_tool(workspace, "edit_file", path="a.py", old_text="1", new_text="2", replace_all=True)
     assert outcome.output == "replaced 3 occurrences of old_text in a.py"
     assert (workspace / "a.py").read_text() == "x = 2\nx = 2\nx = 2\n"
 
@@ -398,9 +396,7 @@ async def test_run_command_gets_no_stdin_and_no_worker_secrets(
 
 async def test_run_command_timeout_kills_the_whole_process_group(workspace: Path) -> None:
     began = time.monotonic()
-    outcome = await run_tool(
-        workspace, "run_command", command="echo pgid=$$; sleep 300 & sleep 300", timeout_s=1
-    )
+    outcome = await run_tool(workspace, "run_command", command="echo pgid=$$; sleep 300 & sleep 300", timeout_s=1)
     assert time.monotonic() - began < 15
     assert not outcome.ok
     assert (outcome.error or "").startswith("command timed out after 1 s; it and every process it started")
@@ -441,9 +437,7 @@ async def test_run_command_heartbeats_while_running(workspace: Path) -> None:
 async def test_cancellation_kills_the_process_group(workspace: Path) -> None:
     env = ActivityEnvironment()
     key = uuid.uuid4().hex
-    task = asyncio.create_task(
-        run_tool(workspace, "run_command", key=key, env=env, command="sleep 300 & sleep 300")
-    )
+    task = asyncio.create_task(run_tool(workspace, "run_command", key=key, env=env, command="sleep 300 & sleep 300"))
     pgid = await started_pgid(workspace, key)
     assert live_members(pgid)
     env.cancel()

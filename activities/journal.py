@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
 
-from activities.sandbox import RESERVED_DIR
+from activities.workspace import RESERVED_DIR
 from workflows.types import ToolOutcome
 
 JOURNAL_DIR = f"{RESERVED_DIR}/journal"

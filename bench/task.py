@@ -19,7 +19,7 @@ from typing import Any
 
 from activities.journal import atomic_write
 from activities.model import REQUEST_TIMEOUT_S, _reply, openai_sdk, post_chat_completion
-from activities.sandbox import Workspace
+from activities.workspace import Workspace
 from workflows.context import initial_messages, openai_message
 from workflows.tool_specs import RunCommandArgs, WriteFileArgs, openai_tool_schemas, parse_tool_call
 from workflows.types import AgentInput, Message, ModelReply, ToolCall

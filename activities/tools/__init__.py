@@ -26,16 +26,16 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
-from activities.sandbox import SandboxError
 from activities.tools import files, search
 from activities.tools.base import PATH_ERRNOS, ToolCallContext, ToolError, describe_os_error
 from activities.tools.command import INTERRUPTED, CommandRunner
+from activities.workspace import WorkspaceError
 from workflows.tool_specs import ToolArgumentError, validate_arguments
 from workflows.types import ToolCallInput, ToolOutcome
 
 __all__ = ["INTERRUPTED", "ToolActivities"]
 
-_EXPECTED = (ToolError, SandboxError, ToolArgumentError)
+_EXPECTED = (ToolError, WorkspaceError, ToolArgumentError)
 
 Work = Callable[[ToolCallContext, Any], Awaitable[ToolOutcome]]
 

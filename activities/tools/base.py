@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from activities.journal import Journal, key_digest
-from activities.sandbox import Workspace
 from activities.tools.output import OutputCapture
+from activities.workspace import Workspace
 from workflows.types import ToolCallInput, ToolOutcome
 
 MAX_LINE_CHARS = 2_000

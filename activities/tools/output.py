@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
-from activities.sandbox import RESERVED_DIR
+from activities.workspace import RESERVED_DIR
 from workflows.types import ToolOutcome
 
 OUTPUTS_DIR = f"{RESERVED_DIR}/outputs"

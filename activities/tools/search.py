@@ -9,8 +9,8 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from activities.sandbox import RESERVED_DIR, Workspace
 from activities.tools.base import ToolCallContext, ToolError, clip, decode_text, text_outcome
+from activities.workspace import RESERVED_DIR, Workspace
 from workflows.tool_specs import ListFilesArgs, SearchFilesArgs
 from workflows.types import ToolOutcome
 

@@ -15,7 +15,7 @@ RESERVED_DIR = ".durable-agent"
 """Holds the tool journal and full outputs; the model may read it but never write it."""
 
 
-class SandboxError(Exception):
+class WorkspaceError(Exception):
     """A path the tools refuse; the message is written for the model."""
 
 
@@ -26,7 +26,7 @@ class Workspace:
         self.given = os.path.abspath(folder)
         self.root = os.path.realpath(folder)
         if not os.path.isdir(self.root):
-            raise SandboxError(f"workspace folder does not exist: {folder}")
+            raise WorkspaceError(f"workspace folder does not exist: {folder}")
 
     def resolve(self, path: str, *, for_write: bool = False) -> Path:
         """The real path behind `path`, refusing anything that ends up outside the workspace.
@@ -36,13 +36,13 @@ class Workspace:
         when their target does not exist yet (a write would create it outside).
         """
         if "\0" in path:
-            raise SandboxError(f"path contains a NUL byte: {path!r}")
+            raise WorkspaceError(f"path contains a NUL byte: {path!r}")
         joined = os.path.join(self.given, path)
         real = os.path.realpath(joined)
         if not self.contains(real):
-            raise SandboxError(self._escape_message(path, joined, real))
+            raise WorkspaceError(self._escape_message(path, joined, real))
         if for_write and _inside(real, os.path.join(self.root, RESERVED_DIR)):
-            raise SandboxError(
+            raise WorkspaceError(
                 f"{path} is inside {RESERVED_DIR}/, where durable-agent keeps its journal and "
                 "saved outputs; write somewhere else"
             )

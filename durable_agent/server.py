@@ -7,7 +7,6 @@ attributes registered at start so the Web UI can show and filter them.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
@@ -179,11 +178,3 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True

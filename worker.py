@@ -16,6 +16,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.model import ModelActivities, openai_sdk
 from activities.tools import ToolActivities
+from durable_agent import telemetry
 from durable_agent.connection import connect, task_queue
 from durable_agent.takeover import take_over, worker_identity
 from workflows.agent import AgentWorkflow
@@ -98,6 +99,7 @@ def _report_takeover(takeover: asyncio.Task[int]) -> None:
 
 def main() -> None:
     asyncio.run(run_worker())
+    telemetry.shutdown()  # export the last spans: os._exit below skips the exporters' own exit hooks
     # The core bridge can abort at interpreter exit (PyGILState_Release) while its runtime
     # winds down; everything is shut down by now, so leave without running finalizers.
     sys.stdout.flush()

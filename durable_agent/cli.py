@@ -31,7 +31,7 @@ from temporalio.client import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from durable_agent import demo_model, render
+from durable_agent import demo_model, render, telemetry
 from durable_agent.connection import home, task_queue
 from durable_agent.console import Console
 from durable_agent.follow import EXIT_CODES, EXIT_FAILED, QUERY_TIMEOUT, failure_text, follow, snapshot_status
@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     console = Console(demo_model.LABEL if _demo_mode(args) else None)
     code = _dispatch(args, console)
+    telemetry.shutdown()  # export the last spans: os._exit below skips the exporters' own exit hooks
     sys.stdout.flush()
     sys.stderr.flush()
     # The Temporal core bridge can abort while the interpreter finalizes (sdk-python#300,

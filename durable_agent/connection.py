@@ -14,6 +14,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
 
+from durable_agent import telemetry
 from workflows.types import TASK_QUEUE
 
 DEFAULT_ADDRESS = "localhost:7233"
@@ -37,4 +38,8 @@ def connect_config(address: str | None = None) -> dict[str, Any]:
 
 
 async def connect(address: str | None = None) -> Client:
-    return await Client.connect(**connect_config(address), data_converter=pydantic_data_converter)
+    return await Client.connect(
+        **connect_config(address),
+        data_converter=pydantic_data_converter,
+        interceptors=telemetry.client_interceptors(),  # traces, when the OTEL_* variables ask for them
+    )

@@ -1,0 +1,170 @@
+"""Traces: one trace per run, GenAI spans with the right parents and attributes, no span
+emitted twice when workflows replay, one trace across continue-as-new."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+
+from durable_agent.connection import connect_config
+from durable_agent.model_server import ModelServer
+from durable_agent.server import EmbeddedServer
+from durable_agent.telemetry import AgentTracing, tracer_provider
+from tests.helpers import start
+from tests.scripts import Script, tools
+from worker import build_worker
+
+GENAI_KINDS = ("invoke_agent", "chat", "execute_tool")
+
+
+@pytest.fixture(scope="module")
+def exporter() -> Iterator[InMemorySpanExporter]:
+    memory = InMemorySpanExporter()
+    yield memory
+    memory.shutdown()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def traced_client(temporal_server: EmbeddedServer, exporter: InMemorySpanExporter) -> AsyncIterator[Client]:
+    tracing = AgentTracing(tracer_provider([exporter], batch=False))
+    yield await Client.connect(
+        **connect_config(temporal_server.address), data_converter=pydantic_data_converter, interceptors=[tracing]
+    )
+    tracing.provider.shutdown()
+
+
+def spans_of(exporter: InMemorySpanExporter, workflow_id: str) -> list[ReadableSpan]:
+    """Every span of the trace whose invoke_agent span names this run."""
+    finished = exporter.get_finished_spans()
+    runs = [s for s in finished if s.name == "invoke_agent" and s.attributes["gen_ai.agent.id"] == workflow_id]
+    assert len(runs) == 1, [s.name for s in runs]
+    return [s for s in finished if s.context.trace_id == runs[0].context.trace_id]
+
+
+def genai_parent(span: ReadableSpan, by_id: dict[int, ReadableSpan]) -> ReadableSpan | None:
+    """The nearest ancestor that is a GenAI span (Temporal's own spans lie in between)."""
+    parent = by_id.get(span.parent.span_id) if span.parent else None
+    while parent is not None and not parent.name.startswith(GENAI_KINDS):
+        parent = by_id.get(parent.parent.span_id) if parent.parent else None
+    return parent
+
+
+def two_tool_steps() -> Script:
+    return Script(
+        [
+            tools(("write_file", {"path": "a.txt", "content": "hi\n"}), ("list_files", {}), input_tokens=100),
+            tools(("run_command", {"command": "cat a.txt"}), input_tokens=200),
+        ],
+        final="all done",
+    )
+
+
+async def test_a_run_is_one_trace_of_genai_spans_under_its_invoke_agent_span(
+    traced_client: Client, exporter: InMemorySpanExporter, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = two_tool_steps()
+    async with build_worker(traced_client, task_queue):
+        handle = await start(traced_client, task_queue, goal="write and read", workspace=str(workspace))
+        result = await handle.result()
+    assert result.state == "completed"
+    spans = spans_of(exporter, handle.id)
+    by_id = {s.context.span_id: s for s in spans}
+    run = next(s for s in spans if s.name == "invoke_agent")
+    # The client's StartWorkflow span is the run's parent: the trace began where it was started.
+    assert by_id[run.parent.span_id].name == "StartWorkflow:AgentWorkflow"
+    assert run.attributes["durable_agent.state"] == "completed"
+    assert run.attributes["gen_ai.usage.input_tokens"] == result.usage.input_tokens
+    assert run.end_time > run.start_time
+
+    chats = [s for s in spans if s.name.startswith("chat ")]
+    assert [s.name for s in chats] == ["chat gpt-4.1-mini"] * 3
+    assert all(genai_parent(s, by_id) is run for s in chats)
+    assert by_id[chats[0].parent.span_id].name == "RunActivity:call_model"
+    first = min(chats, key=lambda s: s.start_time)
+    assert first.attributes["gen_ai.operation.name"] == "chat"
+    assert first.attributes["gen_ai.provider.name"] == "openai"
+    assert first.attributes["gen_ai.request.model"] == "gpt-4.1-mini"
+    assert first.attributes["gen_ai.usage.input_tokens"] == 100
+    assert "error.type" not in first.attributes
+    assert sum(s.attributes["gen_ai.usage.output_tokens"] for s in chats) == result.usage.output_tokens
+
+    tool_spans = sorted((s for s in spans if s.name.startswith("execute_tool ")), key=lambda s: s.start_time)
+    assert sorted(s.name for s in tool_spans) == [
+        "execute_tool list_files",
+        "execute_tool run_command",
+        "execute_tool write_file",
+    ]
+    assert all(genai_parent(s, by_id) is run for s in tool_spans)
+    assert all(s.attributes["durable_agent.tool.outcome"] == "ok" for s in tool_spans)
+    assert len({s.attributes["gen_ai.tool.call.id"] for s in tool_spans}) == 3
+    # No message content unless opted in.
+    assert not any("gen_ai.input.messages" in s.attributes for s in chats)
+
+
+async def test_no_span_is_emitted_twice_when_every_workflow_task_is_a_replay(
+    traced_client: Client, exporter: InMemorySpanExporter, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = two_tool_steps()
+    async with build_worker(traced_client, task_queue, max_cached_workflows=0):
+        handle = await start(traced_client, task_queue, goal="write and read", workspace=str(workspace))
+        assert (await handle.result()).state == "completed"
+    spans = spans_of(exporter, handle.id)
+    counts = Counter(s.name for s in spans)
+    assert counts["RunWorkflow:AgentWorkflow"] == 1
+    assert counts["CompleteWorkflow:AgentWorkflow"] == 1
+    assert counts["StartActivity:call_model"] == 3
+    assert counts["chat gpt-4.1-mini"] == 3
+    assert counts["execute_tool run_command"] == 1
+    ids = Counter(s.context.span_id for s in spans)
+    assert max(ids.values()) == 1
+
+
+async def test_a_run_that_continues_as_new_stays_one_trace_under_one_invoke_agent_span(
+    traced_client: Client, exporter: InMemorySpanExporter, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    steps = 12
+    model_server.responder = Script(
+        [tools(("write_file", {"path": f"{n}.txt", "content": "x"})) for n in range(steps)], final="done"
+    )
+    async with build_worker(traced_client, task_queue):
+        handle = await start(
+            traced_client, task_queue, goal="many steps", workspace=str(workspace), continue_as_new_every=10
+        )
+        result = await handle.result()
+    assert result.steps == steps + 1
+    spans = spans_of(exporter, handle.id)
+    by_id = {s.context.span_id: s for s in spans}
+    run = next(s for s in spans if s.name == "invoke_agent")
+    counts = Counter(s.name for s in spans)
+    assert counts["RunWorkflow:AgentWorkflow"] == 2  # two runs of the chain, one trace
+    assert counts["chat gpt-4.1-mini"] == steps + 1
+    assert all(genai_parent(s, by_id) is run for s in spans if s.name.startswith(("chat", "execute_tool")))
+    assert run.attributes["durable_agent.steps"] == steps + 1
+    first_run_start = min(s.start_time for s in spans if s.name == "RunWorkflow:AgentWorkflow")
+    assert run.start_time <= first_run_start
+
+
+def test_nothing_is_set_up_without_otel_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    from durable_agent import telemetry
+
+    for name in ("OTEL_TRACES_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    assert telemetry.span_exporters_from_env() == []
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318")
+    assert [type(e).__name__ for e in telemetry.span_exporters_from_env()] == ["OTLPSpanExporter"]
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console,none")
+    assert [type(e).__name__ for e in telemetry.span_exporters_from_env()] == ["ConsoleSpanExporter"]
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    assert telemetry.span_exporters_from_env() == []
+    monkeypatch.delenv("OTEL_SDK_DISABLED")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin")
+    with pytest.raises(telemetry.TelemetryError, match="not supported"):
+        telemetry.span_exporters_from_env()

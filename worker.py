@@ -15,6 +15,7 @@ from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.model import ModelActivities, openai_sdk
+from activities.redaction import RedactingInterceptor
 from activities.tools import ToolActivities
 from durable_agent import telemetry
 from durable_agent.connection import connect, task_queue
@@ -58,6 +59,8 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
         "workflows": [AgentWorkflow],
         "workflow_runner": WORKFLOW_RUNNER,
         "activities": [ModelActivities().call_model, *ToolActivities().all()],
+        # Innermost of the worker's interceptors: what leaves an activity is redacted first.
+        "interceptors": [RedactingInterceptor()],
         "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
         "graceful_shutdown_timeout": timedelta(seconds=5),

@@ -8,7 +8,8 @@ first attempt got. Tools with side effects therefore record, per idempotency key
 
 Every write is atomic and durable (temp file, fsync, rename, fsync of the folder), so a
 reader sees a whole entry or none. The journal lives in the workspace because the
-workspace is what every worker that runs its tools can see (DESIGN §8).
+workspace is what every worker that runs its tools can see (DESIGN §8). Entries are
+redacted of secrets (activities/redaction.py) and readable by the worker's user only.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from typing import Any
 from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
 
+from activities.redaction import worker_redactor
 from activities.workspace import RESERVED_DIR
 from workflows.types import ToolOutcome
 
 JOURNAL_DIR = f"{RESERVED_DIR}/journal"
+ENTRY_MODE = 0o600
 
 
 def key_digest(idempotency_key: str) -> str:
@@ -53,10 +56,10 @@ class Journal:
 
     def start(self, key: str, record: dict[str, Any]) -> None:
         """Note (or update) what an attempt is about to do or is doing."""
-        atomic_write(self._path(key, "started"), _dumps({"key": key, **record}))
+        atomic_write(self._path(key, "started"), _dumps({"key": key, **record}), ENTRY_MODE)
 
     def complete(self, key: str, outcome: ToolOutcome) -> None:
-        atomic_write(self._path(key, "done"), _dumps({"key": key, "outcome": outcome.model_dump()}))
+        atomic_write(self._path(key, "done"), _dumps({"key": key, "outcome": outcome.model_dump()}), ENTRY_MODE)
         self._path(key, "started").unlink(missing_ok=True)
 
     def forget_start(self, key: str) -> None:
@@ -79,14 +82,14 @@ class Journal:
         return entry
 
 
-def atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     """Replace `path` with `data`: a crash or a reader sees the old content or the new, never a mix.
 
-    Parent folders are created. An existing file keeps its permission bits; a new one
-    gets the usual umask-filtered 0o666.
+    Parent folders are created. The file gets `mode` if given; otherwise an existing file
+    keeps its permission bits and a new one gets the usual umask-filtered 0o666.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    mode = _existing_mode(path)
+    mode = _existing_mode(path) if mode is None else mode
     temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
@@ -120,7 +123,7 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def _dumps(entry: dict[str, Any]) -> bytes:
-    return json.dumps(entry, ensure_ascii=False, indent=1).encode()
+    return json.dumps(worker_redactor().value(entry), ensure_ascii=False, indent=1).encode()
 
 
 def _corrupt(path: Path) -> ApplicationError:

@@ -23,6 +23,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.pricing import price_of
+from activities.redaction import worker_redactor
 from workflows.tool_specs import openai_tool_schemas
 from workflows.types import ModelCallInput, ModelReply, ToolCall
 
@@ -139,12 +140,14 @@ def _status_error(e: APIStatusError) -> ApplicationError:
 
 
 def _error_detail(e: APIStatusError) -> str:
+    """The endpoint's message, redacted before it is cut: a cut could leave half a secret."""
     body = e.body
+    detail = str(e.message)
     if isinstance(body, dict):
         inner = body.get("error", body)
         if isinstance(inner, dict) and inner.get("message"):
-            return str(inner["message"])[:300]
-    return str(e.message)[:300]
+            detail = str(inner["message"])
+    return worker_redactor().text(detail)[:300]
 
 
 def retry_after(response: Any) -> timedelta | None:

@@ -31,6 +31,7 @@ from temporalio.client import (
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.redaction import worker_redactor
 from durable_agent import demo_model, render, telemetry
 from durable_agent.connection import home, task_queue
 from durable_agent.console import Console
@@ -428,7 +429,9 @@ async def export_run(args: argparse.Namespace, console: Console) -> int:
     except RPCError as e:
         message = f"no worker answered the transcript query ({e.message}); start one with `durable-agent worker`"
         raise CliError(message) from None
-    lines = [m.model_dump_json(exclude_none=True) for m in messages]
+    # Redacted again with this machine's secrets: runs recorded before redaction existed.
+    redactor = worker_redactor()
+    lines = [redactor.value(m).model_dump_json(exclude_none=True) for m in messages]
     if args.output is None:
         console.lines(lines)
         return EXIT_OK

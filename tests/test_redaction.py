@@ -1,0 +1,218 @@
+"""Secrets never reach history, the journal, saved outputs or the transcript export.
+
+Judged by bytes: the serialized history events and the files on disk, never the tools' words.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import string
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+from temporalio.exceptions import ApplicationError
+
+from activities.journal import JOURNAL_DIR
+from activities.redaction import Redactor, StreamRedactor, secret_env, worker_redactor
+from activities.tools.output import OUTPUTS_DIR
+from durable_agent.model_server import Failure, ModelServer, Reply
+from tests.helpers import start, wait_for
+from tests.scripts import Script, answer
+from tests.test_cli import cli_env, durable_agent
+from worker import build_worker
+from workflows.types import Message
+
+
+def _random(alphabet: str, n: int) -> str:
+    return "".join(secrets.choice(alphabet) for _ in range(n))
+
+
+ALNUM = string.ascii_letters + string.digits
+
+
+class Secrets:
+    """One fresh value of every secret shape, and the label each must be replaced by."""
+
+    def __init__(self) -> None:
+        self.env = {
+            "DA_TEST_DEPLOY_TOKEN": "tok-" + _random(ALNUM, 24),  # secret by its name
+            "DA_TEST_PLAIN_VALUE": "plain-" + _random(ALNUM, 24),  # secret by DURABLE_AGENT_SECRET_ENV
+        }
+        key_body = _random(ALNUM + "+/", 64)
+        self.shapes = {
+            "openai-key": "sk-proj-" + _random(ALNUM, 40) + "7",
+            "github-token": "ghp_" + _random(ALNUM, 36),
+            "aws-access-key-id": "AKIA" + _random(string.ascii_uppercase + string.digits, 16),
+            "slack-token": "xoxb-" + _random(string.digits, 12) + "-" + _random(ALNUM, 24),
+            "bearer-token": _random(ALNUM, 40),
+        }
+        self.pat = "github_pat_" + _random(ALNUM, 22) + "_" + _random(ALNUM, 59)
+        self.key_body = key_body
+        self.text = "\n".join(
+            [
+                f"env {self.env['DA_TEST_DEPLOY_TOKEN']} {self.env['DA_TEST_PLAIN_VALUE']}",
+                self.shapes["openai-key"],
+                f"{self.shapes['github-token']} {self.pat}",
+                self.shapes["aws-access-key-id"],
+                self.shapes["slack-token"],
+                f"Bearer {self.shapes['bearer-token']}",
+                "-----BEGIN RSA PRIVATE KEY-----",
+                key_body,
+                "-----END RSA PRIVATE KEY-----",
+                "",
+            ]
+        )
+
+    def needles(self) -> list[str]:
+        return [*self.env.values(), *self.shapes.values(), self.pat, self.key_body]
+
+    def labels(self) -> list[str]:
+        return [f"[REDACTED:{name}]" for name in [*self.env, *self.shapes, "private-key"]]
+
+    def assert_redacted(self, where: str, text: str) -> None:
+        leaked = [needle for needle in self.needles() if needle in text]
+        assert not leaked, f"{where} holds secrets {leaked}"
+        missing = [label for label in self.labels() if label not in text]
+        assert not missing, f"{where} lacks {missing}: it never carried the secrets, the check proves nothing"
+
+
+@pytest.fixture
+def planted(monkeypatch: pytest.MonkeyPatch) -> Secrets:
+    planted = Secrets()
+    for name, value in planted.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("DURABLE_AGENT_SECRET_ENV", "OTHER_NAME, DA_TEST_PLAIN_*")
+    return planted
+
+
+# --- the redactor itself ----------------------------------------------------------------
+
+
+def test_every_shape_and_secret_variable_is_replaced_by_its_label(planted: Secrets) -> None:
+    redacted = worker_redactor().text(planted.text)
+    planted.assert_redacted("redacted text", redacted)
+    assert "\nBearer [REDACTED:bearer-token]\n" in redacted
+    assert worker_redactor().text(redacted) == redacted  # labels never match again
+
+
+def test_short_values_ordinary_words_and_bytes_are_left_alone() -> None:
+    redactor = Redactor(secret_env({"PIN_PASSWORD": "1234", "KEYBOARD": "us", "DB_PASSWORD": "hunter2hunter2"}))
+    text = "pin 1234 keyboard us; risk-management-and-compliance-report; AKIA_IS_A_PREFIX; Bearer token"
+    assert redactor.text(text) == text
+    assert redactor.text("pw=hunter2hunter2") == "pw=[REDACTED:DB_PASSWORD]"
+    assert redactor.value(b"hunter2hunter2") == b"hunter2hunter2"
+    nested = {"n": 1, "items": ["hunter2hunter2", 2.5]}
+    assert redactor.value(nested) == {"n": 1, "items": ["[REDACTED:DB_PASSWORD]", 2.5]}
+
+
+def test_a_rotation_list_value_is_redacted_part_by_part() -> None:
+    one, two = "A" * 43 + "=", "B" * 43 + "="
+    redactor = Redactor({"DURABLE_AGENT_ENCRYPTION_KEY": f"new:{one},old:{two}"})
+    label = "[REDACTED:DURABLE_AGENT_ENCRYPTION_KEY]"
+    assert redactor.text(f"{two} {one}") == f"{label} {label}"
+
+
+def test_json_text_stays_valid_json(planted: Secrets) -> None:
+    arguments = json.dumps({"path": "a.txt", "content": planted.text})
+    redacted = worker_redactor().text(arguments)
+    planted.assert_redacted("arguments", json.loads(redacted)["content"])
+
+
+def test_a_stream_cut_anywhere_is_redacted_as_a_whole(planted: Secrets) -> None:
+    data = ("filler line\n" * 50 + planted.text) * 3
+    blob = data.encode() + b"\xff\xfe binary tail"
+    for size in (1, 7, 64, 4096):
+        stream = StreamRedactor(worker_redactor(), max_hold=256, overlap=128)
+        out = b"".join(stream.feed(blob[i : i + size]) for i in range(0, len(blob), size)) + stream.flush()
+        planted.assert_redacted(f"stream in {size}-byte chunks", out.decode(errors="replace"))
+        assert out.endswith(b"\xff\xfe binary tail")
+    unended = StreamRedactor(worker_redactor())
+    cut = unended.feed(f"-----BEGIN PRIVATE KEY-----\n{planted.key_body}\n".encode()) + unended.flush()
+    assert planted.key_body.encode() not in cut and b"[REDACTED:private-key]" in cut
+
+
+def test_an_error_keeps_its_type_and_retry_behaviour_and_loses_its_secrets(planted: Secrets) -> None:
+    try:
+        try:
+            raise ConnectionError(planted.text)
+        except ConnectionError as inner:
+            raise ApplicationError(planted.text, planted.text, type="ModelHttp401", non_retryable=True) from inner
+    except ApplicationError as e:
+        redacted = worker_redactor().error(e)
+    assert redacted.type == "ModelHttp401" and redacted.non_retryable
+    planted.assert_redacted("message", redacted.message)
+    planted.assert_redacted("details", redacted.details[0])
+    cause = redacted.__cause__
+    assert isinstance(cause, ApplicationError) and cause.type == "ConnectionError" and not cause.non_retryable
+    planted.assert_redacted("cause", cause.message)
+    assert redacted.__traceback__ is not None
+
+
+# --- a real run: every channel, judged by the bytes in history and on disk --------------
+
+
+async def test_secrets_in_every_channel_stay_out_of_history_and_files(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path, planted: Secrets
+) -> None:
+    filler = "".join(f"filler line {i}\n" for i in range(200))
+    (workspace / "secrets.txt").write_text(planted.text + filler + planted.text + filler + planted.text)
+    endpoint_failed = []
+
+    def first_turn(request: dict) -> Reply | Failure:
+        if not endpoint_failed:  # the endpoint's error message carries the secrets once
+            endpoint_failed.append(True)
+            return Failure(400, message=planted.text)
+        return Reply(
+            content=planted.text,
+            tool_calls=[
+                ("run_command", {"command": "cat secrets.txt"}),
+                ("read_file", {"path": "secrets.txt"}),
+                ("write_file", {"path": "echo.txt", "content": planted.text}),
+            ],
+        )
+
+    model_server.responder = Script([first_turn, answer(planted.text)])
+    async with build_worker(client, task_queue):
+        handle = await start(
+            client, task_queue, goal="read the secrets", workspace=str(workspace), context={"tool_output_chars": 500}
+        )
+        status = await wait_for(handle, lambda s: s.state == "needs_attention")
+        planted.assert_redacted("attention report", status.attention.last_error)
+        await handle.execute_update("resolve", {"action": "retry"})
+        result = await handle.result()
+        transcript = await handle.query("transcript", result_type=list[Message])
+    planted.assert_redacted("final answer", result.output)
+    tool_messages = {m.tool_call_id: m.content or "" for m in transcript if m.role == "tool"}
+    assert len(tool_messages) == 3
+    for call_id, content in list(tool_messages.items())[:2]:  # run_command, read_file
+        planted.assert_redacted(f"tool result {call_id}", content)
+    planted.assert_redacted("the model's arguments, as the tool got them", (workspace / "echo.txt").read_text())
+
+    history = await handle.fetch_history()
+    planted.assert_redacted("history", b"".join(e.SerializeToString() for e in history.events).decode(errors="replace"))
+
+    saved = list((workspace / OUTPUTS_DIR).iterdir())
+    assert len(saved) == 1  # the command's output, cut for the model (read_file pages instead)
+    for path in saved:
+        planted.assert_redacted(str(path), path.read_text())
+    entries = list((workspace / JOURNAL_DIR).iterdir())
+    assert [path for path in entries if path.stat().st_mode & 0o777 != 0o600] == []
+    planted.assert_redacted("journal", "".join(path.read_text() for path in entries))
+
+
+async def test_export_redacts_a_run_recorded_without_redaction(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path, planted: Secrets
+) -> None:
+    model_server.responder = Script([answer(planted.text)])
+    # A worker as it was before redaction existed: the secrets reach history.
+    async with build_worker(client, task_queue, interceptors=[]):
+        handle = await start(client, task_queue, goal="say it", workspace=str(workspace))
+        await handle.result()
+        history = await handle.fetch_history()
+        assert planted.shapes["openai-key"].encode() in b"".join(e.SerializeToString() for e in history.events)
+        out = workspace / "t.jsonl"
+        exported = await durable_agent("export", handle.id, "-o", str(out), env=cli_env())
+    assert exported.returncode == 0, exported
+    planted.assert_redacted("export", out.read_text())

@@ -176,7 +176,7 @@ async def test_secrets_in_every_channel_stay_out_of_history_and_files(
     model_server.responder = Script([first_turn, answer(planted.text)])
     async with build_worker(client, task_queue):
         handle = await start(
-            client, task_queue, goal="read the secrets", workspace=str(workspace), context={"tool_output_chars": 500}
+            client, task_queue, goal="read the secrets", workspace=str(workspace), context={"tool_output_chars": 1_500}
         )
         status = await wait_for(handle, lambda s: s.state == "needs_attention")
         planted.assert_redacted("attention report", status.attention.last_error)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
+from activities.redaction import StreamRedactor, worker_redactor
 from activities.workspace import RESERVED_DIR
 from workflows.types import ToolOutcome
 
@@ -21,6 +22,7 @@ class OutputCapture:
     Memory stays within the budget however much the stream carries: until the stream
     outgrows the budget everything is kept in memory; from then on the head is frozen,
     the tail rolls, and every byte also goes to `<workspace>/.durable-agent/outputs/`.
+    The stream is redacted of secrets (activities/redaction.py) before it is kept or saved.
     """
 
     def __init__(self, budget_chars: int, workspace_root: str, digest: str) -> None:
@@ -32,6 +34,7 @@ class OutputCapture:
         self._head = bytearray()
         self._tail = bytearray()
         self._file: BinaryIO | None = None
+        self._redactor = StreamRedactor(worker_redactor())
         self.total = 0
 
     @property
@@ -39,6 +42,9 @@ class OutputCapture:
         return self._file is not None
 
     def write(self, data: bytes) -> None:
+        self._keep(self._redactor.feed(data))
+
+    def _keep(self, data: bytes) -> None:
         if self._file is None and self.total + len(data) > self._head_max + self._tail_max:
             self._spill()
         if self._file is not None:
@@ -71,6 +77,7 @@ class OutputCapture:
         )
 
     def close(self) -> None:
+        self._keep(self._redactor.flush())
         if self._file is not None:
             self._file.close()
 

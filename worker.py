@@ -9,6 +9,7 @@ import asyncio
 import os
 import signal
 import sys
+from contextlib import AbstractAsyncContextManager, nullcontext
 from datetime import timedelta
 
 from temporalio.client import Client
@@ -18,8 +19,10 @@ from activities.model import ModelActivities, openai_sdk
 from activities.redaction import RedactingInterceptor
 from activities.tools import ToolActivities
 from durable_agent import telemetry
-from durable_agent.connection import connect, task_queue
+from durable_agent.connection import connect
+from durable_agent.model_queue import ModelQueueInterceptor
 from durable_agent.takeover import take_over, worker_identity
+from durable_agent.worker_settings import WorkerSettings, worker_settings
 from workflows.agent import AgentWorkflow
 
 STICKY_TIMEOUT = timedelta(seconds=1)
@@ -52,8 +55,11 @@ commands run long enough to send more than the first."""
 
 
 def build_worker(client: Client, queue: str | None = None, **overrides: object) -> Worker:
+    """The worker of the agent task queue: the workflows, the tools and, unless they have a
+    queue of their own, the model calls."""
+    settings = worker_settings(queue)
     options: dict[str, object] = {
-        "task_queue": queue or task_queue(),
+        "task_queue": settings.task_queue,
         # Names this process so that a replacement can tell, at start, that it is gone.
         "identity": worker_identity(),
         "workflows": [AgentWorkflow],
@@ -64,9 +70,41 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
         "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
         "graceful_shutdown_timeout": timedelta(seconds=5),
+        **worker_slots(settings),
     }
+    if settings.model_queue_is_separate:
+        options["interceptors"] = [ModelQueueInterceptor(settings.model_task_queue)]
+    elif settings.model_rps is not None:
+        options["max_task_queue_activities_per_second"] = settings.model_rps
     options.update(overrides)
     return Worker(client, **options)  # type: ignore[arg-type]
+
+
+def build_model_worker(client: Client, queue: str | None = None) -> Worker | None:
+    """The worker of the model task queue when it is not the agent queue; None otherwise.
+    Its rate (`DURABLE_AGENT_MODEL_RPS`) is enforced by the server for every worker of it."""
+    settings = worker_settings(queue)
+    if not settings.model_queue_is_separate:
+        return None
+    return Worker(
+        client,
+        task_queue=settings.model_task_queue,
+        identity=worker_identity(),
+        activities=[ModelActivities().call_model],
+        max_task_queue_activities_per_second=settings.model_rps,
+        max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
+        graceful_shutdown_timeout=timedelta(seconds=5),
+        max_concurrent_activities=settings.max_concurrent_activities,
+    )
+
+
+def worker_slots(settings: WorkerSettings) -> dict[str, int]:
+    return {
+        "max_concurrent_activities": settings.max_concurrent_activities,
+        "max_concurrent_workflow_tasks": settings.max_concurrent_workflow_tasks,
+        "max_concurrent_local_activities": settings.max_concurrent_local_activities,
+        "max_cached_workflows": settings.max_cached_workflows,
+    }
 
 
 def start_takeover(worker: Worker) -> asyncio.Task[int]:
@@ -83,8 +121,11 @@ async def run_worker(address: str | None = None, queue: str | None = None) -> No
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     client = await connect(address)
-    async with build_worker(client, queue) as worker:
-        print(f"worker polling task queue {queue or task_queue()!r}", flush=True)
+    async with build_worker(client, queue) as worker, _optional(build_model_worker(client, queue)):
+        settings = worker_settings(queue)
+        print(f"worker polling task queue {settings.task_queue!r}", flush=True)
+        if settings.model_queue_is_separate:
+            print(f"model calls on task queue {settings.model_task_queue!r}", flush=True)
         takeover = start_takeover(worker)
         takeover.add_done_callback(_report_takeover)
         # Polling first: a replacement worker takes over tool calls ~1 s sooner. Importing
@@ -93,6 +134,10 @@ async def run_worker(address: str | None = None, queue: str | None = None) -> No
         await asyncio.to_thread(openai_sdk)
         await stop.wait()
         takeover.cancel()
+
+
+def _optional(worker: Worker | None) -> AbstractAsyncContextManager[object]:
+    return worker if worker is not None else nullcontext()
 
 
 def _report_takeover(takeover: asyncio.Task[int]) -> None:

@@ -1,8 +1,10 @@
 """The `call_model` activity: one chat completion through the `openai` SDK.
 
-The workflow runs it as a local activity, so its input (the whole context) stays in the
-worker's memory: history records only the reply, and grows by the model's reply per step
-instead of by the whole transcript.
+A regular activity: while the model answers, no workflow task is held and history does not
+grow; the call heartbeats, so a dead worker's call is retried within seconds and the Web UI
+shows it as pending with its attempt, last failure and heartbeat details. Its input names
+the context rather than holding it (activities/model_context.py), so history records the
+reply, not the transcript. Runs recorded while it was a local activity replay as such.
 
 Retries belong to Temporal alone (`max_retries=0`): HTTP 408/409/429/5xx and connection
 errors are retryable, honouring `Retry-After`; 400/401/403/404/422 are not.
@@ -22,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import model_context
+from activities.heartbeat import heartbeating
 from activities.pricing import price_of
 from activities.redaction import worker_redactor
 from workflows.tool_specs import openai_tool_schemas
@@ -72,16 +76,20 @@ class ModelActivities:
 
     @activity.defn(name="call_model")
     async def call_model(self, input: ModelCallInput) -> ModelReply:
-        """Run by the workflow as a local activity (see workflows/options.py): no heartbeats;
-        a worker that dies mid-call loses its workflow task, and the next worker calls again."""
         client = await self._openai()
         openai = openai_sdk()
-        try:
-            response = await post_chat_completion(client, _request(input))
-        except openai.APIStatusError as e:
-            raise _status_error(e) from e
-        except (openai.APIConnectionError, openai.APITimeoutError) as e:
-            raise ApplicationError(f"model endpoint unreachable: {e}", type="ModelUnavailable") from e
+        progress: dict[str, Any] = {"model": input.model, "phase": "reading the context"}
+        async with heartbeating(progress):
+            messages = input.messages
+            if input.context is not None:
+                messages, progress["context_from"] = await model_context.fetch(input.context)
+            progress.update(phase="waiting for the model", messages=len(messages))
+            try:
+                response = await post_chat_completion(client, _request(input.model, messages, input.tools))
+            except openai.APIStatusError as e:
+                raise _status_error(e) from e
+            except (openai.APIConnectionError, openai.APITimeoutError) as e:
+                raise ApplicationError(f"model endpoint unreachable: {e}", type="ModelUnavailable") from e
         return _reply(input.model, response)
 
 
@@ -94,10 +102,10 @@ async def post_chat_completion(client: AsyncOpenAI, request: dict[str, Any]) -> 
     return await client.post("/chat/completions", body=request, cast_to=chat.ChatCompletion)
 
 
-def _request(input: ModelCallInput) -> dict[str, Any]:
-    request: dict[str, Any] = {"model": input.model, "messages": input.messages}
-    if input.tools:
-        request["tools"] = openai_tool_schemas(input.tools)
+def _request(model: str, messages: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
+    request: dict[str, Any] = {"model": model, "messages": messages}
+    if tools:
+        request["tools"] = openai_tool_schemas(tools)
     return request
 
 

@@ -8,6 +8,7 @@ import sys
 COMMANDS = {
     "compare": ("bench.compare", "durable-agent against its peers; writes bench/RESULTS.md"),
     "chaos": ("bench.chaos", "worker kills and server restarts under load; checks nothing is lost or doubled"),
+    "fleet": ("bench.fleet", "many agents against a slow model, beside a plain Temporal loop"),
     "history": ("bench.history", "history bytes per step on one long run"),
     "recovery": ("bench.recovery", "time from a worker SIGKILL to the next step, over repeated kills"),
     "replay": ("bench.replay", "a new worker's replay of a run, with and without the SDK's sandbox"),

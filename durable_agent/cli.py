@@ -253,20 +253,29 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 async def work(args: argparse.Namespace, console: Console) -> int:
-    from worker import build_worker, start_takeover  # imports every activity (and openai): only here
+    from durable_agent.worker_settings import SettingsError
+    from worker import build_model_worker, build_worker, start_takeover  # imports every activity: only here
 
     client = await connect_client()
-    worker = build_worker(client, task_queue())
-    running = asyncio.create_task(worker.run())
-    takeover = start_takeover(worker)
+    try:
+        workers = [build_worker(client, task_queue())]
+        model_worker = build_model_worker(client, task_queue())
+    except SettingsError as e:
+        raise CliError(str(e)) from None
+    if model_worker is not None:
+        workers.append(model_worker)
+    running = asyncio.gather(*(w.run() for w in workers))
+    takeover = start_takeover(workers[0])
     console.line(f"worker polling task queue {task_queue()} on {configured_address()}; Ctrl-C stops it")
+    if model_worker is not None:
+        console.line(f"model calls on task queue {model_worker.config()['task_queue']}")
     try:
         finished = await _until_signalled(asyncio.shield(running))
     except Exception as e:  # a fatal worker error, e.g. the server went away for good
         raise CliError(f"the worker stopped: {e}") from None
     if finished is None:
         console.line("stopping: in-flight activities get a few seconds to finish")
-        await worker.shutdown()
+        await asyncio.gather(*(w.shutdown() for w in workers))
         await running
     takeover.cancel()
     console.line("worker stopped")

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory
 
 from durable_agent.connection import task_queue as default_task_queue
+from workflows import options
 from workflows.status_view import start_details
 from workflows.types import WORKFLOW_TYPE, AgentInput, AgentResult
 
-WORKFLOW_TASK_TIMEOUT = timedelta(seconds=1.5)
+WORKFLOW_TASK_TIMEOUT = options.WORKFLOW_TASK_TIMEOUT
 """A workflow task held by a SIGKILLed worker is handed to another after this long (the
 server's default is 10 s). Workflow tasks are in flight most of a step's time (three a
 step; the model call is a local activity inside one), so most kills land here: recovery

@@ -12,8 +12,10 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
 from durable_agent.model_server import ModelServer
+from durable_agent.runs import chain_histories
 from tests.helpers import run_cli, start
 from tests.scripts import Script, answer, tool_results, tools
+from tests.test_replay import replayer
 from workflows.types import AgentInput, AgentResult, AgentStatus, Message
 
 
@@ -62,11 +64,17 @@ async def test_history_holds_no_transcript_copy(
     handle = await start(client, task_queue, goal="write files", workspace=str(workspace))
     await handle.result()
     history = await handle.fetch_history()
+    calls = [e for e in history.events if e.activity_task_scheduled_event_attributes.activity_type.name == "call_model"]
+    replies = [e.ByteSize() for e in history.events if e.HasField("activity_task_completed_event_attributes")]
+    # Each call_model records a reference to its context, not the context (up to 120 KB,
+    # which the model did receive); its reply (one 20 KB tool call) is recorded once.
+    assert len(calls) == 7 and max(e.ByteSize() for e in calls) < 1_000
+    assert len(model_server.requests) == 7 and len(json.dumps(model_server.requests[-1])) > 6 * 20_000
+    assert len([r for r in replies if r > 20_000]) == 6 and max(replies) < 22_000
+    # write_file's input (a local activity) never enters history either: its record is the
+    # short outcome.
     markers = [e.ByteSize() for e in history.events if e.HasField("marker_recorded_event_attributes")]
-    # One record per model call, the size of its reply (one 20 KB tool call), not of the
-    # context it was sent (up to 120 KB): call_model's input never enters history. Nor does
-    # write_file's (a local activity too): its record is the short outcome.
-    assert len([m for m in markers if m > 20_000]) == 6 and max(markers) < 22_000
+    assert max(markers) < 2_000
     # So each 20 KB text is in history once, in the model's reply: a transcript re-sent with
     # every call would add 20 + 40 + ... + 120 KB.
     assert sum(e.ByteSize() for e in history.events) < 6 * 20_000 + 30_000
@@ -184,6 +192,14 @@ async def test_started_from_the_temporal_cli_exactly_as_documented(
     )
     assert queried.returncode == 0, queried.stderr
     assert "wrote hello" in queried.stdout
+    # Started with the server's 10 s task timeout, the run went on with 1.5 s before its
+    # first step: a worker killed mid-task then costs 1.5 s, however the run was started.
+    first, second = await chain_histories(client, run_id)
+    assert first.events[0].workflow_execution_started_event_attributes.workflow_task_timeout.seconds == 10
+    assert not any(e.HasField("activity_task_scheduled_event_attributes") for e in first.events)
+    assert second.events[0].workflow_execution_started_event_attributes.workflow_task_timeout.ToMilliseconds() == 1500
+    for history in (first, second):
+        assert (await replayer().replay_workflow(history)).replay_failure is None
 
 
 async def test_status_and_transcript_queries(

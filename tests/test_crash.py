@@ -111,6 +111,12 @@ async def test_run_survives_worker_kills_at_three_points(
     assert model_calls <= result.steps + kills
     turns = sorted(count_assistant_turns(r) for r in model_server.requests)
     assert len(turns) - len(set(turns)) <= kills  # at most one repeated model call per kill
+    # The call repeated on a new worker read its context from the run (its cache was
+    # empty), and was sent exactly what the first attempt was.
+    sent: dict[int, list[Any]] = {}
+    for request in model_server.requests:
+        sent.setdefault(count_assistant_turns(request), []).append(request["messages"])
+    assert all(context == contexts[0] for contexts in sent.values() for context in contexts)
 
 
 async def test_waiting_states_survive_worker_kills(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, Worker
@@ -22,8 +23,11 @@ def replayer() -> Replayer:
     )
 
 
-async def test_committed_history_replays() -> None:
-    history = WorkflowHistory.from_json("agent-run", HISTORY_FILE.read_text())
+@pytest.mark.parametrize("path", sorted(HISTORY_FILE.parent.glob("*.json")), ids=lambda p: p.stem)
+async def test_committed_histories_replay(path: Path) -> None:
+    # agent_run.json is today's scenario; agent_run_local_model_call.json was recorded
+    # while call_model was a local activity (and the file tools regular ones).
+    history = WorkflowHistory.from_json(path.stem, path.read_text())
     result = await replayer().replay_workflow(history)
     assert result.replay_failure is None
 
@@ -37,7 +41,8 @@ async def test_a_fresh_history_of_every_command_kind_replays(
         "workflow_execution_signaled_event_attributes",
         "workflow_execution_update_accepted_event_attributes",
         "upsert_workflow_search_attributes_event_attributes",
-        "marker_recorded_event_attributes",  # call_model, a local activity: replies and the failure
+        "marker_recorded_event_attributes",  # the file tools (local activities) and patches
+        "activity_task_failed_event_attributes",  # call_model: the endpoint's failure
     ):
         assert kind in kinds
     result = await replayer().replay_workflow(history)

@@ -1,6 +1,6 @@
 """`AgentWorkflow`: the agent loop, whose event history is its checkpoint.
 
-One step = one `call_model` local activity plus the tool activities it asked for (run
+One step = one `call_model` activity plus the tool activities it asked for (run
 concurrently). Every decision here is deterministic and made from recorded results:
 limits, approvals, pauses, needs-attention and continue-as-new. All I/O is in activities.
 """
@@ -14,10 +14,11 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 from temporalio import workflow
 from temporalio.common import SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError, is_cancelled_exception
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
+    from activities import model_context as context_delivery
     from workflows import limits as budget
     from workflows import options
     from workflows.approval import approval_reason
@@ -45,6 +46,8 @@ with workflow.unsafe.imports_passed_through():
         LimitsPatch,
         Message,
         ModelCallInput,
+        ModelContext,
+        ModelContextRef,
         ModelReply,
         PauseRequest,
         PendingApproval,
@@ -62,8 +65,8 @@ with workflow.unsafe.imports_passed_through():
 _M = TypeVar("_M", bound=BaseModel)
 
 MODEL_CALL_FAILED = (ActivityError, ApplicationError, TemporalTimeoutError)
-"""How a failed local activity surfaces: its own error (a non-retryable one, or the last
-attempt's), a timeout, or wrapped like a regular activity's. Cancellation is not here."""
+"""How a failed model call surfaces: wrapped in an ActivityError, or, for the local activity
+of runs recorded before it became a regular one, its own error or a timeout."""
 
 AGENT_STATE = SearchAttributeKey.for_keyword("AgentState")
 AGENT_STEP = SearchAttributeKey.for_int("AgentStep")
@@ -96,6 +99,7 @@ class AgentWorkflow:
         self._result: AgentResult | None = None
         self._published: tuple[Any, ...] = ()
         self._wire = WireContext()
+        self._in_flight: ModelContext | None = None
         try:
             self._start(_parse_input(raw_input))
         except ApplicationError as e:
@@ -115,6 +119,9 @@ class AgentWorkflow:
         # Temporal CLI must close the run with a clear error, not fail its task forever.
         if self._input_error is not None:
             raise self._input_error
+        if self._task_timeout_too_long():
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(self._input_for_next_run(), task_timeout=options.WORKFLOW_TASK_TIMEOUT)
         self._publish()
         try:
             result = await self._loop()
@@ -124,6 +131,17 @@ class AgentWorkflow:
             result = self._finish("cancelled", "cancelled")
         await workflow.wait_condition(workflow.all_handlers_finished)
         return result
+
+    def _task_timeout_too_long(self) -> bool:
+        """A run started without `start_agent`'s task timeout (e.g. a plain `temporal workflow
+        start`, 10 s) restarts at once with the short one, before its first step: a task held
+        by a killed worker is then handed on after 1.5 s, not 10 s, however the run began."""
+        timeout = workflow.info().task_timeout
+        return (
+            self._agent.carry is None
+            and (timeout is None or timeout > options.WORKFLOW_TASK_TIMEOUT)
+            and workflow.patched(options.TASK_TIMEOUT_PATCH)
+        )
 
     def _start(self, input: AgentInput) -> None:
         info = workflow.info()
@@ -218,6 +236,8 @@ class AgentWorkflow:
             try:
                 reply = await self._execute_model_call()
             except MODEL_CALL_FAILED as e:
+                if is_cancelled_exception(e):  # the run was cancelled while the model answered
+                    raise asyncio.CancelledError() from e
                 await self._needs_attention(
                     what=f"call_model ({self._carry.model}) at step {self._carry.step}",
                     error=e,
@@ -230,19 +250,34 @@ class AgentWorkflow:
     async def _execute_model_call(self) -> ModelReply:
         self._doing = f"calling {self._carry.model} (step {self._carry.step})"
         self._publish()
-        return await workflow.execute_local_activity(
-            "call_model",
-            ModelCallInput(
-                messages=self._wire.render(model_context(self._carry.messages)),
-                tools=self._agent.enabled_tools(),
-                model=self._carry.model,
-            ),
-            result_type=ModelReply,
-            start_to_close_timeout=options.MODEL_START_TO_CLOSE,
-            retry_policy=options.MODEL_RETRY,
-            local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
-            summary=f"call_model: {self._carry.model} step {self._carry.step}"[:120],
-        )
+        messages = self._wire.render(model_context(self._carry.messages))
+        summary = f"call_model: {self._carry.model} step {self._carry.step}"[:120]
+        if not workflow.patched(options.MODEL_ACTIVITY_PATCH):
+            return await workflow.execute_local_activity(
+                "call_model",
+                ModelCallInput(messages=messages, tools=self._agent.enabled_tools(), model=self._carry.model),
+                result_type=ModelReply,
+                start_to_close_timeout=options.MODEL_START_TO_CLOSE,
+                retry_policy=options.MODEL_RETRY,
+                local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
+                summary=summary,
+            )
+        ref = context_delivery.context_ref(workflow.info().run_id, messages)
+        self._in_flight = ModelContext(ref=ref, messages=messages)
+        if not workflow.unsafe.is_replaying():
+            context_delivery.offer(ref, messages)
+        try:
+            return await workflow.execute_activity(
+                "call_model",
+                ModelCallInput(context=ref, tools=self._agent.enabled_tools(), model=self._carry.model),
+                result_type=ModelReply,
+                start_to_close_timeout=options.MODEL_START_TO_CLOSE,
+                heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
+                retry_policy=options.MODEL_RETRY,
+                summary=summary,
+            )
+        finally:
+            self._in_flight = None
 
     def _record_reply(self, reply: ModelReply) -> None:
         self._carry.usage.input_tokens += reply.input_tokens
@@ -506,6 +541,14 @@ class AgentWorkflow:
     def transcript(self, request: TranscriptRequest | None = None) -> list[Message]:
         from_step = request.from_step if request else 0
         return [m for m in self._carry.messages if m.step >= from_step]
+
+    @workflow.query(name=context_delivery.MODEL_CONTEXT_QUERY)
+    def in_flight_context(self, ref: ModelContextRef) -> ModelContext:
+        """The in-flight model call's messages, for a `call_model` attempt that did not find
+        them in its worker's cache."""
+        if self._in_flight is None or self._in_flight.ref != ref:
+            raise ValueError("no model call with this context is in flight")
+        return self._in_flight
 
     # --- state and visibility ----------------------------------------------------------
 

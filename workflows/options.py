@@ -1,22 +1,23 @@
 """Timeouts and retry policies for every activity the agent runs, with the reasons.
 
 Crash recovery speed is set here and by the 1.5 s workflow task timeout (durable_agent/runs.py).
-Tools are regular activities: when a worker is SIGKILLed mid-tool, the server notices a
-missed heartbeat (1.5 s timeout; tools beat every 0.5 s and the worker sends at most one
-per 0.5 s, see worker.py) and a 0.1 s first retry puts the call on a new worker ~1.6 s after
+`call_model`, `run_command` and the file tools of runs recorded before they became local
+are regular activities: when a worker is SIGKILLed mid-call, the server notices a missed
+heartbeat (1.5 s timeout; calls beat every 0.5 s and the worker sends at most one per
+0.5 s, see worker.py) and a 0.1 s first retry puts the call on a new worker ~1.6 s after
 it last beat; sooner when a replacement worker on the same machine sees, at its start, that
-the call's worker is gone (durable_agent/takeover.py). `call_model` is a local activity, run
-inside the workflow task: a worker killed mid-call loses that task, which times out after
-1.5 s and goes to the next worker.
+the call's worker is gone (durable_agent/takeover.py). The file tools are local
+activities, run inside a workflow task: a worker killed mid-task loses that task, which
+times out after 1.5 s and goes to the next worker.
 Start-to-close timeouts only bound hung calls.
 
-Why the model call is local: it is the one activity of every step, and as a regular
-activity it cost a task round trip through the server plus a query for its context
-(~45 ms of the ~120 ms a zero-latency step took, and most of the server's CPU per step).
-Local, its input never enters history, it needs no query, and its reply is recorded in
-the same workflow task that schedules the step's tools. The price: while a call runs
-longer than 1.2 s (80 % of the task timeout) the worker extends its workflow task, three
-small events every 1.2 s, and signals and updates wait for the next extension.
+Why the model call is a regular activity: a model answers in seconds to a minute. As a
+local activity it held its run's workflow task all that time, so the worker extended the
+task every 1.2 s (three events and a server round trip each), at most 100 ran at once per
+worker, a task that expired under load was replayed and repeated the call, and a run
+started with the server's default 10 s task timeout stalled that long after a kill. As a
+regular activity it waits without holding anything; its input names the context instead
+of carrying it (activities/model_context.py), so history still records only the reply.
 """
 
 from __future__ import annotations
@@ -27,13 +28,12 @@ from temporalio.common import RetryPolicy
 from temporalio.workflow import ActivityCancellationType
 
 HEARTBEAT_TIMEOUT = timedelta(seconds=1.5)
-"""Tools only (the model call is local). The timeout also runs from the moment the server
-hands a tool call to a worker, before its first beat, so it must cover a loaded worker's
-delay in starting one: at 2 s, with the model call still a heartbeating activity and 50
-agents on 2 cores, a few calls were retried spuriously; with the model call local the
-worker runs far fewer tasks. At 1.5 s a crashed worker's tool call runs again ~1.6 s
-after its last beat. A spurious retry is safe (the journal reports the first attempt's
-outcome) but costs a "command interrupted" answer to the model."""
+"""For the model call and `run_command`. The timeout also runs from the moment the server
+hands a call to a worker, before its first beat, so it must cover a loaded worker's delay
+in starting one. At 1.5 s a crashed worker's call runs again ~1.6 s after its last beat.
+A spurious retry of a command is safe (the journal reports the first attempt's outcome)
+but costs a "command interrupted" answer to the model; of a model call, a repeated call
+(`python -m bench chaos` and `python -m bench fleet` count model calls beyond steps)."""
 
 RETRY_FIRST = timedelta(milliseconds=100)
 """The first retry is the one after a crash: the heartbeat timeout has already waited 1.5 s
@@ -53,23 +53,27 @@ MODEL_RETRY = RetryPolicy(
     maximum_attempts=6,
     non_retryable_error_types=["ModelRequestRejected", "ModelNotConfigured"],
 )
+WORKFLOW_TASK_TIMEOUT = timedelta(seconds=1.5)
+"""The task timeout of every run: `start_agent` sets it, and a run started with a longer one
+continues as new with it at its first task (see durable_agent/runs.py for the measurements)."""
+TASK_TIMEOUT_PATCH = "short-task-timeout"
+"""`workflow.patched` id: runs recorded before a long task timeout was shortened replay so."""
+MODEL_ACTIVITY_PATCH = "model-call-activity"
+"""`workflow.patched` id: runs recorded while the model call was a local activity replay so."""
 LOCAL_RETRY_THRESHOLD = timedelta(seconds=2)
-"""For local activities (the model call, the file tools): back-offs up to this wait in the
-worker's memory; longer ones (the 6.4 s and 25.6 s retries, a long Retry-After) on a
+"""For local activities (the file tools, and the model call of older runs): back-offs up
+to this wait in the worker's memory; longer ones (the 6.4 s and 25.6 s retries, a long Retry-After) on a
 durable timer, so they survive the worker and show in history instead of holding its
 workflow task open."""
 
 TOOL_START_TO_CLOSE = timedelta(seconds=120)
 
 LOCAL_TOOLS = frozenset({"read_file", "write_file", "edit_file", "list_files", "search_files"})
-"""The file tools run as local activities, inside the workflow task that asked for them,
-like the model call. As regular activities each cost a task round trip through the server
-and, when it finished, a workflow task of its own that only recorded it: a zero-latency
-benchmark step (one model call, `write_file`, `run_command`) made three workflow tasks
-and ~17 events; now one task and ~9 (see README, "Benchmarks"). They take milliseconds, so
-the workflow task is held no longer than a model call holds it; a slow one (a search of
-a huge tree) makes the worker extend its task as for a slow model. Crash safety is the
-journal's, as before: a local activity whose worker dies before its task completes runs
+"""The file tools run as local activities, inside the workflow task that asked for them.
+As regular activities each cost a task round trip through the server and, when it
+finished, a workflow task of its own that only recorded it. They take milliseconds; a
+slow one (a search of a huge tree) makes the worker extend its task. Crash safety is the
+journal's: a local activity whose worker dies before its task completes runs
 again on the next worker, and `write_file` and `edit_file` find their recorded outcome
 there instead of acting twice; the others only read. In the Web UI (2.54, checked in
 Chromium) each is a "Local Activity" row with its summary (`write_file: notes.md`) in the

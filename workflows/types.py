@@ -240,17 +240,35 @@ class Message(BaseModel):
 # --- model call --------------------------------------------------------------------
 
 
-class ModelCallInput(BaseModel):
-    """What one model call sends. `call_model` runs as a local activity: its input stays in
-    the worker's memory and never reaches history, where only its result (the reply) is
-    recorded. Re-sending the transcript as a regular activity's input would make history
-    grow with the square of the steps; here every message is written once, by the step
-    that produced it, and a replay rebuilds the same input from those results."""
+class ModelContextRef(BaseModel):
+    """Names the context of one model call without holding it: the run that makes the call,
+    how many messages it sends and a digest of them (activities/model_context.py)."""
 
-    messages: list[dict[str, Any]]
-    """The context in the chat-completions wire format (workflows/context.py)."""
+    run_id: str
+    message_count: int
+    digest: str
+
+
+class ModelCallInput(BaseModel):
+    """What one model call sends. `call_model` is a regular activity whose input is recorded
+    in history, so the context travels by reference (`context`): re-sending the transcript
+    in every call's input would make history grow with the square of the steps. Runs
+    recorded while `call_model` was a local activity carry the messages themselves."""
+
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    """The context in the chat-completions wire format, when it is not sent by reference."""
+    context: ModelContextRef | None = None
+    """The context by reference: the activity reads it from its worker's cache or asks the
+    workflow for it (the `model_context` query)."""
     tools: list[str]
     model: str
+
+
+class ModelContext(BaseModel):
+    """The answer to the `model_context` query: the in-flight call's messages, in wire format."""
+
+    ref: ModelContextRef
+    messages: list[dict[str, Any]]
 
 
 class Price(BaseModel):

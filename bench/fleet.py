@@ -1,0 +1,191 @@
+"""Many agents against a slow model: durable-agent beside a plain Temporal loop, in one run.
+
+`python -m bench fleet [--agents 200] [--steps 4] [--latency-ms 3000] [--rounds 1]`: the
+benchmark agent (bench/harness.py: per step one model call, `write_file`, `run_command`)
+run by `--agents` agents at once, `--steps` steps each, against the stub model answering
+every call in `--latency-ms`. Two contenders on one dev server, each with one worker
+process of the same options (bench/plain_temporal.py), in rotating order per round:
+
+- durable-agent, started with `start_agent`;
+- a plain Temporal loop whose model call is a regular activity, started with the
+  client's defaults.
+
+Per contender: run time of each run (from its start returning to its result), CPU of the
+worker process (with its `bash` children) and the server per model call, model calls
+beyond one per step, and from every run's history the workflow-task timeouts
+(start-to-close: a task a worker held too long; schedule-to-start: a sticky task that
+waited over 1 s and went to the shared queue) and, for durable-agent, history bytes per
+step. Ratios are durable-agent ÷ plain loop, per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.client import Client, WorkflowHandle
+
+from bench.contenders import _cpu_s, history_bytes
+from bench.harness import Bench, StepScript, bench, bench_input
+from bench.plain_temporal import PLAIN_WORKFLOW, PlainCall
+from bench.report import git_commit
+from bench.task import PeerAgent, goal_for
+from durable_agent.connection import connect
+from durable_agent.runs import start_agent
+
+
+def log(message: str) -> None:
+    print(f"[fleet {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Contender:
+    name: str
+    worker: subprocess.Popen[bytes]
+    start: Any
+    """async (client, index, steps) -> WorkflowHandle"""
+
+
+async def timed_run(client: Client, contender: Contender, index: int, steps: int) -> tuple[WorkflowHandle, float]:
+    handle = await contender.start(client, index, steps)
+    began = time.perf_counter()
+    await handle.result()
+    return handle, time.perf_counter() - began
+
+
+async def task_timeouts(handles: list[WorkflowHandle]) -> dict[str, int]:
+    counts = {"start_to_close": 0, "schedule_to_start": 0}
+    for handle in handles:
+        async for event in handle.fetch_history_events():
+            if event.event_type != EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+                continue
+            kind = event.workflow_task_timed_out_event_attributes.timeout_type
+            counts["start_to_close" if kind == TimeoutType.TIMEOUT_TYPE_START_TO_CLOSE else "schedule_to_start"] += 1
+    return counts
+
+
+async def history_bytes_per_step(client: Client, handles: list[WorkflowHandle], steps: int) -> float:
+    """Over the first 20 runs, each summed over its continue-as-new chain."""
+    sizes = [(await history_bytes(client, h.id))[0] for h in handles[:20]]
+    return round(statistics.mean(sizes) / steps)
+
+
+async def measure(b: Bench, client: Client, contender: Contender, agents: int, steps: int) -> dict[str, Any]:
+    b.model.requests.clear()
+    pids = (contender.worker.pid, b.server.process.pid)
+    cpu0 = {pid: _cpu_s(pid) for pid in pids}
+    wall0 = time.perf_counter()
+    runs = await asyncio.gather(*(timed_run(client, contender, i, steps) for i in range(agents)))
+    wall = time.perf_counter() - wall0
+    cpu = sum(_cpu_s(pid) - before for pid, before in cpu0.items())
+    calls = len(b.model.requests)
+    durations = sorted(d for _, d in runs)
+    handles = [h for h, _ in runs]
+    figures: dict[str, Any] = {
+        "wall_s": round(wall, 2),
+        "run_time_s": {
+            "min": round(durations[0], 2),
+            "median": round(statistics.median(durations), 2),
+            "max": round(durations[-1], 2),
+        },
+        "model_calls": calls,
+        "model_calls_beyond_steps": calls - agents * (steps + 1),
+        "cpu_ms_per_model_call": round(1000 * cpu / calls, 1),
+        "workflow_task_timeouts": await task_timeouts(handles),
+    }
+    if contender.name == "durable-agent":
+        figures["history_bytes_per_step"] = await history_bytes_per_step(client, handles, steps)
+    return figures
+
+
+def contenders(b: Bench) -> list[Contender]:
+    plain_queue = f"{b.task_queue}-plain"
+
+    async def durable(client: Client, index: int, steps: int) -> WorkflowHandle:
+        agent = bench_input(goal_for(index, steps), b.workspace(), steps)
+        return await start_agent(client, agent, f"fleet-{uuid.uuid4().hex[:10]}", b.task_queue)
+
+    async def plain(client: Client, index: int, steps: int) -> WorkflowHandle:
+        workspace = str(b.workspace())
+        goal = goal_for(index, steps)
+        call = PlainCall(goal=goal, workspace=workspace, messages=PeerAgent.create(goal, workspace).opening())
+        return await client.start_workflow(
+            PLAIN_WORKFLOW, call, id=f"plain-{uuid.uuid4().hex[:10]}", task_queue=plain_queue
+        )
+
+    plain_worker = subprocess.Popen(
+        [sys.executable, "-m", "bench.plain_temporal", "--task-queue", plain_queue],
+        env={**os.environ, **b.worker_env},
+        stdout=open(b.home / "plain-worker.log", "ab"),  # noqa: SIM115 (the process owns it)
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    b.workers.append(plain_worker)
+    return [
+        Contender("durable-agent", b.start_worker(), durable),
+        Contender("plain Temporal loop", plain_worker, plain),
+    ]
+
+
+async def run(agents: int, steps: int, latency_ms: int, rounds: int) -> dict[str, Any]:
+    load_before = os.getloadavg()
+    results: dict[str, list[dict[str, Any]]] = {}
+    with bench(StepScript(steps)) as b:
+        client = await connect(b.server.address)
+        pair = contenders(b)
+        for c in pair:  # warm up: worker start-up and first-run costs are in no figure
+            await asyncio.gather(*(timed_run(client, c, i, steps) for i in range(2)))
+        b.model.latency_s = latency_ms / 1000
+        for r in range(rounds):
+            order = pair if r % 2 == 0 else pair[::-1]
+            for c in order:
+                log(f"round {r + 1}: {c.name}, {agents} agents x {steps} steps at {latency_ms} ms")
+                figures = await measure(b, client, c, agents, steps)
+                log(json.dumps(figures))
+                results.setdefault(c.name, []).append(figures)
+    durable, plain = results["durable-agent"], results["plain Temporal loop"]
+    pairs = list(zip(durable, plain, strict=True))
+    return {
+        "commit": git_commit(),
+        "agents": agents,
+        "steps": steps,
+        "latency_ms": latency_ms,
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "results": results,
+        "ratio_run_time_median": [round(d["run_time_s"]["median"] / p["run_time_s"]["median"], 2) for d, p in pairs],
+        "ratio_cpu_per_model_call": [
+            round(d["cpu_ms_per_model_call"] / p["cpu_ms_per_model_call"], 2)
+            for d, p in zip(durable, plain, strict=True)
+        ],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--agents", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--latency-ms", type=int, default=3000)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    args = parser.parse_args()
+    figures = asyncio.run(run(args.agents, args.steps, args.latency_ms, args.rounds))
+    text = json.dumps(figures, indent=2)
+    print(text, flush=True)
+    if args.out:
+        args.out.write_text(text + "\n")
+    os._exit(0)  # skip interpreter teardown: the core bridge can abort there (sdk-python#300)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""Model calls on their own task queue: where a worker's runs schedule `call_model`.
+
+The queue is the worker's configuration (`DURABLE_AGENT_MODEL_TASK_QUEUE`), not the run's:
+the workflow schedules `call_model` with no task queue, and this interceptor names it as
+the call is scheduled. Replay does not compare an activity's task queue, so a fleet can
+move its model calls to another queue while runs are in flight.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from temporalio.worker import (
+    Interceptor,
+    StartActivityInput,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+    WorkflowOutboundInterceptor,
+)
+from temporalio.workflow import ActivityHandle
+
+MODEL_ACTIVITY = "call_model"
+
+
+class ModelQueueInterceptor(Interceptor):
+    def __init__(self, model_task_queue: str) -> None:
+        self.model_task_queue = model_task_queue
+
+    def workflow_interceptor_class(
+        self, input: WorkflowInterceptorClassInput
+    ) -> type[WorkflowInboundInterceptor] | None:
+        queue = self.model_task_queue
+
+        class Inbound(WorkflowInboundInterceptor):
+            def init(self, outbound: WorkflowOutboundInterceptor) -> None:
+                super().init(_RouteModelCalls(outbound, queue))
+
+        return Inbound
+
+
+class _RouteModelCalls(WorkflowOutboundInterceptor):
+    def __init__(self, next: WorkflowOutboundInterceptor, queue: str) -> None:
+        super().__init__(next)
+        self._queue = queue
+
+    def start_activity(self, input: StartActivityInput) -> ActivityHandle:
+        if input.activity == MODEL_ACTIVITY and input.task_queue is None:
+            input = dataclasses.replace(input, task_queue=self._queue)
+        return super().start_activity(input)

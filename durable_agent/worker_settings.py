@@ -1,0 +1,63 @@
+"""What a worker process is configured with, from its environment, checked at start.
+
+- `DURABLE_AGENT_MODEL_TASK_QUEUE`: the task queue of `call_model`. Default: the agent's
+  own queue, or `<agent queue>-model` when a rate is set (a task queue's rate limit
+  covers every activity on it, and tools must not wait behind the model's budget).
+- `DURABLE_AGENT_MODEL_RPS`: model calls per second across every worker of that queue,
+  enforced by the Temporal server; a call over the rate waits in the queue, scheduled but
+  not started.
+- `DURABLE_AGENT_MAX_CONCURRENT_ACTIVITIES`, `..._WORKFLOW_TASKS`, `..._LOCAL_ACTIVITIES`
+  and `DURABLE_AGENT_MAX_CACHED_WORKFLOWS`: the worker's slots. A waiting model call holds
+  an activity slot and a cached run, nothing else, so the defaults serve 500 waiting agents.
+"""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, Field, ValidationError
+
+from durable_agent.connection import task_queue
+
+
+class WorkerSettings(BaseModel):
+    task_queue: str
+    model_task_queue: str
+    model_rps: float | None = Field(default=None, gt=0)
+    max_concurrent_activities: int = Field(default=1_000, ge=1)
+    """Model calls and commands; the SDK's default of 100 would queue the 101st waiting agent."""
+    max_concurrent_workflow_tasks: int = Field(default=100, ge=2)
+    max_concurrent_local_activities: int = Field(default=200, ge=1)
+    """The file tools, which take milliseconds."""
+    max_cached_workflows: int = Field(default=2_000, ge=0)
+    """Runs kept in memory between tasks; one evicted is replayed from history at its next task."""
+
+    @property
+    def model_queue_is_separate(self) -> bool:
+        return self.model_task_queue != self.task_queue
+
+
+ENV_FIELDS = {
+    "model_rps": "DURABLE_AGENT_MODEL_RPS",
+    "max_concurrent_activities": "DURABLE_AGENT_MAX_CONCURRENT_ACTIVITIES",
+    "max_concurrent_workflow_tasks": "DURABLE_AGENT_MAX_CONCURRENT_WORKFLOW_TASKS",
+    "max_concurrent_local_activities": "DURABLE_AGENT_MAX_CONCURRENT_LOCAL_ACTIVITIES",
+    "max_cached_workflows": "DURABLE_AGENT_MAX_CACHED_WORKFLOWS",
+}
+
+
+class SettingsError(ValueError):
+    """A worker setting in the environment is not valid; the message names the variable."""
+
+
+def worker_settings(queue: str | None = None) -> WorkerSettings:
+    agent_queue = queue or task_queue()
+    values: dict[str, object] = {name: os.environ[var] for name, var in ENV_FIELDS.items() if os.environ.get(var)}
+    default_model_queue = f"{agent_queue}-model" if values.get("model_rps") else agent_queue
+    values["task_queue"] = agent_queue
+    values["model_task_queue"] = os.environ.get("DURABLE_AGENT_MODEL_TASK_QUEUE") or default_model_queue
+    try:
+        return WorkerSettings.model_validate(values)
+    except ValidationError as e:
+        problems = "; ".join(f"{ENV_FIELDS.get(str(err['loc'][0]), err['loc'][0])}: {err['msg']}" for err in e.errors())
+        raise SettingsError(f"invalid worker setting: {problems}") from None

@@ -1,0 +1,149 @@
+"""Model calls as regular activities: on their own task queue, at a fleet-wide rate, with
+the context delivered by reference (worker cache or the `model_context` query)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.api.workflow.v1 import PendingActivityInfo
+from temporalio.client import Client, WorkflowHandle
+from temporalio.converter import DataConverter
+from temporalio.worker import Worker
+
+from durable_agent.model_server import ModelServer, Reply
+from durable_agent.processes import spawn_worker, stop_gently
+from durable_agent.server import EmbeddedServer
+from tests.helpers import start, wait_for
+from tests.scripts import Script, answer, tool_results, tools
+from tests.test_crash import worker_env
+from tests.test_replay import replayer
+from worker import build_model_worker, build_worker
+
+
+async def test_a_model_worker_without_the_run_reads_the_context_from_it(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The agent worker (this process) routes model calls to their own queue and does not
+    # poll it; a worker process polls it, so its cache never holds the context: every call
+    # reads it from the run with the query.
+    model_queue = f"{task_queue}-model"
+    monkeypatch.setenv("DURABLE_AGENT_MODEL_TASK_QUEUE", model_queue)
+    model_server.responder = Script(
+        [
+            tools(("write_file", {"path": "a.txt", "content": "alpha"})),
+            tools(("read_file", {"path": "a.txt"})),
+            answer("read it"),
+        ]
+    )
+    model_worker = spawn_worker(worker_env(temporal_server, model_server, model_queue), tmp_path / "model.log")
+    try:
+        async with build_worker(client, task_queue):
+            handle = await start(client, task_queue, goal="write then read", workspace=str(workspace))
+            result = await asyncio.wait_for(handle.result(), timeout=60)
+    finally:
+        stop_gently(model_worker)
+    assert result.state == "completed" and result.output == "read it"
+    assert len(model_server.requests) == 3
+    assert "alpha" in tool_results(model_server.requests[-1])[-1]  # the whole context arrived
+    history = await handle.fetch_history()
+    scheduled = [
+        e.activity_task_scheduled_event_attributes
+        for e in history.events
+        if e.activity_task_scheduled_event_attributes.activity_type.name == "call_model"
+    ]
+    assert [s.task_queue.name for s in scheduled] == [model_queue] * 3
+    started = [e.activity_task_started_event_attributes.identity for e in history.events]
+    assert {i for i in started if i} == {i for i in started if i.startswith(f"{model_worker.pid}@")}
+    # The queue is the worker's configuration: a replay without the routing still matches.
+    assert (await replayer().replay_workflow(history)).replay_failure is None
+
+
+async def test_the_model_rate_is_enforced_by_the_server(
+    client: Client,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DURABLE_AGENT_MODEL_RPS", "1")
+    arrivals: list[float] = []
+    script = Script([tools(("list_files", {}))] * 2, final="done")
+
+    def timed(request: dict[str, Any]) -> Any:
+        arrivals.append(time.monotonic())
+        return script(request)
+
+    model_server.responder = timed
+    model_worker = build_model_worker(client, task_queue)
+    assert model_worker is not None and model_worker.config()["task_queue"] == f"{task_queue}-model"
+    async with build_worker(client, task_queue), model_worker:
+        handles = [await start(client, task_queue, goal=f"agent {i}", workspace=str(workspace)) for i in range(3)]
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), timeout=90)
+    assert all(r.state == "completed" for r in results)
+    assert len(arrivals) == 9
+    # Nine zero-latency calls take well under a second unlimited; at one a second the
+    # server spaces them out (allowing a burst of two at the start).
+    assert arrivals[-1] - arrivals[0] >= 6.0
+
+
+def test_a_rate_puts_model_calls_on_their_own_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    from durable_agent.worker_settings import SettingsError, worker_settings
+
+    monkeypatch.delenv("DURABLE_AGENT_MODEL_TASK_QUEUE", raising=False)
+    monkeypatch.delenv("DURABLE_AGENT_MODEL_RPS", raising=False)
+    assert worker_settings("q").model_task_queue == "q"
+    monkeypatch.setenv("DURABLE_AGENT_MODEL_RPS", "2.5")
+    settings = worker_settings("q")
+    assert settings.model_task_queue == "q-model" and settings.model_rps == 2.5
+    monkeypatch.setenv("DURABLE_AGENT_MODEL_RPS", "-1")
+    with pytest.raises(SettingsError, match="DURABLE_AGENT_MODEL_RPS"):
+        worker_settings("q")
+
+
+async def test_cancel_while_the_model_answers_ends_the_run_cleanly(
+    client: Client, worker: Worker, model_server: ModelServer, task_queue: str, workspace: Path
+) -> None:
+    asked, release = threading.Event(), threading.Event()
+
+    def slow(request: dict[str, Any]) -> Reply:
+        asked.set()
+        release.wait(timeout=30)
+        return Reply(tool_calls=[("list_files", {})])
+
+    model_server.responder = Script([slow])
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    await asyncio.to_thread(asked.wait, 30)
+    status = await wait_for(handle, lambda s: "calling" in s.activity)
+    assert status.state == "running"
+    # What the Web UI shows of it: a started activity whose heartbeat says what it does.
+    pending = await pending_model_call(handle)
+    assert pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED and pending.attempt == 1
+    details = await DataConverter.default.decode(pending.heartbeat_details.payloads)
+    assert details[0]["phase"] == "waiting for the model" and details[0]["context_from"] == "cache"
+    await handle.cancel()
+    result = await asyncio.wait_for(handle.result(), timeout=20)
+    release.set()
+    assert result.state == "cancelled" and result.stop_reason == "cancelled"
+    assert len(model_server.requests) == 1
+
+
+async def pending_model_call(handle: WorkflowHandle) -> PendingActivityInfo:
+    """The run's pending call_model, once it has heartbeated."""
+    while True:
+        description = await handle.describe()
+        for pending in description.raw_description.pending_activities:
+            if pending.activity_type.name == "call_model" and pending.heartbeat_details.payloads:
+                return pending
+        await asyncio.sleep(0.1)

@@ -28,7 +28,7 @@ async def test_pause_holds_with_no_model_call_then_resume_continues(
 ) -> None:
     model_server.responder = Script([tools(("run_command", {"command": "sleep 1"})), answer("finished")])
     handle = await start(client, task_queue, goal="x", workspace=str(workspace))
-    await wait_for(handle, lambda s: s.step == 1)
+    await wait_for(handle, lambda s: s.step == 1 and len(model_server.requests) == 1)  # step 1's call is out
     await handle.signal("pause", {"reason": "lunch"})
     status = await wait_for(handle, lambda s: s.state == "paused")
     assert status.paused_reason == "lunch"

@@ -56,11 +56,9 @@ from workflows.types import (
     ApprovalDecision,
     Limits,
     LimitsPatch,
-    Message,
     PauseRequest,
     Resolution,
     RunState,
-    TranscriptRequest,
     UserMessage,
 )
 
@@ -158,8 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.add_argument("--note")
     limits = _command(commands, "limits", raise_limits, "change a run's limits (any subset)", with_id=True)
     _add_limit_options(limits)
-    export = _command(commands, "export", export_run, "write a run's transcript as JSONL", with_id=True)
+    export = _command(
+        commands, "export", export_run, "write a run's transcript (JSONL) or a Markdown report", with_id=True
+    )
     export.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
+    export.add_argument("--format", choices=("jsonl", "markdown"), default="jsonl", help="default jsonl")
+    _command(commands, "trace", trace_run, "emit a past run's spans from its history (OTEL_* exporter)", with_id=True)
     listing = _command(commands, "list", list_runs, "list runs with their state, step, tokens and cost")
     listing.add_argument("--state", choices=typing.get_args(RunState))
     listing.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
@@ -430,22 +432,48 @@ async def _ended(handle: WorkflowHandle[Any, AgentResult]) -> tuple[list[str], i
 
 
 async def export_run(args: argparse.Namespace, console: Console) -> int:
-    handle, _ = await _handle(args.id)
+    from durable_agent import export
+    from durable_agent.history import HistoryError
+
+    handle, running = await _handle(args.id)
     try:
-        messages = await handle.query(
-            "transcript", TranscriptRequest(from_step=0), result_type=list[Message], rpc_timeout=QUERY_TIMEOUT
-        )
+        if running:
+            report = await export.running_report(handle, QUERY_TIMEOUT)
+        else:
+            report = await export.closed_report(await connect_client(), args.id)
     except RPCError as e:
-        message = f"no worker answered the transcript query ({e.message}); start one with `durable-agent worker`"
+        message = f"no worker answered the run's queries ({e.message}); start one with `durable-agent worker`"
         raise CliError(message) from None
+    except HistoryError as e:
+        raise CliError(str(e)) from None
     # Redacted again with this machine's secrets: runs recorded before redaction existed.
-    redactor = worker_redactor()
-    lines = [redactor.value(m).model_dump_json(exclude_none=True) for m in messages]
+    report = worker_redactor().value(report)
+    lines = export.jsonl(report.messages) if args.format == "jsonl" else [export.markdown(report).rstrip("\n")]
     if args.output is None:
         console.lines(lines)
         return EXIT_OK
     args.output.write_text("".join(line + "\n" for line in lines))
-    console.line(f"wrote {len(lines)} messages to {args.output}")
+    what = f"{len(lines)} messages" if args.format == "jsonl" else "a Markdown report"
+    console.line(f"wrote {what} to {args.output}")
+    return EXIT_OK
+
+
+async def trace_run(args: argparse.Namespace, console: Console) -> int:
+    from durable_agent.history import HistoryError, emit_spans, replay_chain
+
+    tracing = telemetry.configured()
+    if tracing is None:
+        raise CliError(
+            "no trace exporter configured: set OTEL_TRACES_EXPORTER (otlp, console) or OTEL_EXPORTER_OTLP_ENDPOINT"
+        )
+    await _handle(args.id)
+    try:
+        chain = await replay_chain(await connect_client(), args.id)
+    except HistoryError as e:
+        raise CliError(str(e)) from None
+    emitted = emit_spans(chain, tracing.tracer)
+    note = "" if chain.closed else " (the run is still running: its invoke_agent span is emitted when it closes)"
+    console.error(f"emitted {emitted} spans of {args.id} from {len(chain.runs)} run(s) of its history{note}")
     return EXIT_OK
 
 

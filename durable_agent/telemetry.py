@@ -47,6 +47,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcess
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from temporalio import activity, workflow
 from temporalio.contrib.opentelemetry import TracingInterceptor, TracingWorkflowInboundInterceptor
+from temporalio.converter import PayloadConverter
 from temporalio.exceptions import FailureError
 from temporalio.worker import (
     ActivityInboundInterceptor,
@@ -206,6 +207,18 @@ class ChainSpan:
         return ChainSpan(int(value["trace_id"], 16), int(value["span_id"], 16), value.get("parent"), value["start_ns"])
 
 
+def chain_span(info: workflow.Info) -> ChainSpan:
+    """The run's chain span, from its headers: as the live worker and a replay both see it."""
+    converter = PayloadConverter.default
+    header = info.headers.get(CHAIN_HEADER)
+    if header is not None:
+        return ChainSpan.from_header(converter.from_payloads([header])[0])
+    traced = info.headers.get(TRACE_HEADER)
+    parent = converter.from_payloads([traced])[0] if traced is not None else None
+    first_run = info.first_execution_run_id or info.run_id
+    return ChainSpan.first(info.workflow_id, first_run, parent or None, int(info.start_time.timestamp() * 1e9))
+
+
 def emit_invoke_agent(
     tracer: otel.Tracer, chain: ChainSpan, end_ns: int, attributes: genai.Attributes, failed: bool
 ) -> None:
@@ -261,14 +274,7 @@ class _AgentWorkflowInbound(TracingWorkflowInboundInterceptor):
         super().init(_ChainOutbound(outbound, self))
 
     def chain(self) -> ChainSpan:
-        info = workflow.info()
-        header = info.headers.get(CHAIN_HEADER)
-        if header is not None:
-            return ChainSpan.from_header(self.payload_converter.from_payloads([header])[0])
-        traced = info.headers.get(TRACE_HEADER)
-        parent = self.payload_converter.from_payloads([traced])[0] if traced is not None else None
-        first_run = info.first_execution_run_id or info.run_id
-        return ChainSpan.first(info.workflow_id, first_run, parent or None, int(info.start_time.timestamp() * 1e9))
+        return chain_span(workflow.info())
 
     def _load_workflow_context_carrier(self) -> dict[str, Any] | None:
         if not self._workflow_context_carrier:
@@ -305,7 +311,7 @@ class _ChainOutbound(WorkflowOutboundInterceptor):
         self._root = root
 
     def continue_as_new(self, input: ContinueAsNewInput) -> NoReturn:
-        header = self._root.payload_converter.to_payloads([self._root.chain().to_header()])[0]
+        header = PayloadConverter.default.to_payloads([self._root.chain().to_header()])[0]
         input.headers = {**input.headers, CHAIN_HEADER: header}
         super().continue_as_new(input)
 

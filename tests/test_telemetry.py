@@ -15,6 +15,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from durable_agent.connection import connect_config
+from durable_agent.history import emit_spans, replay_chain
 from durable_agent.model_server import ModelServer
 from durable_agent.server import EmbeddedServer
 from durable_agent.telemetry import AgentTracing, tracer_provider
@@ -168,3 +169,46 @@ def test_nothing_is_set_up_without_otel_variables(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin")
     with pytest.raises(telemetry.TelemetryError, match="not supported"):
         telemetry.span_exporters_from_env()
+
+
+async def test_trace_from_history_yields_the_live_runs_span_tree(
+    traced_client: Client, exporter: InMemorySpanExporter, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = two_tool_steps()
+    async with build_worker(traced_client, task_queue):
+        handle = await start(traced_client, task_queue, goal="write and read", workspace=str(workspace))
+        await handle.result()
+    live = spans_of(exporter, handle.id)
+
+    replayed = InMemorySpanExporter()
+    provider = tracer_provider([replayed], batch=False)
+    chain = await replay_chain(traced_client, handle.id)  # the worker is gone: history only
+    assert emit_spans(chain, provider.get_tracer("test")) == 7  # 3 chat, 3 execute_tool, invoke_agent
+    provider.shutdown()
+    again = replayed.get_finished_spans()
+
+    def tree(spans: list[ReadableSpan]) -> list[tuple[object, ...]]:
+        by_id = {s.context.span_id: s for s in spans}
+        shown = [s for s in spans if s.name.startswith(GENAI_KINDS)]
+        keys = ("gen_ai.request.model", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens")
+        keys += ("gen_ai.tool.name", "gen_ai.tool.call.id", "durable_agent.tool.outcome", "durable_agent.state")
+        return sorted(
+            (
+                s.name,
+                s.context.trace_id,
+                getattr(genai_parent(s, by_id), "name", None),
+                tuple(s.attributes.get(k) for k in keys),
+            )
+            for s in shown
+        )
+
+    assert tree(again) == tree(live)
+    live_run = next(s for s in live if s.name == "invoke_agent")
+    run = next(s for s in again if s.name == "invoke_agent")
+    # The same span: same ids, same parent (the client's StartWorkflow span), same start and end.
+    assert (run.context, run.parent, run.start_time, run.end_time) == (
+        live_run.context,
+        live_run.parent,
+        live_run.start_time,
+        live_run.end_time,
+    )

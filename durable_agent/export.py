@@ -1,0 +1,162 @@
+"""`durable-agent export`: a run's transcript as JSONL, or a readable Markdown report.
+
+Both read what `durable_agent.history` replayed from the chain's histories; a run that is
+still running is read through its `transcript` and `status` queries instead.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel
+from temporalio.client import Client, WorkflowHandle
+
+from durable_agent.history import PersonAction, replay_chain
+from workflows.tool_specs import call_summary
+from workflows.types import AgentResult, AgentStatus, Message, RunState, TranscriptRequest, Usage
+
+FORMATS = ("jsonl", "markdown")
+TOOL_RESULT_CHARS = 300
+
+
+class Report(BaseModel):
+    """What the Markdown report shows of a run."""
+
+    workflow_id: str
+    goal: str
+    state: RunState | str
+    messages: list[Message]
+    usage: Usage
+    result: AgentResult | None = None
+    actions: list[PersonAction] | None = None  # None: not known (read from a running run)
+
+
+def jsonl(messages: Iterable[Message]) -> list[str]:
+    return [m.model_dump_json(exclude_none=True) for m in messages]
+
+
+def markdown(report: Report) -> str:
+    lines = [f"# Run {report.workflow_id}", "", f"**Goal:** {report.goal}", ""]
+    lines += _outcome(report)
+    lines += ["", "## Steps"]
+    lines += _steps(report.messages)
+    lines += ["", "## Decisions of people", ""]
+    lines += _decisions(report.actions)
+    return "\n".join(lines) + "\n"
+
+
+def _outcome(report: Report) -> list[str]:
+    usage = report.usage
+    cost = f"${usage.cost_usd:.4f}" + ("" if usage.cost_known else " (some models unpriced)")
+    lines = [
+        f"**State:** {report.state}"
+        + (f" ({report.result.stop_reason}) after {report.result.steps} steps" if report.result else ""),
+        "",
+        "| input tokens | output tokens | model calls | tool calls | cost | elapsed |",
+        "|---:|---:|---:|---:|---:|---:|",
+        f"| {usage.input_tokens:,} | {usage.output_tokens:,} | {usage.model_calls} | {usage.tool_calls} "
+        f"| {cost} | {usage.elapsed_s:.1f} s |",
+    ]
+    if report.result is not None:
+        lines += ["", "## Result", "", report.result.output.strip() or "(no output)"]
+        if report.result.unfinished:
+            lines += ["", "Unfinished:", *(f"- {item}" for item in report.result.unfinished)]
+    return lines
+
+
+def _steps(messages: list[Message]) -> list[str]:
+    results = {m.tool_call_id: m.content or "" for m in messages if m.role == "tool" and m.tool_call_id}
+    by_step: dict[int, list[str]] = {}
+    for message in messages:
+        if message.role != "tool":
+            by_step.setdefault(message.step, []).extend(_message_lines(message, results))
+    lines: list[str] = []
+    for step, shown in by_step.items():
+        if shown:
+            lines += ["", f"### Step {step}" if step else "### Before the first step", "", *shown]
+    return lines
+
+
+def _message_lines(message: Message, results: dict[str, str]) -> list[str]:
+    if message.kind in ("system_prompt", "goal"):
+        return []  # the report's header says the goal; the system prompt is the same for every run
+    if message.role == "system":
+        return [f"> {message.kind}: {_one_line(message.content)}"]
+    if message.role == "user":
+        who = "A person" if message.kind in ("user", "resolution") else "User"
+        return [f"**{who}:** {_one_line(message.content)}"]
+    lines = [f"**Model:** {message.content.strip()}"] if message.content else []
+    for call in message.tool_calls:
+        outcome = results.get(call.id, "(no result recorded)")
+        lines.append(f"- `{_summary(call.name, call.arguments)}` → {_one_line(outcome, TOOL_RESULT_CHARS)}")
+    return lines
+
+
+def _summary(name: str, raw_arguments: str) -> str:
+    try:
+        arguments = json.loads(raw_arguments or "{}")
+    except json.JSONDecodeError:
+        return f"{name} (arguments not JSON)"
+    return call_summary(name, arguments) if isinstance(arguments, dict) else name
+
+
+def _decisions(actions: list[PersonAction] | None) -> list[str]:
+    if actions is None:
+        return ["(the run is still running: its decisions are listed once it has closed)"]
+    if not actions:
+        return ["None: the run went its way without a person."]
+    return [f"- step {a.step}: {_action_text(a)}" for a in actions]
+
+
+def _action_text(action: PersonAction) -> str:
+    payload = action.payload if isinstance(action.payload, dict) else {}
+    note = f" ({payload['note']})" if payload.get("note") else ""
+    if action.name == "approve":
+        verdict = "approved" if payload.get("approved") else "denied"
+        return f"{verdict} tool call {payload.get('call_id')}{note}"
+    if action.name == "resolve":
+        return f"resolved a needs-attention report with `{payload.get('action')}`{note}"
+    if action.name == "add_message":
+        return f"sent a message: {_one_line(payload.get('text'))}"
+    if action.name == "pause":
+        return "paused the run" + (f": {payload['reason']}" if payload.get("reason") else "")
+    if action.name == "raise_limits":
+        changed = ", ".join(f"{k}={v}" for k, v in payload.items())
+        return f"changed limits: {changed or 'none'}"
+    return action.name.replace("_", " ") + (f" {payload}" if payload else "")
+
+
+def _one_line(text: str | None, limit: int = 500) -> str:
+    flat = " ".join((text or "").split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+async def closed_report(client: Client, workflow_id: str) -> Report:
+    """From the chain's histories alone: no worker needed."""
+    chain = await replay_chain(client, workflow_id)
+    last = chain.runs[-1]
+    result = chain.result
+    return Report(
+        workflow_id=workflow_id,
+        goal=chain.goal,
+        state=result.state if result else "failed" + (f": {last.error}" if last.error else ""),
+        messages=chain.transcript(),
+        usage=result.usage if result else Usage(),
+        result=result,
+        actions=chain.actions(),
+    )
+
+
+async def running_report(handle: WorkflowHandle[Any, Any], query_timeout: timedelta) -> Report:
+    """Through the run's queries: a worker must answer them."""
+    messages = await handle.query(
+        "transcript", TranscriptRequest(from_step=0), result_type=list[Message], rpc_timeout=query_timeout
+    )
+    status = await handle.query("status", result_type=AgentStatus, rpc_timeout=query_timeout)
+    goal = next((m.content or "" for m in messages if m.kind == "goal"), "")
+    return Report(
+        workflow_id=handle.id, goal=goal, state=status.state, messages=messages, usage=status.usage, actions=None
+    )

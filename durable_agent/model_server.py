@@ -25,6 +25,8 @@ class Reply:
     """(tool name, arguments); a str is sent as raw argument text, malformed or not."""
     input_tokens: int | None = None
     output_tokens: int | None = None
+    call_ids: list[str] | None = None
+    """The tool calls' ids as sent; by default unique ones (`call_<turn>_<index>`)."""
 
 
 @dataclass
@@ -87,9 +89,10 @@ class ModelServer:
 
 def completion_body(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
     prompt_chars = len(json.dumps(request.get("messages", [])))
+    ids = reply.call_ids or [f"call_{count_assistant_turns(request)}_{i}" for i in range(len(reply.tool_calls))]
     calls = [
         {
-            "id": f"call_{count_assistant_turns(request)}_{i}",
+            "id": ids[i],
             "type": "function",
             "function": {"name": name, "arguments": args if isinstance(args, str) else json.dumps(args)},
         }

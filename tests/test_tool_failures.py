@@ -1,0 +1,101 @@
+"""A failing or hostile tool call reaches the model as a tool error; it never fails the run
+or stalls the worker (issue 13, items 1 and 2)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.journal import JOURNAL_DIR, key_digest
+from durable_agent.model_server import ModelServer, Reply
+from tests.helpers import start, wait_for
+from tests.scripts import Script, answer, tool_results, tools
+
+
+async def test_a_corrupt_journal_entry_reaches_the_model_as_a_tool_error(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    # write_file is a local activity: its non-retryable JournalCorrupt surfaces as an
+    # ApplicationError, not an ActivityError; run_command (regular) fails the same way.
+    model_server.responder = Script(
+        [
+            tools(("write_file", {"path": "a.txt", "content": "x"}), ("run_command", {"command": "echo hi"})),
+            answer("carried on"),
+        ]
+    )
+    handle = await start(
+        client, task_queue, goal="x", workspace=str(workspace), approval={"tools": ["write_file", "run_command"]}
+    )
+    status = await wait_for(handle, lambda s: len(s.pending_approvals) == 2)
+    run_id = (await handle.describe()).run_id
+    journal = workspace / JOURNAL_DIR
+    journal.mkdir(parents=True)
+    for pending in status.pending_approvals:
+        call_id = pending.call_id.split(":", 1)[1]
+        key = f"{handle.id}/{run_id}/1/{call_id}"
+        (journal / f"{key_digest(key)}.done.json").write_text("{not json")
+        await handle.execute_update("approve", {"call_id": pending.call_id, "approved": True})
+    result = await handle.result()
+    assert result.state == "completed" and result.output == "carried on"
+    results = tool_results(model_server.requests[-1])
+    assert len(results) == 2 and all("journal entry" in r and "unreadable" in r for r in results), results
+    assert not (workspace / "a.txt").exists()
+
+
+async def test_a_socket_is_refused_as_a_tool_error_and_the_run_goes_on(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(workspace / "sock"))
+    try:
+        model_server.responder = Script([tools(("read_file", {"path": "sock"})), answer("ok")])
+        handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+        result = await asyncio.wait_for(handle.result(), 60)
+    finally:
+        listener.close()
+    assert result.state == "completed"
+    [error] = tool_results(model_server.requests[-1])
+    assert error.startswith("ERROR:") and "sock" in error and "socket" in error, error
+    assert len(model_server.requests) == 2
+
+
+@pytest.mark.timeout(150)
+async def test_hostile_files_neither_block_the_worker_nor_starve_another_run(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path, tmp_path: Path
+) -> None:
+    # One step of run A: a catastrophic regex over a long line, and 8 reads of named pipes
+    # that no one writes to. Run B, on the same worker, must still finish its steps.
+    (workspace / "long.txt").write_text("a" * 5_000 + "b\n")
+    for i in range(8):
+        os.mkfifo(workspace / f"pipe{i}")
+    hostile = [("search_files", {"pattern": "(a+)+$"})] + [("read_file", {"path": f"pipe{i}"}) for i in range(8)]
+    other = tmp_path / "other"
+    other.mkdir()
+
+    def respond(request: dict) -> Reply:
+        goal = request["messages"][1]["content"]
+        if goal == "hostile":
+            return Script([Reply(tool_calls=hostile)], final="hostile done")(request)
+        return Script([tools(("list_files", {}))] * 3, final="other done")(request)
+
+    model_server.responder = respond
+    hostile_run = await start(client, task_queue, goal="hostile", workspace=str(workspace))
+    await asyncio.sleep(0.5)
+    began = time.monotonic()
+    other_run = await start(client, task_queue, goal="other", workspace=str(other))
+    other_result = await asyncio.wait_for(other_run.result(), 60)
+    assert other_result.output == "other done" and time.monotonic() - began < 30
+    result = await asyncio.wait_for(hostile_run.result(), 90)
+    assert result.state == "completed"
+    search, *pipes = tool_results(
+        next(r for r in model_server.requests if r["messages"][1]["content"] == "hostile" and len(r["messages"]) > 3)
+    )
+    assert search.startswith("ERROR:") and "search" in search and "time" in search, search
+    assert all(p.startswith("ERROR:") and "FIFO" in p for p in pipes), pipes

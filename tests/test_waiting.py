@@ -1,0 +1,191 @@
+"""A run that waits (on a model, a person, a pause): cancel, per-call attention, messages
+added while it waits, time that does not count, and what closed runs show (issue 13,
+items 3, 4, 7, 8 and 11)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from durable_agent.model_server import Failure, ModelServer, Reply
+from durable_agent.server import EmbeddedServer
+from tests.helpers import rejected_update, run_cli, start, wait_for
+from tests.scripts import Script, answer, tool_results, tools
+from workflows.types import AgentStatus
+
+
+def failing_then(text: str):
+    """A model endpoint that fails with HTTP 400 (no retries) until `fixed` is set."""
+    state = {"fixed": False}
+
+    def respond(request: dict[str, Any]) -> Reply | Failure:
+        return Reply(content=text) if state["fixed"] else Failure(400, "bad request")
+
+    return respond, state
+
+
+WAITS = ["model_call", "needs_attention", "awaiting_approval", "paused"]
+
+
+@pytest.mark.parametrize("waiting_in", WAITS)
+async def test_cancel_ends_the_run_as_cancelled_whatever_it_waits_for(
+    waiting_in: str,
+    client: Client,
+    worker: Worker,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    temporal_server: EmbeddedServer,
+) -> None:
+    fields: dict[str, Any] = {}
+    if waiting_in == "model_call":
+        model_server.latency_s = 5
+        model_server.responder = Script([], final="too late")
+    elif waiting_in == "needs_attention":
+        model_server.responder = failing_then("too late")[0]
+    elif waiting_in == "awaiting_approval":
+        model_server.responder = Script([tools(("run_command", {"command": "echo hi"}))])
+        fields["approval"] = {"tools": ["run_command"]}
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace), **fields)
+    if waiting_in == "paused":
+        await handle.signal("pause")
+        await wait_for(handle, lambda s: s.state == "paused")
+    elif waiting_in == "model_call":
+        await wait_for(handle, lambda s: len(model_server.requests) == 1)
+    else:
+        await wait_for(handle, lambda s: s.state == waiting_in)
+    cancelled = await run_cli(temporal_server.address, "workflow", "cancel", "--workflow-id", handle.id)
+    assert cancelled.returncode == 0, cancelled.stderr
+    result = await asyncio.wait_for(handle.result(), 30)
+    assert (result.state, result.stop_reason) == ("cancelled", "cancelled")
+    assert len(model_server.requests) == 1 - (waiting_in == "paused")
+
+
+async def test_cancel_kills_a_running_command(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([tools(("run_command", {"command": "echo $$ > pid.txt; sleep 60"}))])
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    await wait_for(handle, lambda s: (workspace / "pid.txt").exists() and bool((workspace / "pid.txt").read_text()))
+    pid = int((workspace / "pid.txt").read_text())
+    assert Path(f"/proc/{pid}").exists()
+    await handle.cancel()
+    result = await handle.result()
+    assert result.state == "cancelled"
+
+    def alive() -> bool:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    assert not alive()  # the run closes only once the command's process group is gone
+
+
+async def test_messages_added_while_a_run_needs_attention_reach_the_retried_call(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    respond, state = failing_then("done")
+    model_server.responder = respond
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    await wait_for(handle, lambda s: s.state == "needs_attention")
+    await handle.signal("add_message", {"text": "use the short format"})
+    state["fixed"] = True
+    await handle.execute_update("resolve", {"action": "retry"})
+    result = await handle.result()
+    assert result.output == "done"
+    sent = model_server.requests[-1]["messages"]
+    assert {"role": "user", "content": "use the short format"} in sent
+
+
+def two_stubborn_calls(request: dict[str, Any]) -> Reply:
+    results = tool_results(request)
+    if any("skipped by a person" in r for r in results) and any("retried" in r for r in results):
+        return Reply(content="moved on")
+    return Reply(tool_calls=[("read_file", {"path": "one.txt"}), ("read_file", {"path": "two.txt"})])
+
+
+async def test_parallel_livelocked_calls_are_reported_and_resolved_one_by_one(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = two_stubborn_calls
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    status = await wait_for(handle, lambda s: len(s.attention_reports) == 2)
+    assert status.state == "needs_attention" and status.attention is not None
+    one, two = sorted(status.attention_reports, key=lambda r: r.what_failed)
+    assert "one.txt" in one.what_failed and "two.txt" in two.what_failed and one.call_id != two.call_id
+    assert "several" in await rejected_update(handle, "resolve", {"action": "skip"})
+    await handle.execute_update("resolve", {"action": "skip", "call_id": one.call_id})
+    status = await wait_for(handle, lambda s: len(s.attention_reports) == 1)
+    assert status.attention_reports[0].call_id == two.call_id and status.state == "needs_attention"
+    (workspace / "two.txt").write_text("retried")
+    await handle.execute_update("resolve", {"action": "retry"})  # the only one left: no id needed
+    result = await handle.result()
+    assert result.output == "moved on"
+
+
+@pytest.mark.parametrize("waiting_in", ["paused", "awaiting_approval"])
+async def test_time_waiting_for_a_person_does_not_count_against_max_duration(
+    waiting_in: str, client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([tools(("list_files", {})), answer("in time")])
+    fields: dict[str, Any] = {"limits": {"max_duration_s": 4}}
+    if waiting_in == "awaiting_approval":
+        fields["approval"] = {"tools": ["list_files"]}
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace), **fields)
+    if waiting_in == "paused":
+        await handle.signal("pause")
+    status = await wait_for(handle, lambda s: s.state == waiting_in)
+    began = time.monotonic()
+    await asyncio.sleep(6)  # longer than the whole time budget
+    status = await handle.query("status", result_type=AgentStatus)
+    assert status.state == waiting_in and status.usage.elapsed_s < 3
+    if waiting_in == "paused":
+        await handle.signal("resume")
+    else:
+        await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
+    result = await handle.result()
+    assert (result.state, result.output) == ("completed", "in time"), result
+    assert result.usage.elapsed_s < 3 < time.monotonic() - began
+
+
+async def test_status_elapsed_is_live_while_the_model_answers(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.latency_s = 3
+    model_server.responder = Script([], final="slow")
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    await wait_for(handle, lambda s: len(model_server.requests) == 1)
+    first = (await handle.query("status", result_type=AgentStatus)).usage.elapsed_s
+    await asyncio.sleep(1.5)
+    second = (await handle.query("status", result_type=AgentStatus)).usage.elapsed_s
+    assert second - first >= 1.0, (first, second)
+    await handle.result()
+
+
+async def count_runs(client: Client, query: str) -> int:
+    return len([run async for run in client.list_workflows(query)])
+
+
+async def test_no_closed_run_keeps_agent_state_running(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([tools(("list_files", {}))] * 24, final="long done")
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace), continue_as_new_every=10)
+    result = await handle.result()
+    assert result.output == "long done"
+    chain = f'WorkflowId="{handle.id}"'
+
+    async def settled() -> None:  # visibility is eventually consistent
+        while await count_runs(client, f'{chain} AND ExecutionStatus != "Running"') < 3:
+            await asyncio.sleep(0.2)
+
+    await asyncio.wait_for(settled(), 30)
+    assert await count_runs(client, f'{chain} AND AgentState="running"') == 0
+    assert await count_runs(client, f'{chain} AND AgentState="completed"') == 1

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from temporalio.exceptions import ApplicationError
 
 from activities.redaction import worker_redactor
+from activities.regular_files import NotRegularFile, read_regular
 from activities.workspace import RESERVED_DIR
 from workflows.types import ToolOutcome
 
@@ -72,10 +73,10 @@ class Journal:
     @staticmethod
     def _load(path: Path) -> dict[str, Any] | None:
         try:
-            entry = json.loads(path.read_bytes())
+            entry = json.loads(read_regular(path))
         except FileNotFoundError:
             return None
-        except ValueError as e:
+        except (ValueError, RecursionError, NotRegularFile, IsADirectoryError) as e:
             raise _corrupt(path) from e
         if not isinstance(entry, dict):
             raise _corrupt(path)

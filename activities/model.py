@@ -35,6 +35,12 @@ if TYPE_CHECKING:
     from openai import APIStatusError, AsyncOpenAI
 
 RETRYABLE_STATUS = frozenset({408, 409, 429})
+MAX_TOKENS_PER_CALL = 100_000_000
+"""Above any model's window: a larger (or negative) count is a broken endpoint's, and
+counting it would break the budgets and the `AgentTokens` search attribute (an int64)."""
+MAX_REPLY_BYTES = 512 * 1024
+"""A reply is recorded in history (and carried at continue-as-new); Temporal refuses a
+payload over 2 MB. A model's longest reply is far below this."""
 REQUEST_TIMEOUT_S = 110.0
 """Just under the activity's start-to-close timeout, so the SDK's own timeout fires first."""
 
@@ -115,20 +121,56 @@ def _reply(model: str, response: Any) -> ModelReply:
     choice = response.choices[0]
     message = choice.message
     calls = [
-        ToolCall(id=c.id or f"call_{i}", name=c.function.name or "", arguments=c.function.arguments or "")
+        ToolCall(
+            id=_text(c.id or f"call_{i}"),
+            name=_text(c.function.name or ""),
+            arguments=_text(c.function.arguments or ""),
+        )
         for i, c in enumerate(message.tool_calls or [])
         if getattr(c, "function", None) is not None
     ]
     usage = response.usage
-    return ModelReply(
-        content=message.content,
+    reply = ModelReply(
+        content=_text(message.content) if message.content is not None else None,
         tool_calls=calls,
-        input_tokens=getattr(usage, "prompt_tokens", 0) or 0,
-        output_tokens=getattr(usage, "completion_tokens", 0) or 0,
-        model=getattr(response, "model", None) or model,
+        input_tokens=_token_count(getattr(usage, "prompt_tokens", 0), "prompt"),
+        output_tokens=_token_count(getattr(usage, "completion_tokens", 0), "completion"),
+        model=_text(getattr(response, "model", None) or model),
         finish_reason=choice.finish_reason,
         price=price_of(model),
     )
+    size = len(reply.model_dump_json())
+    if size > MAX_REPLY_BYTES:
+        raise _bad_reply(
+            f"the model's reply is {size:,} bytes, over the {MAX_REPLY_BYTES:,} a step may record; "
+            "ask for a shorter reply (add a message), then retry"
+        )
+    return reply
+
+
+def _text(value: str) -> str:
+    """`value` with any unpaired UTF-16 surrogate (an escape such as \\ud800 without its pair,
+    which some endpoints send) replaced by U+FFFD: such a string cannot be encoded to record."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return value
+
+
+def _token_count(value: object, which: str) -> int:
+    count = value or 0
+    if not isinstance(count, int) or not 0 <= count <= MAX_TOKENS_PER_CALL:
+        raise _bad_reply(
+            f"the model endpoint reported {count!r} {which} tokens for one call; a count must be 0 to "
+            f"{MAX_TOKENS_PER_CALL:,}, so this call's usage cannot be counted against the budget"
+        )
+    return count
+
+
+def _bad_reply(message: str) -> ApplicationError:
+    # Calling again would cost another reply like it: a person decides (needs_attention).
+    return ApplicationError(message, type="BadModelResponse", non_retryable=True)
 
 
 def _status_error(e: APIStatusError) -> ApplicationError:

@@ -50,6 +50,7 @@ from durable_agent.prompts import terminal_approver
 from durable_agent.runs import start_agent
 from durable_agent.server import DEFAULT_PORT, DEFAULT_UI_PORT, ServerError, port_open, start_server
 from workflows.types import (
+    TERMINAL_STATES,
     WORKFLOW_TYPE,
     AgentInput,
     AgentResult,
@@ -480,6 +481,9 @@ async def trace_run(args: argparse.Namespace, console: Console) -> int:
 async def list_runs(args: argparse.Namespace, console: Console) -> int:
     client = await connect_client()
     query = f"WorkflowType = '{WORKFLOW_TYPE}'" + (f" AND AgentState = '{args.state}'" if args.state else "")
+    if args.state and args.state not in TERMINAL_STATES:
+        # A run terminated by the server keeps the AgentState it had: live means Running.
+        query += " AND ExecutionStatus = 'Running'"
     rows = [_list_row(run) async for run in client.list_workflows(query, limit=args.limit)]
     if not rows:
         console.line("no runs" + (f" in state {args.state}" if args.state else ""))
@@ -492,8 +496,11 @@ def _list_row(run: WorkflowExecution) -> tuple[str, ...]:
     from workflows.agent import AGENT_COST, AGENT_STATE, AGENT_STEP, AGENT_TOKENS  # the workflow's own keys
 
     found = run.typed_search_attributes
-    # A run that never wrote its attributes (e.g. failed on bad input) shows Temporal's status.
-    state = found.get(AGENT_STATE) or (run.status.name.lower() if run.status else "?")
+    # A run that never wrote its attributes (e.g. failed on bad input), or that closed without
+    # running workflow code (terminated, timed out, continued as new), shows Temporal's status.
+    state = found.get(AGENT_STATE)
+    if not state or (state not in TERMINAL_STATES and run.status != WorkflowExecutionStatus.RUNNING):
+        state = run.status.name.lower() if run.status else "?"
     cost = found.get(AGENT_COST)
     tokens = found.get(AGENT_TOKENS) or 0
     return run.id, state, str(found.get(AGENT_STEP) or 0), f"{tokens:,}", "-" if cost is None else f"${cost:.4f}"

@@ -81,7 +81,7 @@ async def test_an_unpaired_surrogate_in_the_reply_text_is_replaced(
 REPLY_CASES: dict[str, tuple[Reply, str]] = {
     "2^63 tokens": (Reply(content="x", input_tokens=2**63), "token"),
     "negative tokens": (Reply(content="x", output_tokens=-5), "token"),
-    "3 MB reply": (Reply(content="y" * 3_000_000), "characters"),
+    "3 MB reply": (Reply(content="y" * 3_000_000), "bytes"),
 }
 
 

@@ -5,6 +5,7 @@ items 3, 4, 7, 8 and 11)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from durable_agent.model_server import Failure, ModelServer, Reply
 from durable_agent.server import EmbeddedServer
 from tests.helpers import rejected_update, run_cli, start, wait_for
 from tests.scripts import Script, answer, tool_results, tools
+from tests.test_cli import durable_agent
 from workflows.types import AgentStatus
 
 
@@ -120,12 +122,14 @@ async def test_parallel_livelocked_calls_are_reported_and_resolved_one_by_one(
     assert status.state == "needs_attention" and status.attention is not None
     one, two = sorted(status.attention_reports, key=lambda r: r.what_failed)
     assert "one.txt" in one.what_failed and "two.txt" in two.what_failed and one.call_id != two.call_id
-    assert "several" in await rejected_update(handle, "resolve", {"action": "skip"})
+    assert "no open attention report" in await rejected_update(
+        handle, "resolve", {"action": "skip", "call_id": "3:nope"}
+    )
     await handle.execute_update("resolve", {"action": "skip", "call_id": one.call_id})
     status = await wait_for(handle, lambda s: len(s.attention_reports) == 1)
     assert status.attention_reports[0].call_id == two.call_id and status.state == "needs_attention"
     (workspace / "two.txt").write_text("retried")
-    await handle.execute_update("resolve", {"action": "retry"})  # the only one left: no id needed
+    await handle.execute_update("resolve", {"action": "retry"})  # no id: every open report (one left)
     result = await handle.result()
     assert result.output == "moved on"
 
@@ -155,17 +159,18 @@ async def test_time_waiting_for_a_person_does_not_count_against_max_duration(
     assert result.usage.elapsed_s < 3 < time.monotonic() - began
 
 
-async def test_status_elapsed_is_live_while_the_model_answers(
+async def test_status_elapsed_is_live_while_a_command_runs(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
-    model_server.latency_s = 3
-    model_server.responder = Script([], final="slow")
+    # No workflow task runs while the command does, so workflow.now() stands still.
+    model_server.responder = Script([tools(("run_command", {"command": "touch started; sleep 6"}))], final="slow")
+    began = time.monotonic()
     handle = await start(client, task_queue, goal="x", workspace=str(workspace))
-    await wait_for(handle, lambda s: len(model_server.requests) == 1)
-    first = (await handle.query("status", result_type=AgentStatus)).usage.elapsed_s
-    await asyncio.sleep(1.5)
-    second = (await handle.query("status", result_type=AgentStatus)).usage.elapsed_s
-    assert second - first >= 1.0, (first, second)
+    await wait_for(handle, lambda s: (workspace / "started").exists())
+    await asyncio.sleep(3)
+    asked = time.monotonic() - began
+    elapsed = (await handle.query("status", result_type=AgentStatus)).usage.elapsed_s
+    assert asked - 1.0 <= elapsed <= time.monotonic() - began, (asked, elapsed)
     await handle.result()
 
 
@@ -189,3 +194,32 @@ async def test_no_closed_run_keeps_agent_state_running(
     await asyncio.wait_for(settled(), 30)
     assert await count_runs(client, f'{chain} AND AgentState="running"') == 0
     assert await count_runs(client, f'{chain} AND AgentState="completed"') == 1
+
+
+async def test_list_shows_a_terminated_run_as_closed(
+    client: Client,
+    worker: Worker,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    temporal_server: EmbeddedServer,
+) -> None:
+    # `temporal workflow terminate` runs no workflow code: AgentState stays as it was.
+    model_server.responder = Script([tools(("run_command", {"command": "echo hi"}))])
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace), approval={"tools": ["run_command"]})
+    await wait_for(handle, lambda s: s.state == "awaiting_approval")
+    done = await run_cli(temporal_server.address, "workflow", "terminate", "--workflow-id", handle.id)
+    assert done.returncode == 0, done.stderr
+
+    async def closed() -> None:
+        query = f'WorkflowId="{handle.id}" AND ExecutionStatus="Terminated"'
+        while await count_runs(client, query) < 1:
+            await asyncio.sleep(0.2)
+
+    await asyncio.wait_for(closed(), 30)
+    env = {**os.environ, "TEMPORAL_ADDRESS": temporal_server.address}
+    waiting = await durable_agent("list", "--state", "awaiting_approval", "--limit", "1000", env=env)
+    assert waiting.returncode == 0 and handle.id not in waiting.stdout, waiting
+    listed = await durable_agent("list", "--limit", "1000", env=env)
+    [row] = [line.split() for line in listed.stdout.splitlines() if line.startswith(handle.id)]
+    assert row[1] == "terminated", row

@@ -8,7 +8,9 @@ limits, approvals, pauses, needs-attention and continue-as-new. All I/O is in ac
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -19,8 +21,7 @@ from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from activities import model_context as context_delivery
-    from workflows import limits as budget
-    from workflows import options
+    from workflows import limits, options
     from workflows.approval import approval_reason
     from workflows.context import (
         WireContext,
@@ -32,7 +33,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.livelock import LIVELOCK_REPEATS, call_key
     from workflows.status_view import details_markdown
-    from workflows.tool_specs import ToolArgumentError, call_summary, parse_tool_call
+    from workflows.tool_specs import ToolArgumentError, call_summary, parse_tool_call, unique_call_ids
     from workflows.types import (
         WORKFLOW_TYPE,
         AgentInput,
@@ -64,9 +65,14 @@ with workflow.unsafe.imports_passed_through():
 
 _M = TypeVar("_M", bound=BaseModel)
 
-MODEL_CALL_FAILED = (ActivityError, ApplicationError, TemporalTimeoutError)
-"""How a failed model call surfaces: wrapped in an ActivityError, or, for the local activity
-of runs recorded before it became a regular one, its own error or a timeout."""
+ACTIVITY_FAILED = (ActivityError, ApplicationError, TemporalTimeoutError)
+"""How a failed activity surfaces: a regular one wrapped in ActivityError; a local one (the
+file tools, and the model call of runs recorded before it became a regular activity) as
+its own error (a non-retryable one, or the last attempt's), a timeout, or wrapped. A
+cancelled one surfaces as one of these too: `_raise_if_cancelled` tells it apart."""
+
+MODEL_CALL_ID = "model"
+"""The attention report's `call_id` for a failed model call."""
 
 AGENT_STATE = SearchAttributeKey.for_keyword("AgentState")
 AGENT_STEP = SearchAttributeKey.for_int("AgentStep")
@@ -89,12 +95,17 @@ class AgentWorkflow:
         self._carry = Carry()
         self._limits = Limits()
         self._started_at = workflow.now()
+        self._waiting = 0
+        """How many waits for a person are open now (parallel calls may wait at once)."""
+        self._wait_began: datetime | None = None
+        self._waited_s = 0.0
+        """Time this run spent waiting for a person: not counted against max_duration_s."""
         self._steps_this_run = 0
         self._tokens_before_step = 0
         self._pending_approvals: dict[str, PendingApproval] = {}
         self._decisions: dict[str, ApprovalDecision] = {}
-        self._attention: AttentionReport | None = None
-        self._resolution: Resolution | None = None
+        self._attention: dict[str, AttentionReport] = {}
+        self._resolutions: dict[str, Resolution] = {}
         self._doing = "starting"
         self._result: AgentResult | None = None
         self._published: tuple[Any, ...] = ()
@@ -167,36 +178,70 @@ class AgentWorkflow:
             reply = await self._call_model()
             if not reply.tool_calls:
                 return self._finish("completed", "final_answer", output=reply.content or "")
-            if budget.tool_calls_exceed(self._carry.usage, self._limits, len(reply.tool_calls)):
+            if limits.tool_calls_exceed(self._carry.usage, self._limits, len(reply.tool_calls)):
                 return self._finish("stopped", "tool_call_budget", open_calls=reply.tool_calls)
             await self._run_tools(reply.tool_calls)
             self._end_step()
             if self._should_continue_as_new():
                 await workflow.wait_condition(workflow.all_handlers_finished)
+                if workflow.patched(options.CLOSED_RUN_STATE_PATCH):
+                    # The closed run holds no AgentState: the chain's next run holds it.
+                    workflow.upsert_search_attributes([AGENT_STATE.value_unset()])
                 workflow.continue_as_new(self._input_for_next_run())
 
     # --- limits ------------------------------------------------------------------------
 
-    def _spend(self) -> budget.Spend:
-        return budget.Spend(step=self._carry.step, usage=self._usage_now(), elapsed_s=self._usage_now().elapsed_s)
+    def _spend(self, now: datetime | None = None) -> limits.Spend:
+        usage = self._usage_now(now)
+        return limits.Spend(step=self._carry.step, usage=usage, elapsed_s=usage.elapsed_s)
 
-    def _usage_now(self) -> Usage:
-        elapsed = self._carry.elapsed_before_s + (workflow.now() - self._started_at).total_seconds()
-        return self._carry.usage.model_copy(update={"elapsed_s": round(elapsed, 3)})
+    def _usage_now(self, now: datetime | None = None) -> Usage:
+        """Usage with the time the run has run: waits for a person (paused, awaiting
+        approval, needs attention) are left out; the time limit is for runaway runs."""
+        now = now or workflow.now()
+        waited = self._waited_s
+        if self._waiting and self._wait_began is not None:
+            waited += max(0.0, (now - self._wait_began).total_seconds())
+        elapsed = self._carry.elapsed_before_s + (now - self._started_at).total_seconds() - waited
+        return self._carry.usage.model_copy(update={"elapsed_s": round(max(0.0, elapsed), 3)})
+
+    @contextmanager
+    def _waiting_for_a_person(self) -> Iterator[None]:
+        # Histories recorded before this change counted waits: they replay as recorded.
+        if not workflow.patched(options.WAITS_NOT_TIMED_PATCH):
+            yield
+            return
+        if self._waiting == 0:
+            self._wait_began = workflow.now()
+        self._waiting += 1
+        try:
+            yield
+        except GeneratorExit:
+            raise  # the worker drops the run from its cache: no clock, nothing to count
+        except BaseException:
+            self._end_wait()
+            raise
+        self._end_wait()
+
+    def _end_wait(self) -> None:
+        self._waiting -= 1
+        if self._waiting == 0 and self._wait_began is not None:
+            self._waited_s += max(0.0, (workflow.now() - self._wait_began).total_seconds())
+            self._wait_began = None
 
     def _hard_stop(self) -> StopReason | None:
         # The context only grows, so the last call's real input size is a floor for the next.
         context_tokens = max(estimate_tokens(model_context(self._carry.messages)), self._carry.last_input_tokens)
-        estimate = budget.estimate_next_call(context_tokens, self._carry.output_tokens, self._carry.last_price)
-        return budget.hard_stop(self._spend(), self._limits, estimate)
+        estimate = limits.estimate_next_call(context_tokens, self._carry.output_tokens, self._carry.last_price)
+        return limits.hard_stop(self._spend(), self._limits, estimate)
 
     def _enter_soft_tiers(self) -> None:
         spend = self._spend()
-        entered = [b for b in budget.soft_tier(spend, self._limits) if b not in self._carry.warned]
+        entered = [b for b in limits.soft_tier(spend, self._limits) if b not in self._carry.warned]
         if not entered:
             return
         self._carry.warned += entered
-        text = budget.warning_text(entered, spend, self._limits)
+        text = limits.warning_text(entered, spend, self._limits)
         self._add_message("system", text, kind="warning")
         self._degrade("soft_warning", f"{', '.join(entered)}: {text}")
         self._switch_to_fallback()
@@ -215,14 +260,14 @@ class AgentWorkflow:
 
     def _end_step(self) -> None:
         step_tokens = self._carry.usage.tokens - self._tokens_before_step
-        spike = budget.is_spike(step_tokens, self._carry.tokens_per_step)
-        self._carry.tokens_per_step = (self._carry.tokens_per_step + [step_tokens])[-budget.PACING_WINDOW :]
+        spike = limits.is_spike(step_tokens, self._carry.tokens_per_step)
+        self._carry.tokens_per_step = (self._carry.tokens_per_step + [step_tokens])[-limits.PACING_WINDOW :]
         if spike and "tokens" not in self._carry.warned:
             self._degrade(
                 "early_soft_tier", f"step {self._carry.step} used {step_tokens} tokens, over twice the average"
             )
             self._carry.warned.append("tokens")
-            self._add_message("system", budget.warning_text(["tokens"], self._spend(), self._limits), kind="warning")
+            self._add_message("system", limits.warning_text(["tokens"], self._spend(), self._limits), kind="warning")
             self._switch_to_fallback()
         # No publish here: the next model call publishes step and usage together, in one upsert.
 
@@ -235,15 +280,17 @@ class AgentWorkflow:
         while True:
             try:
                 reply = await self._execute_model_call()
-            except MODEL_CALL_FAILED as e:
-                if is_cancelled_exception(e):  # the run was cancelled while the model answered
-                    raise asyncio.CancelledError() from e
+            except ACTIVITY_FAILED as e:
+                _raise_if_cancelled(e)
                 await self._needs_attention(
+                    MODEL_CALL_ID,
                     what=f"call_model ({self._carry.model}) at step {self._carry.step}",
                     error=e,
                     attempts=_attempts(e, options.MODEL_RETRY.maximum_attempts),
                 )
+                self._take_user_messages()  # what a person added while the run waited
                 continue  # retry, or skip (the model is told), both call again
+            reply.tool_calls = unique_call_ids(reply.tool_calls)
             self._record_reply(reply)
             return reply
 
@@ -288,7 +335,7 @@ class AgentWorkflow:
             self._carry.usage.cost_known = False
         self._carry.last_price = reply.price
         self._carry.last_input_tokens = reply.input_tokens
-        self._carry.output_tokens = (self._carry.output_tokens + [reply.output_tokens])[-budget.PACING_WINDOW :]
+        self._carry.output_tokens = (self._carry.output_tokens + [reply.output_tokens])[-limits.PACING_WINDOW :]
         self._carry.messages.append(
             Message(role="assistant", content=reply.content, tool_calls=reply.tool_calls, step=self._carry.step)
         )
@@ -296,9 +343,16 @@ class AgentWorkflow:
     # --- tools -------------------------------------------------------------------------
 
     async def _run_tools(self, calls: list[ToolCall]) -> None:
-        self._carry.usage.tool_calls += len(calls)
-        self._doing = f"running {len(calls)} tool call(s) (step {self._carry.step})"
-        outcomes = await asyncio.gather(*(self._run_tool(call) for call in calls))
+        runnable = calls[: limits.MAX_TOOL_CALLS_PER_STEP]
+        self._carry.usage.tool_calls += len(runnable)
+        self._doing = f"running {len(runnable)} tool call(s) (step {self._carry.step})"
+        outcomes = await asyncio.gather(*(self._run_tool(call) for call in runnable))
+        not_run = ToolOutcome(
+            ok=False,
+            error=f"not run: a reply may ask for at most {limits.MAX_TOOL_CALLS_PER_STEP} tool calls; "
+            f"this one asked for {len(calls):,}. Ask again for the ones you still need.",
+        )
+        outcomes += [not_run] * (len(calls) - len(runnable))
         for call, outcome in zip(calls, outcomes, strict=True):
             self._add_tool_result(call, outcome)
 
@@ -318,6 +372,7 @@ class AgentWorkflow:
             if streak < LIVELOCK_REPEATS:
                 return outcome
             resolution = await self._needs_attention(
+                f"{self._carry.step}:{call.id}",
                 what=f"{call_summary(call.name, args)} failed {streak} times in a row",
                 error=outcome.error or "",
                 attempts=streak,
@@ -362,7 +417,8 @@ class AgentWorkflow:
                 cancellation_type=options.TOOL_CANCELLATION,
                 summary=call_summary(call.name, args),
             )
-        except ActivityError as e:
+        except ACTIVITY_FAILED as e:
+            _raise_if_cancelled(e)
             return ToolOutcome(ok=False, error=f"{call.name} failed: {_failure_message(e)}")
 
     async def _await_approval(self, call: ToolCall, args: dict[str, Any]) -> ToolOutcome | None:
@@ -379,7 +435,8 @@ class AgentWorkflow:
             reason=reason,
         )
         self._publish()
-        decision = await self._wait_for_decision(approval_id)
+        with self._waiting_for_a_person():
+            decision = await self._wait_for_decision(approval_id)
         del self._pending_approvals[approval_id]
         self._publish()
         if decision.approved:
@@ -412,9 +469,12 @@ class AgentWorkflow:
 
     # --- people ------------------------------------------------------------------------
 
-    async def _needs_attention(self, what: str, error: FailureError | str, attempts: int) -> Resolution:
+    async def _needs_attention(self, call_id: str, what: str, error: FailureError | str, attempts: int) -> Resolution:
+        """Report the failed call and wait for a person's `resolve` of it. Parallel tool
+        calls may each wait here at once, each with its own report and resolution."""
         message = error if isinstance(error, str) else _failure_message(error)
-        self._attention = AttentionReport(
+        self._attention[call_id] = AttentionReport(
+            call_id=call_id,
             what_failed=what,
             last_error=message,
             attempts=attempts,
@@ -425,13 +485,12 @@ class AgentWorkflow:
                 "terminate: finish the run now with a partial result",
             ],
         )
-        self._resolution = None
         self._add_message("system", f"Needs attention: {what}: {message}", kind="attention")
         self._publish()
-        await workflow.wait_condition(lambda: self._resolution is not None)
-        resolution = self._resolution or Resolution(action="retry")
-        self._attention = None
-        self._resolution = None
+        with self._waiting_for_a_person():
+            await workflow.wait_condition(lambda: call_id in self._resolutions)
+        resolution = self._resolutions.pop(call_id)
+        del self._attention[call_id]
         self._add_message("user", _resolution_text(resolution), kind="resolution")
         self._publish()
         if resolution.action == "terminate":
@@ -442,7 +501,8 @@ class AgentWorkflow:
         if not self._carry.paused:
             return
         self._publish()
-        await workflow.wait_condition(lambda: not self._carry.paused)
+        with self._waiting_for_a_person():
+            await workflow.wait_condition(lambda: not self._carry.paused)
         self._publish()
 
     def _pause(self, reason: str | None) -> None:
@@ -493,7 +553,7 @@ class AgentWorkflow:
     @workflow.update(name="raise_limits")
     def raise_limits(self, raw: Any) -> Limits:
         self._limits = LimitsPatch.model_validate(raw or {}).apply_to(self._limits)
-        self._carry.warned = [b for b in self._carry.warned if b in budget.soft_tier(self._spend(), self._limits)]
+        self._carry.warned = [b for b in self._carry.warned if b in limits.soft_tier(self._spend(), self._limits)]
         self._publish()
         return self._limits
 
@@ -507,20 +567,37 @@ class AgentWorkflow:
 
     @workflow.update(name="resolve")
     def resolve(self, raw: Any) -> str:
-        self._resolution = Resolution.model_validate(raw)
-        return f"resolved with {self._resolution.action}"
+        resolution = Resolution.model_validate(raw)
+        calls = [resolution.call_id] if resolution.call_id else self._unresolved()
+        for call_id in calls:
+            self._resolutions[call_id] = resolution
+        return f"resolved {', '.join(calls)} with {resolution.action}"
 
     @resolve.validator
     def _validate_resolve(self, raw: Any) -> None:
-        _decode(Resolution, raw)
-        if self._attention is None:
+        resolution = _decode(Resolution, raw)
+        if not self._attention:
             raise ValueError(f"the run does not need attention (state: {self._state()})")
-        if self._resolution is not None:
-            raise ValueError("this attention report was already resolved")
+        open_reports = self._unresolved()
+        if resolution.call_id is None and not open_reports:
+            raise ValueError("every attention report was already resolved")
+        if resolution.call_id is not None and resolution.call_id not in open_reports:
+            known = ", ".join(open_reports) or "none"
+            raise ValueError(f"no open attention report for call {resolution.call_id!r}; open: {known}")
+
+    def _unresolved(self) -> list[str]:
+        return [call_id for call_id in self._attention if call_id not in self._resolutions]
 
     @workflow.query(name="status")
     def status(self) -> AgentStatus:
-        spend = self._spend() if self._input else budget.Spend(0, self._carry.usage, 0.0)
+        # Live: workflow.now() stands still between workflow tasks (during a model call, a
+        # command, a wait). A query changes nothing, so reading the clock here is safe.
+        with workflow.unsafe.sandbox_unrestricted():
+            now = datetime.now(UTC)
+        return self._status(max(now, workflow.now()))
+
+    def _status(self, now: datetime | None = None) -> AgentStatus:
+        spend = self._spend(now) if self._input else limits.Spend(0, self._carry.usage, 0.0)
         return AgentStatus(
             state=self._state() if self._input else "starting",
             step=self._carry.step,
@@ -528,11 +605,12 @@ class AgentWorkflow:
             usage=self._result.usage if self._result else spend.usage,
             limits=self._limits,
             pending_approvals=list(self._pending_approvals.values()),
-            attention=self._attention,
+            attention=next(iter(self._attention.values()), None),
+            attention_reports=list(self._attention.values()),
             paused_reason=self._carry.paused_reason if self._carry.paused else None,
             degradations=self._carry.degradations,
-            soft_tier=budget.soft_tier(spend, self._limits) if self._input else [],
-            runway=budget.runway(spend, self._limits),
+            soft_tier=limits.soft_tier(spend, self._limits) if self._input else [],
+            runway=limits.runway(spend, self._limits),
             activity=self._activity(),
             result=self._result,
         )
@@ -555,7 +633,7 @@ class AgentWorkflow:
     def _state(self) -> RunState:
         if self._result is not None:
             return self._result.state
-        if self._attention is not None:
+        if self._attention:
             return "needs_attention"
         if self._carry.paused:
             return "paused"
@@ -590,7 +668,7 @@ class AgentWorkflow:
                     AGENT_COST.value_set(float(snapshot[3])),
                 ]
             )
-        workflow.set_current_details(details_markdown(self.status()))
+        workflow.set_current_details(details_markdown(self._status()))
 
     def _finish(
         self, state: RunState, reason: StopReason, output: str | None = None, open_calls: list[ToolCall] = ()
@@ -645,15 +723,22 @@ def _readable(error: ValidationError) -> str:
     return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'payload'}: {err['msg']}" for err in error.errors())
 
 
+def _raise_if_cancelled(error: BaseException) -> None:
+    """An activity that failed because the run is being cancelled: the cancel goes on up to
+    `run`, which closes the run as `cancelled`, rather than counting as a failed call."""
+    if is_cancelled_exception(error):
+        raise asyncio.CancelledError() from error
+
+
 def _failure_message(error: BaseException) -> str:
-    """The innermost failure's message: what actually went wrong, not the wrapper."""
+    """What went wrong, beneath the ActivityError wrapper: the activity's own error, whose
+    message is written for people (not the low-level exception it was raised from)."""
     cause: BaseException | None = error
-    message = str(error)
-    while cause is not None:
-        if isinstance(cause, FailureError) and cause.message:
-            message = cause.message
+    while isinstance(cause, ActivityError) and cause.__cause__ is not None:
         cause = cause.__cause__
-    return message
+    if isinstance(cause, FailureError) and cause.message:
+        return cause.message
+    return str(cause or error)
 
 
 def _attempts(error: FailureError, maximum: int) -> int:

@@ -15,6 +15,10 @@ from workflows.types import Limits, Price, Runway, StopReason, Usage
 DEFAULT_EXPECTED_OUTPUT_TOKENS = 1_000
 """Pre-charge for a model call's reply until the run has its own average."""
 
+MAX_TOOL_CALLS_PER_STEP = 64
+"""Tool calls run from one reply; the model is told the rest were not run. A reply asking
+for thousands would otherwise schedule them all in one workflow task."""
+
 PACING_WINDOW = 10
 PACING_MIN_SAMPLES = 3
 PACING_SPIKE_FACTOR = 2.0

@@ -83,6 +83,10 @@ activity would show its summary there too, and show as pending while it runs.
 is what a replacement worker takes over (durable_agent/takeover.py)."""
 LOCAL_TOOLS_PATCH = "file-tools-local"
 """`workflow.patched` id: runs recorded before the change replay with regular activities."""
+WAITS_NOT_TIMED_PATCH = "waits-not-timed"
+"""`workflow.patched` id: time waiting for a person is left out of `elapsed_s`."""
+CLOSED_RUN_STATE_PATCH = "closed-run-state"
+"""`workflow.patched` id: a run clears its AgentState before it continues as new."""
 COMMAND_GRACE = timedelta(seconds=30)
 """run_command's start-to-close is its own timeout plus this, so the tool reports the timeout."""
 TOOL_RETRY = RetryPolicy(
@@ -90,7 +94,7 @@ TOOL_RETRY = RetryPolicy(
     backoff_coefficient=RETRY_GROWTH,
     maximum_interval=timedelta(seconds=10),
     maximum_attempts=5,
-    non_retryable_error_types=["ToolArgumentError", "WorkspaceError"],
+    non_retryable_error_types=["ToolArgumentError"],
 )
 # Cancelling a run waits for run_command to kill its process group before the run closes.
 TOOL_CANCELLATION = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from workflows.types import ALL_TOOLS
+from workflows.types import ALL_TOOLS, ToolCall
 
 
 class _Args(BaseModel):
@@ -92,9 +92,36 @@ def parse_tool_call(name: str, raw_arguments: str, enabled: list[str]) -> _Args:
         decoded = json.loads(raw_arguments or "{}")
     except json.JSONDecodeError as e:
         raise ToolArgumentError(f"arguments for {name} are not valid JSON ({e.msg} at position {e.pos})") from e
+    except RecursionError:
+        raise ToolArgumentError(f"arguments for {name} are nested too deeply to read") from None
     if not isinstance(decoded, dict):
         raise ToolArgumentError(f"arguments for {name} must be a JSON object, got {type(decoded).__name__}")
+    try:
+        json.dumps(decoded, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise ToolArgumentError(
+            f"arguments for {name} hold an unpaired UTF-16 surrogate (a \\ud800-\\udfff escape "
+            "without its pair), which is not text; write the character itself"
+        ) from None
     return validate_arguments(name, decoded)
+
+
+def unique_call_ids(calls: list[ToolCall]) -> list[ToolCall]:
+    """The calls with ids unique within the reply. Some endpoints repeat an id or send none;
+    an id names the call's journal entry and its result, so a repeated or empty one gets
+    `<id>-<index>` (the call's position), deterministically, before anything is recorded."""
+    taken = {call.id for call in calls}
+    seen: set[str] = set()
+    unique: list[ToolCall] = []
+    for index, call in enumerate(calls):
+        new_id = call.id
+        if not new_id or new_id in seen:
+            new_id = f"{call.id or 'call'}-{index}"
+            while new_id in taken or new_id in seen:
+                new_id += "x"
+        seen.add(new_id)
+        unique.append(call if new_id == call.id else call.model_copy(update={"id": new_id}))
+    return unique
 
 
 def validate_arguments(name: str, arguments: dict[str, Any]) -> _Args:

@@ -166,6 +166,11 @@ class ContextSettings(_Strict):
     """Tool output longer than this is truncated in context; the whole is kept by reference."""
 
 
+MAX_GOAL_CHARS = 100_000
+"""About 25,000 tokens. The goal is carried twice at each continue-as-new (as the input's
+goal and in the transcript), and Temporal refuses an input over 2 MB."""
+
+
 class AgentInput(_Strict):
     """The workflow's single input (DESIGN §4). Everything but goal and workspace has a default."""
 
@@ -184,6 +189,16 @@ class AgentInput(_Strict):
     task timeout that fast crash recovery relies on (see durable_agent/runs.py)."""
     carry: Carry | None = None
     """Set only by the workflow itself when it continues as new."""
+
+    @field_validator("goal")
+    @classmethod
+    def _goal_fits(cls, goal: str) -> str:
+        if len(goal) > MAX_GOAL_CHARS:
+            raise ValueError(
+                f"goal is {len(goal):,} characters, over the {MAX_GOAL_CHARS:,} limit; put long material "
+                "in a workspace file and name it in the goal"
+            )
+        return goal
 
     @field_validator("workspace")
     @classmethod
@@ -436,11 +451,16 @@ class AttentionReport(BaseModel):
     attempts: int
     step: int
     suggested_actions: list[str]
+    call_id: str | None = None
+    """Which call failed: `model` for the model call, `<step>:<tool call id>` for a tool call.
+    Name it in `resolve` when several calls need attention at once."""
 
 
 class Resolution(BaseModel):
     action: Literal["retry", "skip", "terminate"]
     note: str | None = None
+    call_id: str | None = None
+    """The report to resolve; None resolves every open report with this action."""
 
 
 class PauseRequest(BaseModel):
@@ -474,6 +494,8 @@ class AgentStatus(BaseModel):
     limits: Limits
     pending_approvals: list[PendingApproval] = Field(default_factory=list)
     attention: AttentionReport | None = None
+    """The first open report; `attention_reports` holds them all."""
+    attention_reports: list[AttentionReport] = Field(default_factory=list)
     paused_reason: str | None = None
     degradations: list[Degradation] = Field(default_factory=list)
     soft_tier: list[str] = Field(default_factory=list)

@@ -18,14 +18,16 @@ is saved whole under `<workspace>/.durable-agent/outputs/`, named by the call's 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
+from activities.regular_files import NotRegularFile
 from activities.tools import files, search
 from activities.tools.base import PATH_ERRNOS, ToolCallContext, ToolError, describe_os_error
 from activities.tools.command import INTERRUPTED, CommandRunner
@@ -35,9 +37,15 @@ from workflows.types import ToolCallInput, ToolOutcome
 
 __all__ = ["INTERRUPTED", "ToolActivities"]
 
-_EXPECTED = (ToolError, WorkspaceError, ToolArgumentError)
+_EXPECTED = (ToolError, WorkspaceError, ToolArgumentError, NotRegularFile)
 
 Work = Callable[[ToolCallContext, Any], Awaitable[ToolOutcome]]
+_T = TypeVar("_T")
+
+FILE_TOOL_TIME_LIMIT_S = 30.0
+"""A file tool call that has not finished by then is abandoned and reported to the model.
+Each call runs on a thread of its own, not a shared pool: a call stuck in the kernel (a
+hung mount) holds only its own thread, never the threads that other runs' calls need."""
 
 
 class ToolActivities:
@@ -73,23 +81,23 @@ class ToolActivities:
 
     @activity.defn(name="read_file")
     async def read_file(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("read_file", input, partial(asyncio.to_thread, files.read_file))
+        return await self._serve("read_file", input, partial(_in_own_thread, files.read_file))
 
     @activity.defn(name="write_file")
     async def write_file(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("write_file", input, partial(asyncio.to_thread, files.write_file))
+        return await self._serve("write_file", input, partial(_in_own_thread, files.write_file))
 
     @activity.defn(name="edit_file")
     async def edit_file(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("edit_file", input, partial(asyncio.to_thread, files.edit_file))
+        return await self._serve("edit_file", input, partial(_in_own_thread, files.edit_file))
 
     @activity.defn(name="list_files")
     async def list_files(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("list_files", input, partial(asyncio.to_thread, self._list_files))
+        return await self._serve("list_files", input, partial(_in_own_thread, self._list_files))
 
     @activity.defn(name="search_files")
     async def search_files(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("search_files", input, partial(asyncio.to_thread, self._search_files))
+        return await self._serve("search_files", input, partial(_in_own_thread, self._search_files))
 
     @activity.defn(name="run_command")
     async def run_command(self, input: ToolCallInput) -> ToolOutcome:
@@ -99,7 +107,7 @@ class ToolActivities:
         """Heartbeat, re-validate, run the tool and sort its errors (see the module docstring).
 
         The heartbeats come from a background task, so `work` must leave the event loop
-        free: file tools run in a thread, run_command awaits its process.
+        free: file tools run in a thread of their own, run_command awaits its process.
         """
         async with heartbeating():
             try:
@@ -125,3 +133,36 @@ class ToolActivities:
 
     def _search_files(self, call: ToolCallContext, args: Any) -> ToolOutcome:
         return search.search_files(call, args, self._max_search_matches)
+
+
+async def _in_own_thread(work: Callable[..., _T], *args: Any) -> _T:
+    """`work(*args)` on a new daemon thread, bounded by FILE_TOOL_TIME_LIMIT_S."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[_T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)
+
+    def target() -> None:
+        try:
+            result, error = work(*args), None
+        except BaseException as e:  # handed to the awaiting task, which sorts it
+            result, error = None, e
+        try:
+            loop.call_soon_threadsafe(settle, result, error)
+        except RuntimeError:
+            pass  # the loop closed while this call was stuck; no one waits for it any more
+
+    threading.Thread(target=target, name="file-tool", daemon=True).start()
+    try:
+        return await asyncio.wait_for(asyncio.shield(done), FILE_TOOL_TIME_LIMIT_S)
+    except TimeoutError:
+        raise ToolError(
+            f"the call did not finish within {FILE_TOOL_TIME_LIMIT_S:g} s and was abandoned; "
+            "try a smaller file or folder"
+        ) from None

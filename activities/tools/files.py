@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import BinaryIO
 
 from activities.journal import atomic_write
+from activities.regular_files import open_regular, read_regular
 from activities.tools.base import ToolCallContext, ToolError, binary, clip, decode_text, exactly_once, sha256
 from workflows.tool_specs import EditFileArgs, ReadFileArgs, WriteFileArgs
 from workflows.types import ToolOutcome
@@ -14,10 +16,10 @@ SNIFF_BYTES = 8_192
 
 def read_file(call: ToolCallContext, args: ReadFileArgs) -> ToolOutcome:
     path = call.workspace.resolve(args.path)
-    size = path.stat().st_size
     first = args.offset or 1
     last = first + args.limit - 1 if args.limit else None
-    with path.open("rb") as f:
+    with open_regular(path, args.path) as f:
+        size = os.fstat(f.fileno()).st_size
         if b"\0" in f.read(SNIFF_BYTES):
             raise binary(args.path, size)
         f.seek(0)
@@ -82,7 +84,7 @@ def edit_file(call: ToolCallContext, args: EditFileArgs) -> ToolOutcome:
 
     def act() -> ToolOutcome:
         path = call.workspace.resolve(args.path, for_write=True)
-        data = path.read_bytes()
+        data = read_regular(path, args.path)
         earlier = call.journal.started(key)
         if earlier is not None and earlier.get("after") == sha256(data):
             return ToolOutcome.model_validate(earlier["outcome"])

@@ -5,10 +5,13 @@ from __future__ import annotations
 import fnmatch
 import itertools
 import os
-import re
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import regex
+
+from activities.regular_files import NotRegularFile, read_regular
 from activities.tools.base import ToolCallContext, ToolError, clip, decode_text, text_outcome
 from activities.workspace import RESERVED_DIR, Workspace
 from workflows.tool_specs import ListFilesArgs, SearchFilesArgs
@@ -17,6 +20,13 @@ from workflows.types import ToolOutcome
 SKIP_DIRS = frozenset({".git", RESERVED_DIR})
 MAX_SEARCH_FILE_BYTES = 20_000_000
 """Bigger files are skipped by search_files: they are data, not source, and would fill memory."""
+SEARCH_TIME_LIMIT_S = 10.0
+"""A whole search_files call, regex included. Patterns run on the `regex` engine, which
+takes a timeout and releases the GIL while it matches: a catastrophic pattern such as
+`(a+)+$` over a long line ends with a clear error instead of holding one CPU and every
+other thread of the worker (Python's `re` keeps the GIL for as long as it backtracks).
+It reads Python's regex syntax, which the model writes; a linear-time engine (RE2) would
+refuse backreferences and lookarounds, a subprocess per search would cost a fork."""
 
 
 def list_files(call: ToolCallContext, args: ListFilesArgs, max_entries: int) -> ToolOutcome:
@@ -34,16 +44,24 @@ def list_files(call: ToolCallContext, args: ListFilesArgs, max_entries: int) -> 
     return text_outcome(call, "\n".join(lines))
 
 
-def search_files(call: ToolCallContext, args: SearchFilesArgs, max_matches: int) -> ToolOutcome:
+def search_files(
+    call: ToolCallContext, args: SearchFilesArgs, max_matches: int, time_limit_s: float = SEARCH_TIME_LIMIT_S
+) -> ToolOutcome:
     try:
-        regex = re.compile(args.pattern)
-    except re.error as e:
+        pattern = regex.compile(args.pattern)
+    except regex.error as e:
         raise ToolError(f"invalid regular expression {args.pattern!r}: {e}") from e
     target = call.workspace.resolve(args.path)
     if not target.exists():
         raise ToolError(f"no such file or folder: {args.path}")
-    found = _grep(call.workspace, target, regex, args.glob)
-    matches = list(itertools.islice(found, max_matches + 1))
+    found = _grep(call.workspace, target, pattern, args.glob, time.monotonic() + time_limit_s)
+    try:
+        matches = list(itertools.islice(found, max_matches + 1))
+    except TimeoutError:
+        raise ToolError(
+            f"search_files timed out after {time_limit_s:g} s searching for {args.pattern!r}; "
+            "simplify the pattern (nested repeats such as (a+)+ backtrack without end) or narrow path or glob"
+        ) from None
     if not matches:
         note = _pattern_note(args.glob)
         return ToolOutcome(ok=True, output=f"no matches for {args.pattern!r} in {args.path}{note}")
@@ -65,7 +83,10 @@ def _walk(top: Path) -> Iterator[str]:
             yield os.path.join(folder, name)
 
 
-def _grep(workspace: Workspace, target: Path, regex: re.Pattern[str], glob: str | None) -> Iterator[str]:
+def _grep(
+    workspace: Workspace, target: Path, pattern: regex.Pattern[str], glob: str | None, deadline: float
+) -> Iterator[str]:
+    """Matching lines as `path:line: text`; raises TimeoutError once past `deadline`."""
     base = target if target.is_dir() else target.parent
     paths: Iterable[str] = _walk(target) if target.is_dir() else [str(target)]
     for path in paths:
@@ -78,18 +99,20 @@ def _grep(workspace: Workspace, target: Path, regex: re.Pattern[str], glob: str 
             continue
         shown = workspace.display(path)
         for number, line in enumerate(text.splitlines(), start=1):
-            if regex.search(line):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            if pattern.search(line, timeout=left, concurrent=True):
                 yield f"{shown}:{number}: {clip(line)}"
 
 
 def _searchable_text(path: str) -> str | None:
-    """The file's text, or None for what search skips: binary, huge, unreadable, not a file."""
+    """The file's text, or None for what search skips: binary, huge, unreadable, not a regular file."""
     try:
         if not os.path.isfile(path) or os.path.getsize(path) > MAX_SEARCH_FILE_BYTES:
             return None
-        with open(path, "rb") as f:
-            return decode_text(f.read())
-    except PermissionError:
+        return decode_text(read_regular(path))
+    except (PermissionError, NotRegularFile, IsADirectoryError):
         return None
 
 

@@ -1,0 +1,56 @@
+"""Reading regular files only: a FIFO, socket or device in the workspace must never block a tool.
+
+A named pipe that no one writes to blocks `open()` for ever, a socket refuses it, and a
+device may never end. Tools and the journal therefore look at what a path is before
+opening it, open it non-blocking (a FIFO then opens at once) and check again on the open
+file, in case the path was swapped in between.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import BinaryIO
+
+SPECIAL_KINDS = {
+    stat.S_IFIFO: "FIFO (named pipe)",
+    stat.S_IFSOCK: "socket",
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+}
+
+
+class NotRegularFile(Exception):
+    """The path is a FIFO, socket or device; the message is written for the model."""
+
+    def __init__(self, shown: str, mode: int) -> None:
+        kind = SPECIAL_KINDS.get(stat.S_IFMT(mode), "special file")
+        super().__init__(f"{shown} is a {kind}, not a regular file; the file tools read regular files only")
+
+
+def open_regular(path: str | Path, shown: str | None = None) -> BinaryIO:
+    """`path` opened for binary reading; raises NotRegularFile, or OSError (EISDIR for a folder)."""
+    shown = shown if shown is not None else str(path)
+    _check(os.stat(path).st_mode, path, shown)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        _check(os.fstat(fd).st_mode, path, shown)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | Path, shown: str | None = None) -> bytes:
+    with open_regular(path, shown) as f:
+        return f.read()
+
+
+def _check(mode: int, path: str | Path, shown: str) -> None:
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if not stat.S_ISREG(mode):
+        raise NotRegularFile(shown, mode)

@@ -220,15 +220,24 @@ async def test_cancel_ends_cleanly_with_a_result(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
     model_server.responder = Script(
-        [tools(("run_command", {"command": "echo started > s.txt; sleep 60; echo no > never.txt"}))]
+        [tools(("run_command", {"command": "echo $$ > pid.tmp; mv pid.tmp pid; sleep 60"}))]
     )
     handle = await start(client, task_queue, goal="x", workspace=str(workspace))
-    await wait_for(handle, lambda s: (workspace / "s.txt").exists())
+    await wait_for(handle, lambda s: (workspace / "pid").exists())
+    pid = int((workspace / "pid").read_text())
+    assert process_alive(pid)
     await handle.cancel()
     result = await handle.result()
     assert result.state == "cancelled" and result.stop_reason == "cancelled" and result.unfinished
-    await asyncio.sleep(1)
-    assert not (workspace / "never.txt").exists()
+    assert not process_alive(pid)  # the run closes only once the command's process group is killed
+
+
+def process_alive(pid: int) -> bool:
+    """Running and not a zombie (PID 1 in a container may never reap it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 async def test_transcript_by_step(

@@ -16,7 +16,7 @@ from durable_agent.model_server import ModelServer
 from durable_agent.runs import chain_histories
 from tests.helpers import start
 from tests.scripts import Script, answer, tool_results, tools
-from tests.test_replay import replayer
+from tests.test_replay import replay_failure
 from workflows.types import PACKED_MESSAGES, AgentStatus, Carry, Message, ToolCall, pack_messages
 
 
@@ -89,7 +89,7 @@ async def test_a_long_run_continues_as_new_and_loses_nothing(
         carried = json.loads(last.workflow_execution_continued_as_new_event_attributes.input.payloads[0].data)
         assert carried["carry"]["messages"].startswith(PACKED_MESSAGES)
     for history in runs:  # each run of the chain replays, the later ones from a packed carry
-        assert (await replayer().replay_workflow(history)).replay_failure is None
+        assert await replay_failure(history) is None
 
     # The last model call saw the whole context: the goal and the first step's results.
     last_request = model_server.requests[-1]

@@ -69,27 +69,6 @@ async def test_cancel_ends_the_run_as_cancelled_whatever_it_waits_for(
     assert len(model_server.requests) == 1 - (waiting_in == "paused")
 
 
-async def test_cancel_kills_a_running_command(
-    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
-) -> None:
-    model_server.responder = Script([tools(("run_command", {"command": "echo $$ > pid.txt; sleep 60"}))])
-    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
-    await wait_for(handle, lambda s: (workspace / "pid.txt").exists() and bool((workspace / "pid.txt").read_text()))
-    pid = int((workspace / "pid.txt").read_text())
-    assert Path(f"/proc/{pid}").exists()
-    await handle.cancel()
-    result = await handle.result()
-    assert result.state == "cancelled"
-
-    def alive() -> bool:
-        try:
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-
-    assert not alive()  # the run closes only once the command's process group is gone
-
-
 async def test_messages_added_while_a_run_needs_attention_reach_the_retried_call(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:

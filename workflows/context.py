@@ -69,9 +69,8 @@ def openai_message(message: Message) -> dict[str, Any]:
 
 
 class WireContext:
-    """The transcript in wire format, each message rendered once rather than at every step:
-    a 200-step run sends ~600 messages per call, and rebuilding and re-validating them as
-    models on every call was a tenth of the worker's CPU (py-spy)."""
+    """The transcript in wire format, each message rendered once rather than at every call:
+    a 200-step run sends ~600 messages per call."""
 
     def __init__(self) -> None:
         self._rendered: dict[int, tuple[Message, dict[str, Any]]] = {}

@@ -38,10 +38,10 @@ but costs a "command interrupted" answer to the model; of a model call, a repeat
 RETRY_FIRST = timedelta(milliseconds=100)
 """The first retry is the one after a crash: the heartbeat timeout has already waited 1.5 s
 and a replacement worker is usually polling by then, so every 100 ms here is 100 ms of
-recovery (the former 0.5 s was a sixth of the ~3 s). Real failures then back off fast."""
+recovery. Real failures then back off fast."""
 RETRY_GROWTH = 4.0
 """From 0.1 s, x4 spaces retries 0.1, 0.4, 1.6, 6.4, 25.6 s: the model gets ~34 s in all
-before a person is asked (0.5 s doubling gave 15.5 s), tools 8.5 s (was 7.5 s)."""
+before a person is asked, tools 8.5 s."""
 
 MODEL_START_TO_CLOSE = timedelta(seconds=120)
 MODEL_RETRY = RetryPolicy(

@@ -52,6 +52,10 @@ async def test_multi_step_run_with_parallel_tools(
     assert "alpha" in content
     assert "2" in count
     assert third["tools"] and {t["function"]["name"] for t in third["tools"]} >= {"read_file", "run_command"}
+    transcript = await handle.query("transcript", result_type=list[Message])
+    results = [m for m in transcript if m.role == "tool"]
+    assert {m.kind for m in results} == {"tool_result"}
+    assert [m.tool_name for m in results] == ["write_file", "write_file", "list_files", "read_file", "run_command"]
 
 
 async def test_history_holds_no_transcript_copy(

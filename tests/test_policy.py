@@ -9,7 +9,7 @@ from workflows.approval import approval_reason
 from workflows.context import estimate_tokens, last_answer, model_context, openai_message
 from workflows.livelock import LIVELOCK_REPEATS, LivelockTracker, call_key
 from workflows.tool_specs import ToolArgumentError, parse_tool_call, unique_call_ids
-from workflows.types import ALL_TOOLS, Approval, Limits, Message, Price, ToolCall, Usage
+from workflows.types import ALL_TOOLS, Approval, Carry, Limits, Message, Price, ToolCall, Usage
 
 NO_CALL = limits.NextCallEstimate(tokens=0, cost_usd=0.0)
 
@@ -191,3 +191,13 @@ def test_a_command_timeout_must_be_a_finite_positive_number(timeout: str) -> Non
 def test_an_unknown_or_disabled_tool_is_named_with_the_available_ones() -> None:
     with pytest.raises(ToolArgumentError, match="available tools: read_file"):
         parse_tool_call("write_file", "{}", ["read_file"])
+
+
+# --- the carried state -------------------------------------------------------------
+
+
+def test_a_carry_written_before_the_rename_keeps_its_output_token_window() -> None:
+    old = Carry.model_validate({"output_tokens": [10, 20]})
+    assert old.recent_output_tokens == [10, 20]
+    assert "output_tokens" not in Carry(recent_output_tokens=[5]).model_dump()
+    assert Carry.model_validate_json(Carry(recent_output_tokens=[5]).model_dump_json()).recent_output_tokens == [5]

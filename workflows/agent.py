@@ -232,7 +232,7 @@ class AgentWorkflow:
     def _hard_stop(self) -> StopReason | None:
         # The context only grows, so the last call's real input size is a floor for the next.
         context_tokens = max(estimate_tokens(model_context(self._carry.messages)), self._carry.last_input_tokens)
-        estimate = limits.estimate_next_call(context_tokens, self._carry.output_tokens, self._carry.last_price)
+        estimate = limits.estimate_next_call(context_tokens, self._carry.recent_output_tokens, self._carry.last_price)
         return limits.hard_stop(self._spend(), self._limits, estimate)
 
     def _enter_soft_tiers(self) -> None:
@@ -335,7 +335,9 @@ class AgentWorkflow:
             self._carry.usage.cost_known = False
         self._carry.last_price = reply.price
         self._carry.last_input_tokens = reply.input_tokens
-        self._carry.output_tokens = (self._carry.output_tokens + [reply.output_tokens])[-limits.PACING_WINDOW :]
+        self._carry.recent_output_tokens = (self._carry.recent_output_tokens + [reply.output_tokens])[
+            -limits.PACING_WINDOW :
+        ]
         self._carry.messages.append(
             Message(role="assistant", content=reply.content, tool_calls=reply.tool_calls, step=self._carry.step)
         )
@@ -464,7 +466,14 @@ class AgentWorkflow:
         if not outcome.ok and outcome.output:
             text += "\n" + outcome.output
         self._carry.messages.append(
-            Message(role="tool", content=text, tool_call_id=call.id, step=self._carry.step, kind=call.name)
+            Message(
+                role="tool",
+                content=text,
+                tool_call_id=call.id,
+                step=self._carry.step,
+                kind="tool_result",
+                tool_name=call.name,
+            )
         )
 
     # --- people ------------------------------------------------------------------------

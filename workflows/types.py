@@ -13,7 +13,16 @@ import re
 import zlib
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_serializer, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from workflows.livelock import LivelockTracker
 
@@ -249,7 +258,11 @@ class Message(BaseModel):
     tool_call_id: str | None = None
     step: int = 0
     kind: str | None = None
-    """What produced a non-model message: goal, user, warning, degradation, attention, summary."""
+    """What produced a non-model message: system_prompt, goal, user, warning, degradation,
+    attention, resolution, tool_result. (Transcripts written before `tool_name` existed hold
+    the tool's name here for tool results.)"""
+    tool_name: str | None = None
+    """For a tool result: the tool that produced it."""
 
 
 # --- model call --------------------------------------------------------------------
@@ -409,7 +422,11 @@ class Carry(BaseModel):
     paused_reason: str | None = None
     paused: bool = False
     tokens_per_step: list[int] = Field(default_factory=list)
-    output_tokens: list[int] = Field(default_factory=list)
+    recent_output_tokens: list[int] = Field(
+        default_factory=list, validation_alias=AliasChoices("recent_output_tokens", "output_tokens")
+    )
+    """The last model replies' output token counts (a moving window): the next reply's expected
+    size. Read from `output_tokens` in carries written before the rename."""
     last_price: Price | None = None
     last_input_tokens: int = 0
     livelock: LivelockTracker = Field(default_factory=LivelockTracker)

@@ -20,6 +20,14 @@ from activities.redaction import RedactingInterceptor
 from activities.tools import ToolActivities
 from durable_agent import telemetry
 from durable_agent.connection import connect
+from durable_agent.metrics import (
+    MetricsInterceptor,
+    client_meter,
+    count_recoveries,
+    prometheus_address,
+    publish_waiting_runs,
+    worker_runtime,
+)
 from durable_agent.model_queue import ModelQueueInterceptor
 from durable_agent.takeover import take_over, worker_identity
 from durable_agent.worker_settings import WorkerSettings, worker_settings
@@ -66,14 +74,18 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
         "workflow_runner": WORKFLOW_RUNNER,
         "activities": [ModelActivities().call_model, *ToolActivities().all()],
         # Innermost of the worker's interceptors: what leaves an activity is redacted first.
-        "interceptors": [RedactingInterceptor()],
+        "interceptors": [MetricsInterceptor(), RedactingInterceptor()],
         "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
         "graceful_shutdown_timeout": timedelta(seconds=5),
         **worker_slots(settings),
     }
     if settings.model_queue_is_separate:
-        options["interceptors"] = [ModelQueueInterceptor(settings.model_task_queue)]
+        options["interceptors"] = [
+            MetricsInterceptor(),
+            ModelQueueInterceptor(settings.model_task_queue),
+            RedactingInterceptor(),
+        ]
     elif settings.model_rps is not None:
         options["max_task_queue_activities_per_second"] = settings.model_rps
     options.update(overrides)
@@ -91,6 +103,7 @@ def build_model_worker(client: Client, queue: str | None = None) -> Worker | Non
         task_queue=settings.model_task_queue,
         identity=worker_identity(),
         activities=[ModelActivities().call_model],
+        interceptors=[MetricsInterceptor()],
         max_task_queue_activities_per_second=settings.model_rps,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         graceful_shutdown_timeout=timedelta(seconds=5),
@@ -111,7 +124,21 @@ def start_takeover(worker: Worker) -> asyncio.Task[int]:
     """Once the worker polls: retry at once the tool calls that a dead worker of this
     machine held, rather than after their heartbeat timeout (durable_agent/takeover.py)."""
     config = worker.config()
-    return asyncio.create_task(take_over(config["client"], config["task_queue"], config["identity"] or ""))
+    return asyncio.create_task(_take_over(config["client"], config["task_queue"], config["identity"] or ""))
+
+
+async def _take_over(client: Client, queue: str, identity: str) -> int:
+    taken = await take_over(client, queue, identity)
+    count_recoveries(client_meter(client), "takeover", taken)
+    return taken
+
+
+def start_waiting_runs(worker: Worker) -> asyncio.Task[None] | None:
+    """With metrics on, the gauge of runs waiting for a person (durable_agent/metrics.py)."""
+    if prometheus_address() is None:
+        return None
+    config = worker.config()
+    return asyncio.create_task(publish_waiting_runs(config["client"], config["task_queue"]))
 
 
 async def run_worker(address: str | None = None, queue: str | None = None) -> None:
@@ -120,7 +147,7 @@ async def run_worker(address: str | None = None, queue: str | None = None) -> No
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    client = await connect(address)
+    client = await connect(address, worker_runtime())
     async with build_worker(client, queue) as worker, _optional(build_model_worker(client, queue)):
         settings = worker_settings(queue)
         print(f"worker polling task queue {settings.task_queue!r}", flush=True)
@@ -128,12 +155,15 @@ async def run_worker(address: str | None = None, queue: str | None = None) -> No
             print(f"model calls on task queue {settings.model_task_queue!r}", flush=True)
         takeover = start_takeover(worker)
         takeover.add_done_callback(_report_takeover)
+        waiting = start_waiting_runs(worker)
         # Polling first: a replacement worker takes over tool calls ~1 s sooner. Importing
         # openai before polling instead was measured too (bench.recovery, seeds 7 and 8):
         # no better at the worst, worse at the median.
         await asyncio.to_thread(openai_sdk)
         await stop.wait()
         takeover.cancel()
+        if waiting is not None:
+            waiting.cancel()
 
 
 def _optional(worker: Worker | None) -> AbstractAsyncContextManager[object]:

@@ -256,10 +256,11 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 async def work(args: argparse.Namespace, console: Console) -> int:
+    from durable_agent.metrics import worker_runtime
     from durable_agent.worker_settings import SettingsError
-    from worker import build_model_worker, build_worker, start_takeover  # imports every activity: only here
+    from worker import build_model_worker, build_worker, start_takeover, start_waiting_runs  # every activity: only here
 
-    client = await connect_client()
+    client = await connect_client(runtime=worker_runtime())
     try:
         workers = [build_worker(client, task_queue())]
         model_worker = build_model_worker(client, task_queue())
@@ -269,6 +270,7 @@ async def work(args: argparse.Namespace, console: Console) -> int:
         workers.append(model_worker)
     running = asyncio.gather(*(w.run() for w in workers))
     takeover = start_takeover(workers[0])
+    waiting = start_waiting_runs(workers[0])
     console.line(f"worker polling task queue {task_queue()} on {configured_address()}; Ctrl-C stops it")
     if model_worker is not None:
         console.line(f"model calls on task queue {model_worker.config()['task_queue']}")
@@ -281,6 +283,8 @@ async def work(args: argparse.Namespace, console: Console) -> int:
         await asyncio.gather(*(w.shutdown() for w in workers))
         await running
     takeover.cancel()
+    if waiting is not None:
+        waiting.cancel()
     console.line("worker stopped")
     return EXIT_OK
 

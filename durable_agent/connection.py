@@ -13,6 +13,7 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.envconfig import ClientConfig
+from temporalio.runtime import Runtime
 
 from durable_agent import telemetry
 from workflows.types import TASK_QUEUE
@@ -37,9 +38,11 @@ def connect_config(address: str | None = None) -> dict[str, Any]:
     return config
 
 
-async def connect(address: str | None = None) -> Client:
+async def connect(address: str | None = None, runtime: Runtime | None = None) -> Client:
+    """`runtime`: a worker's, serving its metrics (durable_agent/metrics.py); None, the default."""
     return await Client.connect(
         **connect_config(address),
         data_converter=pydantic_data_converter,
         interceptors=telemetry.client_interceptors(),  # traces, when the OTEL_* variables ask for them
+        runtime=runtime,
     )

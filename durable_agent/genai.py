@@ -6,7 +6,7 @@ tool call. The live spans (durable_agent/telemetry.py) and the spans `durable-ag
 re-emits from history (durable_agent/history.py) take their attributes from here.
 
 Message content and tool arguments are recorded only when the user opts in with
-`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`.
+`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`, redacted as history is.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from temporalio.exceptions import ApplicationError
 
+from activities.redaction import worker_redactor
 from activities.tools.command import INTERRUPTED
 from workflows.types import ModelCallInput, ModelReply, ToolCallInput, ToolOutcome
 
@@ -44,6 +45,11 @@ def error_type(error: BaseException) -> str:
     return type(error).__name__
 
 
+def _redacted(text: str) -> str:
+    """Content on a span is redacted as history is, with this process's secrets."""
+    return worker_redactor().text(text)
+
+
 def chat_span_name(model: str) -> str:
     return f"chat {model}"
 
@@ -65,10 +71,10 @@ def chat_attributes(request: ModelCallInput | None, reply: ModelReply | None, er
     if error is not None:
         attributes["error.type"] = error
     if capture_content():
-        if request is not None:
-            attributes["gen_ai.input.messages"] = json.dumps(request.messages)
+        if request is not None and request.messages:  # empty when the context went by reference
+            attributes["gen_ai.input.messages"] = _redacted(json.dumps(request.messages))
         if reply is not None:
-            attributes["gen_ai.output.messages"] = reply.model_dump_json(include={"content", "tool_calls"})
+            attributes["gen_ai.output.messages"] = _redacted(reply.model_dump_json(include={"content", "tool_calls"}))
     return attributes
 
 
@@ -97,9 +103,9 @@ def tool_attributes(tool: str, request: ToolCallInput, outcome: ToolOutcome | No
     if error is not None:
         attributes["error.type"] = error
     if capture_content():
-        attributes["gen_ai.tool.call.arguments"] = json.dumps(request.arguments)
+        attributes["gen_ai.tool.call.arguments"] = _redacted(json.dumps(request.arguments))
         if outcome is not None:
-            attributes["gen_ai.tool.call.result"] = outcome.output if outcome.ok else (outcome.error or "")
+            attributes["gen_ai.tool.call.result"] = _redacted(outcome.output if outcome.ok else (outcome.error or ""))
     return attributes
 
 

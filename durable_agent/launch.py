@@ -16,6 +16,7 @@ from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
+from temporalio.runtime import Runtime
 
 from durable_agent.connection import connect, connect_config, home
 from durable_agent.console import Console
@@ -58,10 +59,10 @@ def ui_url(address: str) -> str | None:
     return f"http://localhost:{port + 1000}"
 
 
-async def connect_client(address: str | None = None) -> Client:
+async def connect_client(address: str | None = None, runtime: Runtime | None = None) -> Client:
     address = address or configured_address()
     try:
-        return await asyncio.wait_for(connect(address), CONNECT_TIMEOUT_S)
+        return await asyncio.wait_for(connect(address, runtime), CONNECT_TIMEOUT_S)
     except (RuntimeError, TimeoutError) as e:
         reason = "connection refused" if "refused" in str(e).lower() else str(e).splitlines()[0][:200]
         raise LaunchError(

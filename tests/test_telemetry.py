@@ -11,17 +11,21 @@ import pytest
 import pytest_asyncio
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from durable_agent.connection import connect_config
+from durable_agent.genai import CAPTURE_CONTENT_ENV, chat_attributes, tool_attributes
 from durable_agent.history import emit_spans, replay_chain
 from durable_agent.model_server import ModelServer
 from durable_agent.server import EmbeddedServer
 from durable_agent.telemetry import AgentTracing, tracer_provider
 from tests.helpers import start
 from tests.scripts import Script, tools
+from tests.test_metrics import fails_once
 from worker import build_worker
+from workflows.types import ModelCallInput, ModelReply, ToolCallInput, ToolOutcome
 
 GENAI_KINDS = ("invoke_agent", "chat", "execute_tool")
 
@@ -169,6 +173,31 @@ def test_nothing_is_set_up_without_otel_variables(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin")
     with pytest.raises(telemetry.TelemetryError, match="not supported"):
         telemetry.span_exporters_from_env()
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    with pytest.raises(telemetry.TelemetryError, match="use http/protobuf"):
+        telemetry.span_exporters_from_env()
+
+
+def test_message_content_only_on_opt_in_and_redacted(monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "s3cret-value-0123456789abcdef"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    request = ModelCallInput(messages=[{"role": "user", "content": f"key {secret}"}], tools=[], model="m")
+    reply = ModelReply(content=f"the key is {secret}", model="m", input_tokens=3, output_tokens=4)
+    call = ToolCallInput(call_id="c1", idempotency_key="k", workspace="/w", arguments={"command": f"echo {secret}"})
+    outcome = ToolOutcome(ok=True, output=f"{secret}\n")
+    monkeypatch.delenv(CAPTURE_CONTENT_ENV, raising=False)
+    assert "gen_ai.input.messages" not in chat_attributes(request, reply, None)
+    assert "gen_ai.tool.call.arguments" not in tool_attributes("run_command", call, outcome, None)
+    monkeypatch.setenv(CAPTURE_CONTENT_ENV, "true")
+    captured = {**chat_attributes(request, reply, None), **tool_attributes("run_command", call, outcome, None)}
+    for key in (
+        "gen_ai.input.messages",
+        "gen_ai.output.messages",
+        "gen_ai.tool.call.arguments",
+        "gen_ai.tool.call.result",
+    ):
+        assert "[REDACTED:OPENAI_API_KEY]" in captured[key] and secret not in captured[key]
 
 
 async def test_trace_from_history_yields_the_live_runs_span_tree(
@@ -212,3 +241,15 @@ async def test_trace_from_history_yields_the_live_runs_span_tree(
         live_run.start_time,
         live_run.end_time,
     )
+
+
+async def test_each_attempt_of_a_model_call_is_a_chat_span_and_a_failed_one_says_why(
+    traced_client: Client, exporter: InMemorySpanExporter, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([fails_once(tools(("list_files", {})))], final="listed")
+    async with build_worker(traced_client, task_queue):
+        handle = await start(traced_client, task_queue, goal="list", workspace=str(workspace))
+        assert (await handle.result()).state == "completed"
+    chats = sorted((s for s in spans_of(exporter, handle.id) if s.name.startswith("chat ")), key=lambda s: s.start_time)
+    assert [s.attributes.get("error.type") for s in chats] == ["ModelHttp500", None, None]
+    assert chats[0].status.status_code is StatusCode.ERROR

@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
         progress_summary,
     )
     from workflows.livelock import LIVELOCK_REPEATS, call_key
+    from workflows.run_metrics import RunMetrics
     from workflows.status_view import details_markdown
     from workflows.tool_specs import ToolArgumentError, call_summary, parse_tool_call, unique_call_ids
     from workflows.types import (
@@ -110,6 +111,7 @@ class AgentWorkflow:
         self._result: AgentResult | None = None
         self._published: tuple[Any, ...] = ()
         self._wire = WireContext()
+        self._metrics = RunMetrics()
         self._in_flight: ModelContext | None = None
         try:
             self._start(_parse_input(raw_input))
@@ -677,7 +679,9 @@ class AgentWorkflow:
                     AGENT_COST.value_set(float(snapshot[3])),
                 ]
             )
-        workflow.set_current_details(details_markdown(self._status()))
+        status = self._status()
+        self._metrics.observe(status)  # replay-safe: workflow.metric_meter() (workflows/run_metrics.py)
+        workflow.set_current_details(details_markdown(status))
 
     def _finish(
         self, state: RunState, reason: StopReason, output: str | None = None, open_calls: list[ToolCall] = ()

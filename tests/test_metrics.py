@@ -1,0 +1,121 @@
+"""Metrics of a scripted run, read from the worker's Prometheus endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+
+from durable_agent.connection import connect
+from durable_agent.metrics import publish_waiting_runs, worker_runtime
+from durable_agent.model_server import Failure, ModelServer, Reply, count_assistant_turns
+from durable_agent.server import EmbeddedServer, free_port
+from tests.helpers import start, wait_for
+from tests.scripts import Script, tools
+from worker import build_worker
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
+
+
+def scrape(port: int) -> list[tuple[str, dict[str, str], float]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples = []
+    for line in text.splitlines():
+        if match := SAMPLE.match(line):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"] or ""))
+            samples.append((match["name"], labels, float(match["value"])))
+    return samples
+
+
+def value(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+    return sum(v for n, found, v in samples if n == name and all(found.get(k) == w for k, w in labels.items()))
+
+
+async def gauge_shows_one_waiting(port: int, task_queue: str) -> None:
+    while value(scrape(port), "durable_agent_runs_waiting", state="awaiting_approval", task_queue=task_queue) != 1:
+        await asyncio.sleep(0.2)
+
+
+def fails_once(reply: Reply) -> Any:
+    """The model's first answer to this turn is an HTTP 500; the retry gets the reply."""
+    failed: set[int] = set()
+
+    def turn(request: dict[str, Any]) -> Reply | Failure:
+        index = count_assistant_turns(request)
+        if index not in failed:
+            failed.add(index)
+            return Failure(500, "upstream hiccup", headers={"retry-after-ms": "10"})
+        return reply
+
+    return turn
+
+
+async def test_a_scripted_runs_metrics(
+    temporal_server: EmbeddedServer,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = free_port()
+    monkeypatch.setenv("DURABLE_AGENT_METRICS_PORT", f"127.0.0.1:{port}")
+    client: Client = await connect(temporal_server.address, worker_runtime())
+    model_server.responder = Script(
+        [
+            tools(("write_file", {"path": "a.txt", "content": "a"}), ("list_files", {}), input_tokens=100),
+            fails_once(tools(("run_command", {"command": "cat a.txt"}), input_tokens=200)),
+        ],
+        final="done",
+    )
+    # No workflow cache: every workflow task replays the run from the start, and a workflow
+    # metric recorded during a replay would count twice.
+    async with build_worker(client, task_queue, max_cached_workflows=0):
+        handle = await start(
+            client,
+            task_queue,
+            goal="metrics",
+            workspace=str(workspace),
+            approval={"tools": ["run_command"]},
+            limits={"soft_steps": 2, "hard_steps": 10},
+        )
+        status = await wait_for(handle, lambda s: bool(s.pending_approvals))
+        waiting = asyncio.create_task(publish_waiting_runs(client, task_queue))
+        try:  # counted from visibility, which may lag the run by a moment
+            await asyncio.wait_for(gauge_shows_one_waiting(port, task_queue), timeout=20)
+        finally:
+            waiting.cancel()
+        await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
+        result = await handle.result()
+    assert result.state == "completed" and result.steps == 3
+
+    samples = scrape(port)
+    mine = {"task_queue": task_queue}
+    model = {**mine, "model": "gpt-4.1-mini"}
+    assert value(samples, "durable_agent_model_calls", outcome="ok", **model) == 3
+    assert value(samples, "durable_agent_model_calls", outcome="error", error_type="ModelHttp500", **model) == 1
+    assert value(samples, "durable_agent_tokens", direction="input", **model) == result.usage.input_tokens
+    assert value(samples, "durable_agent_tokens", direction="output", **model) == result.usage.output_tokens
+    assert value(samples, "durable_agent_cost_usd_sum", **model) == pytest.approx(result.usage.cost_usd)
+    assert value(samples, "durable_agent_model_call_duration_count", **model) == 4
+    for tool in ("write_file", "list_files", "run_command"):
+        assert value(samples, "durable_agent_tool_calls", tool=tool, outcome="ok", **mine) == 1
+    assert value(samples, "durable_agent_steps", **mine) == 3
+    assert value(samples, "durable_agent_waits", state="awaiting_approval", **mine) == 1
+    assert value(samples, "durable_agent_wait_duration_count", state="awaiting_approval", **mine) == 1
+    assert value(samples, "durable_agent_wait_duration_sum", state="awaiting_approval", **mine) > 0
+    assert value(samples, "durable_agent_runs_closed", state="completed", stop_reason="final_answer", **mine) == 1
+    assert value(samples, "durable_agent_soft_tiers", budget="steps", **mine) == 1
+    assert value(samples, "durable_agent_recoveries", kind="tool_retry", **mine) == 0
+    # The example alert rules use metrics the worker really exports.
+    exported = {name for name, _, _ in samples}
+    alerting = set(re.findall(r"durable_agent_[a-z_]+", (ROOT / "docs" / "alerts.yml").read_text()))
+    assert alerting and alerting <= exported
+    # The SDK's own worker metrics come out of the same endpoint.
+    assert any(name.startswith("temporal_") for name, _, _ in samples)

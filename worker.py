@@ -9,7 +9,6 @@ import asyncio
 import os
 import signal
 import sys
-from contextlib import AbstractAsyncContextManager, nullcontext
 from datetime import timedelta
 
 from temporalio.client import Client
@@ -141,33 +140,46 @@ def start_waiting_runs(worker: Worker) -> asyncio.Task[None] | None:
     return asyncio.create_task(publish_waiting_runs(config["client"], config["task_queue"]))
 
 
-async def run_worker(address: str | None = None, queue: str | None = None) -> None:
-    """Run until SIGINT or SIGTERM, then finish in-flight tasks and shut down."""
+async def run_worker(client: Client | None = None, queue: str | None = None) -> None:
+    """Run until SIGINT or SIGTERM, then give in-flight tasks a few seconds and shut down.
+
+    The one worker runtime: `python worker.py` and `durable-agent worker` both run this.
+    A fatal worker error (e.g. the server gone for good) is raised.
+    """
+    client = client or await connect(None, worker_runtime())
+    settings = worker_settings(queue)
+    workers = [build_worker(client, queue)]
+    model_worker = build_model_worker(client, queue)
+    if model_worker is not None:
+        workers.append(model_worker)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    client = await connect(address, worker_runtime())
-    async with build_worker(client, queue) as worker, _optional(build_model_worker(client, queue)):
-        settings = worker_settings(queue)
-        print(f"worker polling task queue {settings.task_queue!r}", flush=True)
-        if settings.model_queue_is_separate:
-            print(f"model calls on task queue {settings.model_task_queue!r}", flush=True)
-        takeover = start_takeover(worker)
-        takeover.add_done_callback(_report_takeover)
-        waiting = start_waiting_runs(worker)
-        # Polling first: a replacement worker takes over tool calls ~1 s sooner. Importing
-        # openai before polling instead was measured too (bench.recovery, seeds 7 and 8):
-        # no better at the worst, worse at the median.
-        await asyncio.to_thread(openai_sdk)
-        await stop.wait()
-        takeover.cancel()
-        if waiting is not None:
-            waiting.cancel()
-
-
-def _optional(worker: Worker | None) -> AbstractAsyncContextManager[object]:
-    return worker if worker is not None else nullcontext()
+    running = asyncio.ensure_future(asyncio.gather(*(w.run() for w in workers)))
+    takeover = start_takeover(workers[0])
+    takeover.add_done_callback(_report_takeover)
+    waiting = start_waiting_runs(workers[0])
+    print(
+        f"worker polling task queue {settings.task_queue!r} on {client.service_client.config.target_host}", flush=True
+    )
+    if settings.model_queue_is_separate:
+        print(f"model calls on task queue {settings.model_task_queue!r}", flush=True)
+    # openai is imported once the worker polls, so that a replacement worker polls sooner.
+    await asyncio.to_thread(openai_sdk)
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    takeover.cancel()
+    if waiting is not None:
+        waiting.cancel()
+    stopping.cancel()
+    if running.done():
+        running.result()  # raises the fatal error
+        return
+    print("stopping: in-flight activities get a few seconds to finish", flush=True)
+    await asyncio.gather(*(w.shutdown() for w in workers))
+    await running
+    print("worker stopped", flush=True)
 
 
 def _report_takeover(takeover: asyncio.Task[int]) -> None:

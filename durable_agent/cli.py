@@ -258,34 +258,15 @@ def _interrupt(signum: int, frame: object) -> None:
 async def work(args: argparse.Namespace, console: Console) -> int:
     from durable_agent.metrics import worker_runtime
     from durable_agent.worker_settings import SettingsError
-    from worker import build_model_worker, build_worker, start_takeover, start_waiting_runs  # every activity: only here
+    from worker import run_worker  # imports every activity: only here
 
     client = await connect_client(runtime=worker_runtime())
     try:
-        workers = [build_worker(client, task_queue())]
-        model_worker = build_model_worker(client, task_queue())
+        await run_worker(client, task_queue())
     except SettingsError as e:
         raise CliError(str(e)) from None
-    if model_worker is not None:
-        workers.append(model_worker)
-    running = asyncio.gather(*(w.run() for w in workers))
-    takeover = start_takeover(workers[0])
-    waiting = start_waiting_runs(workers[0])
-    console.line(f"worker polling task queue {task_queue()} on {configured_address()}; Ctrl-C stops it")
-    if model_worker is not None:
-        console.line(f"model calls on task queue {model_worker.config()['task_queue']}")
-    try:
-        finished = await _until_signalled(asyncio.shield(running))
     except Exception as e:  # a fatal worker error, e.g. the server went away for good
         raise CliError(f"the worker stopped: {e}") from None
-    if finished is None:
-        console.line("stopping: in-flight activities get a few seconds to finish")
-        await asyncio.gather(*(w.shutdown() for w in workers))
-        await running
-    takeover.cancel()
-    if waiting is not None:
-        waiting.cancel()
-    console.line("worker stopped")
     return EXIT_OK
 
 

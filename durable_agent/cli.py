@@ -1,15 +1,13 @@
 """`durable-agent`: run the server and workers, start runs, follow and control them.
 
-Exit codes: 0 success (a run that completed); 1 a request the run refused (an update's
-validator said no, a signal to a finished run); 2 bad usage or input, no server, unknown
-run id; 3 a run stopped by a limit or budget (partial result); 4 a run cancelled,
-terminated or failed; 130 interrupted (Ctrl-C: a followed run goes on).
+The exit codes and environment variables are in EPILOG, which `--help` prints.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import os
 import signal
 import sys
@@ -50,6 +48,7 @@ from durable_agent.prompts import terminal_approver
 from durable_agent.runs import start_agent
 from durable_agent.server import DEFAULT_PORT, DEFAULT_UI_PORT, ServerError, port_open, start_server
 from workflows.types import (
+    ALL_TOOLS,
     TERMINAL_STATES,
     WORKFLOW_TYPE,
     AgentInput,
@@ -62,8 +61,13 @@ from workflows.types import (
     RunState,
     UserMessage,
 )
+from workflows.validation_text import validation_text
 
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE_CLOSED = 0, 1, 2, 130, 141
+
+CLOSED_STATES = {"failed": "Failed", "timed_out": "TimedOut"}
+"""Runs that ended without an AgentState of their own, by Temporal's ExecutionStatus."""
+LIST_STATES = (*typing.get_args(RunState), *CLOSED_STATES)
 
 T = TypeVar("T")
 Handler = Callable[[argparse.Namespace, Console], Coroutine[Any, Any, int]]
@@ -81,11 +85,18 @@ class CliError(Exception):
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        sys.exit(EXIT_OK)
     console = Console(demo_model.LABEL if _demo_mode(args) else None)
-    code = _dispatch(args, console)
+    try:
+        code = _dispatch(args, console)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `durable-agent status ID | head`: the reader has what it wanted
+        code = EXIT_PIPE_CLOSED
     telemetry.shutdown()  # export the last spans: os._exit below skips the exporters' own exit hooks
-    sys.stdout.flush()
     sys.stderr.flush()
     # The Temporal core bridge can abort while the interpreter finalizes (sdk-python#300,
     # exit 134) when a client was used; all work is done and flushed, so leave at once.
@@ -111,7 +122,7 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
         console.error(f"error: {e}")
         return EXIT_USAGE
     except ValidationError as e:
-        console.error(f"error: invalid input: {_validation_text(e)}")
+        console.error(f"error: invalid input: {validation_text(e)}")
         return EXIT_USAGE
     except WorkflowUpdateFailedError as e:
         console.error(f"refused: {getattr(e.cause, 'message', None) or e.cause}")
@@ -121,42 +132,89 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
         return EXIT_REFUSED
 
 
-def _validation_text(error: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in item['loc']) or 'input'}: {item['msg']}" for item in error.errors())
-
-
 # --- parser ----------------------------------------------------------------------------
+
+
+EPILOG = """\
+environment:
+  OPENAI_API_KEY        the model endpoint's key, read by the worker; without it `run`
+                        uses the offline demo model (every line it prints says so)
+  OPENAI_BASE_URL       any OpenAI-compatible endpoint (default: OpenAI)
+  TEMPORAL_ADDRESS      the Temporal server (default localhost:7233; with nothing there,
+                        `run` starts the embedded dev server); TEMPORAL_NAMESPACE,
+                        TEMPORAL_API_KEY, TEMPORAL_TLS_*, TEMPORAL_PROFILE as in the
+                        Temporal CLI
+  DURABLE_AGENT_TASK_QUEUE  task queue (default durable-agent)
+  DURABLE_AGENT_HOME    embedded server data and worker logs (default ./.durable-agent)
+  DURABLE_AGENT_PRICES  extra model prices (a JSON file or inline JSON) for cost budgets
+
+exit codes:
+  0    success; for `run` and `watch`: the run completed
+  1    the run refused the request (unknown approval id, a signal to an ended run)
+  2    bad usage or input, no server, unknown run id
+  3    the run stopped at a limit or budget (its output is a partial result)
+  4    the run was cancelled, terminated or failed
+  130  Ctrl-C (a followed run goes on)
+  141  the output pipe closed early (e.g. `| head`)
+"""
+
+LIMITS_HELP = """\
+limits and budgets:
+  Each budget has a soft tier from --soft-ratio of it (steps: from --soft-steps): the
+  model is warned to finish, and --fallback-model, if set, takes over. At the hard limit
+  the run stops cleanly with state `stopped` and a partial result (exit code 3). Time
+  spent waiting for a person (paused, awaiting approval, needs attention) does not count
+  against --max-duration-s. `durable-agent limits ID ...` changes a running run's limits.
+"""
+
+LIMIT_MEANINGS = {
+    "soft_steps": "steps after which the model is warned to finish (the soft tier of steps)",
+    "hard_steps": "steps after which the run stops",
+    "max_tokens": "input plus output tokens over all model calls",
+    "max_cost_usd": "model cost in US dollars (unpriced models count $0: see DURABLE_AGENT_PRICES)",
+    "max_model_calls": "model calls (one per step)",
+    "max_tool_calls": "tool calls over the whole run",
+    "max_duration_s": "seconds of running time, not counting time waiting for a person",
+    "soft_ratio": "fraction of each budget where its soft tier begins",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="durable-agent", description="LLM agents as Temporal workflows that survive any crash."
+        prog="durable-agent",
+        description="LLM agents as Temporal workflows: kill any process at any moment, and the run "
+        "goes on from its last finished step.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.add_argument("--version", action="version", version=f"durable-agent {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     server = commands.add_parser("server", help="run the embedded Temporal dev server in the foreground")
     server.add_argument("--port", type=int, default=None, help="gRPC port (default: from TEMPORAL_ADDRESS, else 7233)")
     server.add_argument("--ui-port", type=int, default=DEFAULT_UI_PORT, help="Web UI port (default 8233)")
 
-    _command(commands, "worker", work, "run a worker for the task queue until Ctrl-C")
+    _command(commands, "worker", work, "run a worker for the task queue until Ctrl-C or SIGTERM")
     _add_run_parser(commands)
 
     _command(commands, "status", status, "show a run's state, usage, limits and pending decisions", with_id=True)
     _command(commands, "watch", watch, "follow a run live (Ctrl-C stops watching, not the run)", with_id=True)
     pause = _command(commands, "pause", pause_run, "pause a run before its next step", with_id=True)
-    pause.add_argument("--reason")
+    pause.add_argument("--reason", help="why (shown by status)")
     _command(commands, "resume", resume_run, "resume a paused run", with_id=True)
     message = _command(commands, "message", message_run, "add a user message before the next model call", with_id=True)
     message.add_argument("text")
     approve = _command(commands, "approve", approve_call, "approve (or --deny) a pending tool call", with_id=True)
-    approve.add_argument("call_id")
-    approve.add_argument("--deny", action="store_true")
-    approve.add_argument("--note")
+    approve.add_argument("call_id", help="the call id status shows, e.g. 4:call_3_0")
+    approve.add_argument("--deny", action="store_true", help="deny it: the model is told")
+    approve.add_argument("--note", help="a note the model sees with the decision")
     resolve = _command(commands, "resolve", resolve_run, "decide how a run that needs attention goes on", with_id=True)
     resolve.add_argument("action", choices=typing.get_args(Resolution.model_fields["action"].annotation))
-    resolve.add_argument("--note")
-    limits = _command(commands, "limits", raise_limits, "change a run's limits (any subset)", with_id=True)
-    _add_limit_options(limits)
+    resolve.add_argument("--note", help="a note the model sees with the decision")
+    limits = _command(
+        commands, "limits", raise_limits, "change a run's limits (any subset)", with_id=True, epilog=LIMITS_HELP
+    )
+    _add_limit_options(limits, with_defaults=False)
     export = _command(
         commands, "export", export_run, "write a run's transcript (JSONL) or a Markdown report", with_id=True
     )
@@ -164,9 +222,16 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=("jsonl", "markdown"), default="jsonl", help="default jsonl")
     _command(commands, "trace", trace_run, "emit a past run's spans from its history (OTEL_* exporter)", with_id=True)
     listing = _command(commands, "list", list_runs, "list runs with their state, step, tokens and cost")
-    listing.add_argument("--state", choices=typing.get_args(RunState))
+    listing.add_argument("--state", choices=LIST_STATES, help="only runs in this state")
     listing.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("durable-agent")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _command(
@@ -175,8 +240,11 @@ def _command(
     handler: Handler,
     help: str,
     with_id: bool = False,
+    epilog: str | None = None,
 ) -> argparse.ArgumentParser:
-    parser = commands.add_parser(name, help=help, description=help)
+    parser = commands.add_parser(
+        name, help=help, description=help, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.set_defaults(handler=handler)
     if with_id:
         parser.add_argument("id", help="the run's workflow id")
@@ -184,12 +252,13 @@ def _command(
 
 
 def _add_run_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    run = _command(commands, "run", run_agent, "start a run and follow it live (Ctrl-C detaches)")
-    run.add_argument("goal")
-    run.add_argument("--workspace", required=True, help="folder the agent works in")
-    run.add_argument("--model", help="model name (default gpt-4.1-mini)")
+    run = _command(commands, "run", run_agent, "start a run and follow it live (Ctrl-C detaches)", epilog=LIMITS_HELP)
+    run.add_argument("goal", help="what the agent should do")
+    run.add_argument("--workspace", required=True, help="folder the agent works in (its tools cannot leave it)")
+    run.add_argument("--model", help=f"model name (default {AgentInput.model_fields['model'].default})")
     run.add_argument("--fallback-model", help="model to switch to in the soft tier of a budget")
-    run.add_argument("--tools", nargs="+", metavar="TOOL", help="only these tools (default: all)")
+    tools = ", ".join(ALL_TOOLS)
+    run.add_argument("--tools", nargs="+", metavar="TOOL", help=f"only these tools (default: all: {tools})")
     run.add_argument("--id", help="workflow id (default agent-<random>)")
     run.add_argument("--no-worker", action="store_true", help="do not start a worker if none is polling")
     run.add_argument("--detach", action="store_true", help="start the run and return at once")
@@ -209,15 +278,23 @@ def _add_run_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
         metavar="REGEX",
         help="run_command commands matching a regex wait for `approve`",
     )
-    _add_limit_options(run)
+    _add_limit_options(run, with_defaults=True)
 
 
-def _add_limit_options(parser: argparse.ArgumentParser) -> None:
+def _add_limit_options(parser: argparse.ArgumentParser, with_defaults: bool) -> None:
     """One option per `LimitsPatch` field, so the CLI never lags behind the contract."""
+    group = parser.add_argument_group("limits")
+    defaults = Limits()
     for name, field in LimitsPatch.model_fields.items():
         kind = next(t for t in typing.get_args(field.annotation) if t is not type(None))
-        metavar = "N" if kind is int else "X"
-        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, metavar=metavar)
+        default = f" (default {getattr(defaults, name):g})" if with_defaults else ""
+        group.add_argument(
+            f"--{name.replace('_', '-')}",
+            dest=name,
+            type=kind,
+            metavar="N" if kind is int else "X",
+            help=LIMIT_MEANINGS[name] + default,
+        )
 
 
 def _limit_values(args: argparse.Namespace) -> dict[str, Any]:
@@ -342,6 +419,7 @@ def _agent_input(args: argparse.Namespace, demo: bool) -> AgentInput:
 async def _start(
     client: Client, agent_input: AgentInput, run_id: str, queue: str, address: str, console: Console
 ) -> WorkflowHandle[Any, AgentResult]:
+    await _refuse_closed_id(client, run_id)
     try:
         handle = await start_agent(client, agent_input, run_id, queue)
     except WorkflowAlreadyStartedError:
@@ -351,6 +429,22 @@ async def _start(
     console.line(f"started run {run_id} on task queue {queue}{link}")
     console.line(f"goal: {agent_input.goal}")
     return handle
+
+
+async def _refuse_closed_id(client: Client, run_id: str) -> None:
+    """Temporal would start a new run under a closed run's id; a person reusing an id by mistake is told."""
+    try:
+        description = await client.get_workflow_handle(run_id).describe()
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            return
+        raise
+    state = description.status.name.lower() if description.status else "closed"
+    if description.status != WorkflowExecutionStatus.RUNNING:
+        raise CliError(
+            f"a run with id {run_id!r} already ran and ended ({state}); see `durable-agent status {run_id}` "
+            "or pick another --id"
+        )
 
 
 async def _run_demo(client: Client, address: str, agent_input: AgentInput, run_id: str, console: Console) -> int:
@@ -438,7 +532,10 @@ async def export_run(args: argparse.Namespace, console: Console) -> int:
     if args.output is None:
         console.lines(lines)
         return EXIT_OK
-    args.output.write_text("".join(line + "\n" for line in lines))
+    try:
+        args.output.write_text("".join(line + "\n" for line in lines))
+    except OSError as e:
+        raise CliError(f"cannot write {args.output}: {e.strerror or e}") from None
     what = f"{len(lines)} messages" if args.format == "jsonl" else "a Markdown report"
     console.line(f"wrote {what} to {args.output}")
     return EXIT_OK
@@ -465,8 +562,12 @@ async def trace_run(args: argparse.Namespace, console: Console) -> int:
 
 async def list_runs(args: argparse.Namespace, console: Console) -> int:
     client = await connect_client()
-    query = f"WorkflowType = '{WORKFLOW_TYPE}'" + (f" AND AgentState = '{args.state}'" if args.state else "")
-    if args.state and args.state not in TERMINAL_STATES:
+    query = f"WorkflowType = '{WORKFLOW_TYPE}'"
+    if args.state in CLOSED_STATES:
+        query += f" AND ExecutionStatus = '{CLOSED_STATES[args.state]}'"
+    elif args.state:
+        query += f" AND AgentState = '{args.state}'"
+    if args.state and args.state not in TERMINAL_STATES and args.state not in CLOSED_STATES:
         # A run terminated by the server keeps the AgentState it had: live means Running.
         query += " AND ExecutionStatus = 'Running'"
     rows = [_list_row(run) async for run in client.list_workflows(query, limit=args.limit)]
@@ -488,7 +589,9 @@ def _list_row(run: WorkflowExecution) -> tuple[str, ...]:
         state = run.status.name.lower() if run.status else "?"
     cost = found.get(AGENT_COST)
     tokens = found.get(AGENT_TOKENS) or 0
-    return run.id, state, str(found.get(AGENT_STEP) or 0), f"{tokens:,}", "-" if cost is None else f"${cost:.4f}"
+    # The workflow leaves AgentCostUsd unset while a model without a price was used.
+    cost_text = "cost unknown" if cost is None else f"${cost:.4f}"
+    return run.id, state, str(found.get(AGENT_STEP) or 0), f"{tokens:,}", cost_text
 
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:

@@ -116,6 +116,7 @@ def status_lines(run_id: str, status: AgentStatus) -> list[str]:
     lines += approval_lines(run_id, status.pending_approvals)
     if status.attention is not None:
         lines += attention_lines(run_id, status.attention)
+    lines += [f"ignored signal: {note}" for note in status.ignored_signals]
     if status.result is not None:
         lines += result_lines(status.result)[2:]  # state and usage are already above
     return lines

@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import signal
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError
+from temporalio.worker import Worker
 
 from durable_agent.model_server import ModelServer
 from durable_agent.server import EmbeddedServer
-from tests.helpers import start
-from tests.scripts import Script, tools
-from tests.test_cli import ROOT, cli_env
+from tests.helpers import run_cli, start, wait_for
+from tests.scripts import Script, answer, tools
+from tests.test_cli import ROOT, cli_env, durable_agent, one_line_error
+from workflows.types import ALL_TOOLS, LimitsPatch
 
 WORKER_COMMANDS = {
     "durable-agent worker": [sys.executable, "-m", "durable_agent.cli", "worker"],
@@ -57,3 +63,157 @@ async def test_both_worker_commands_run_the_same_worker(
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+def help_of(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "durable_agent.cli", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
+def test_help_is_enough_without_the_readme() -> None:
+    bare = help_of()
+    assert bare.returncode == 0 and bare.stdout.startswith("usage: durable-agent"), bare
+    for command in ("server", "worker", "run", "status", "watch", "pause", "resume", "message", "approve"):
+        assert f"    {command} " in bare.stdout
+    for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL", "TEMPORAL_ADDRESS", "DURABLE_AGENT_HOME", "exit codes:"):
+        assert name in bare.stdout
+    assert help_of("--help").stdout == bare.stdout
+    version = help_of("--version")
+    assert version.returncode == 0 and version.stdout.strip() == "durable-agent 0.1.0"
+
+    run_help = " ".join(help_of("run", "--help").stdout.split())  # argparse wraps lines at the terminal width
+    for limit, default in {"hard-steps": 50, "max-tokens": 500000, "max-cost-usd": 5, "max-duration-s": 3600}.items():
+        assert f"--{limit} " in run_help and f"(default {default})" in run_help
+    assert all(f"--{name.replace('_', '-')} " in run_help for name in LimitsPatch.model_fields)
+    assert ", ".join(ALL_TOOLS) in run_help
+    assert "does not count against --max-duration-s" in run_help
+    limits_help = help_of("limits", "--help").stdout
+    assert "--max-model-calls N" in limits_help and "limits and budgets:" in limits_help
+
+
+async def test_no_tracebacks_and_no_pydantic_jargon(
+    temporal_server: EmbeddedServer, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([answer("done")])
+    env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue)
+    run_id = f"pipe-{task_queue}"
+    done = await durable_agent("run", "answer", "--workspace", str(workspace), "--no-worker", "--id", run_id, env=env)
+    assert done.returncode == 0, done
+
+    # `durable-agent status ID | head -0`: the reader is gone before the first line.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    piped = subprocess.run(
+        [sys.executable, "-m", "durable_agent.cli", "status", run_id],
+        cwd=ROOT,
+        env=env,
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+    )
+    os.close(write_end)
+    assert piped.returncode == 141 and piped.stderr == "", piped.stderr
+
+    missing = workspace / "missing" / "x.jsonl"
+    one_line_error(await durable_agent("export", run_id, "-o", str(missing), env=env), 2, f"cannot write {missing}")
+    blank = await durable_agent("run", "  \n ", "--workspace", str(workspace), "--no-worker", env=env)
+    one_line_error(blank, 2, "error: invalid input: goal: the goal is blank")
+    one_line_error(await durable_agent("run", "x", "--workspace", str(workspace), "--id", run_id, env=env), 2, "ended")
+    assert (
+        "already ran and ended (completed)"
+        in (await durable_agent("run", "x", "--workspace", str(workspace), "--id", run_id, env=env)).stderr
+    )
+
+
+async def test_signals_the_run_cannot_use_are_recorded_not_dropped(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    worker: Worker,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model_server.responder = Script([tools(("run_command", {"command": "echo hi"}))], final="said hi")
+    handle = await start(client, task_queue, goal="say hi", workspace=str(workspace), approval={"commands": ["^echo"]})
+    await wait_for(handle, lambda s: s.state == "awaiting_approval")
+    address = temporal_server.address
+
+    async def signal(*args: str) -> None:
+        sent = await run_cli(address, "workflow", "signal", "--workflow-id", handle.id, *args)
+        assert sent.returncode == 0, sent  # the Temporal CLI reports success whatever the run does with it
+
+    with caplog.at_level(logging.WARNING):
+        await signal("--name", "pasue")
+        await signal("--name", "add_message", "--input", '{"txt": "hi"}')
+        await signal("--name", "add_message", "--input", '"use printf instead"')
+        await signal("--name", "pause", "--input", '{"reason": "lunch"}')
+        await signal("--name", "pause", "--input", '{"reason": "review the command"}')
+        status = await wait_for(handle, lambda s: len(s.ignored_signals) == 2 and s.paused_reason is not None)
+
+    assert status.ignored_signals == [
+        "unknown signal 'pasue' ignored; this run takes pause, resume, add_message",
+        'add_message ignored: text: required; txt: unknown field (expected {"text": "..."})',
+    ]
+    assert status.paused_reason == "lunch; review the command"
+    assert all(any(note in r.getMessage() for r in caplog.records) for note in status.ignored_signals)
+    shown = await durable_agent("status", handle.id, env=cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue))
+    assert "ignored signal: unknown signal 'pasue' ignored" in shown.stdout
+    assert "paused: lunch; review the command" in shown.stdout
+
+    await handle.execute_update("approve", {"call_id": "1:call_0_0", "approved": True})
+    await handle.signal("resume")
+    assert (await handle.result()).state == "completed"
+    sent = [m.get("content") for m in model_server.requests[-1]["messages"] if m.get("role") == "user"]
+    assert "use printf instead" in sent
+
+
+async def test_list_names_failed_runs_and_unknown_costs(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    worker: Worker,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+) -> None:
+    model_server.responder = Script([answer("done")])
+    unpriced = await start(client, task_queue, goal="answer", workspace=str(workspace), model="no-price-model")
+    assert (await unpriced.result()).usage.cost_known is False
+    # A blank goal from the Temporal CLI (no CLI check on this path) closes the run with a clear error.
+    blank = await run_cli(
+        temporal_server.address,
+        "workflow",
+        "start",
+        "--type",
+        "AgentWorkflow",
+        "--task-queue",
+        task_queue,
+        "--workflow-id",
+        f"blank-{task_queue}",
+        "--input",
+        f'{{"goal": " ", "workspace": "{workspace}"}}',
+    )
+    assert blank.returncode == 0, blank
+    with pytest.raises(WorkflowFailureError) as failed:
+        await client.get_workflow_handle(f"blank-{task_queue}").result()
+    assert "goal: the goal is blank" in str(failed.value.cause)
+
+    env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue)
+    listed = await listed_until(lambda line: line.split()[:1] == [unpriced.id], env)
+    assert listed.endswith("cost unknown"), listed
+    failed_run = await listed_until(lambda line: line.split()[:1] == [f"blank-{task_queue}"], env, "--state", "failed")
+    assert failed_run.split()[1] == "failed"
+    assert unpriced.id not in (await durable_agent("list", "--state", "failed", env=env)).stdout
+
+
+async def listed_until(matches: Callable[[str], bool], env: dict[str, str], *args: str) -> str:
+    """The first `list` line that matches, once visibility has it (it trails the run by a moment)."""
+    for _ in range(50):
+        listed = await durable_agent("list", *args, env=env)
+        assert listed.returncode == 0, listed
+        found = [line for line in listed.stdout.splitlines() if matches(line)]
+        if found:
+            return found[0]
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no matching line in {listed.stdout}")

@@ -8,14 +8,14 @@ limits, approvals, pauses, needs-attention and continue-as-new. All I/O is in ac
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from temporalio import workflow
-from temporalio.common import SearchAttributeKey
+from temporalio.common import RawValue, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, is_cancelled_exception
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
@@ -63,6 +63,7 @@ with workflow.unsafe.imports_passed_through():
         Usage,
         UserMessage,
     )
+    from workflows.validation_text import validation_text
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -79,6 +80,9 @@ AGENT_STATE = SearchAttributeKey.for_keyword("AgentState")
 AGENT_STEP = SearchAttributeKey.for_int("AgentStep")
 AGENT_TOKENS = SearchAttributeKey.for_int("AgentTokens")
 AGENT_COST = SearchAttributeKey.for_float("AgentCostUsd")
+
+SIGNALS = ("pause", "resume", "add_message")
+IGNORED_SIGNALS_KEPT = 10
 
 
 class _Terminate(Exception):
@@ -113,6 +117,7 @@ class AgentWorkflow:
         self._wire = WireContext()
         self._metrics = RunMetrics()
         self._in_flight: ModelContext | None = None
+        self._ignored_signals: list[str] = []
         try:
             self._start(_parse_input(raw_input))
         except ApplicationError as e:
@@ -516,7 +521,10 @@ class AgentWorkflow:
             await workflow.wait_condition(lambda: not self._carry.paused)
         self._publish()
 
-    def _pause(self, reason: str | None) -> None:
+    def _pause(self, reason: str) -> None:
+        earlier = self._carry.paused_reason if self._carry.paused else None
+        if earlier:  # a second pause keeps the first one's reason
+            reason = earlier if reason in earlier.split("; ") else f"{earlier}; {reason}"
         self._carry.paused = True
         self._carry.paused_reason = reason
         self._publish()
@@ -529,19 +537,40 @@ class AgentWorkflow:
     def _add_message(self, role: Any, text: str, kind: str) -> None:
         self._carry.messages.append(Message(role=role, content=text, step=self._carry.step, kind=kind))
 
+    # Signals take the raw payload and decode it here: a malformed one from the Temporal
+    # CLI (which reports success either way) is recorded in `status`, never dropped unseen.
+
     @workflow.signal(name="pause")
-    def pause(self, request: PauseRequest | None = None) -> None:
-        self._pause((request.reason if request else None) or "paused by a person")
+    def pause(self, raw: Any = None) -> None:
+        reason = None
+        try:
+            reason = PauseRequest.model_validate({"reason": raw} if isinstance(raw, str) else raw or {}).reason
+        except ValidationError as e:
+            self._ignore_signal(f"pause: payload not understood ({validation_text(e)}); paused without a reason")
+        self._pause(reason or "paused by a person")
 
     @workflow.signal(name="resume")
-    def resume(self) -> None:
+    def resume(self, raw: Any = None) -> None:
         self._carry.paused = False
         self._carry.paused_reason = None
         self._publish()
 
     @workflow.signal(name="add_message")
-    def add_message(self, message: UserMessage) -> None:
+    def add_message(self, raw: Any = None) -> None:
+        try:
+            message = UserMessage.model_validate({"text": raw} if isinstance(raw, str) else raw)
+        except ValidationError as e:
+            self._ignore_signal(f'add_message ignored: {validation_text(e)} (expected {{"text": "..."}})')
+            return
         self._carry.pending_user_messages.append(message.text)
+
+    @workflow.signal(dynamic=True)
+    def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
+        self._ignore_signal(f"unknown signal {name!r} ignored; this run takes {', '.join(SIGNALS)}")
+
+    def _ignore_signal(self, note: str) -> None:
+        workflow.logger.warning(note)
+        self._ignored_signals = [*self._ignored_signals, note][-IGNORED_SIGNALS_KEPT:]
 
     # Updates take the raw payload and decode it in the validator: a malformed payload from
     # the Temporal CLI is then rejected with pydantic's message, not "failed decoding".
@@ -574,7 +603,7 @@ class AgentWorkflow:
         try:
             patch.apply_to(self._limits)
         except ValidationError as e:
-            raise ValueError(_readable(e)) from None
+            raise ValueError(validation_text(e)) from None
 
     @workflow.update(name="resolve")
     def resolve(self, raw: Any) -> str:
@@ -623,6 +652,7 @@ class AgentWorkflow:
             soft_tier=limits.soft_tier(spend, self._limits) if self._input else [],
             runway=limits.runway(spend, self._limits),
             activity=self._activity(),
+            ignored_signals=self._ignored_signals,
             result=self._result,
         )
 
@@ -676,7 +706,8 @@ class AgentWorkflow:
                     AGENT_STATE.value_set(snapshot[0]),
                     AGENT_STEP.value_set(snapshot[1]),
                     AGENT_TOKENS.value_set(snapshot[2]),
-                    AGENT_COST.value_set(float(snapshot[3])),
+                    # Unset while a model without a price was used: $0 would read as "free".
+                    AGENT_COST.value_set(float(snapshot[3])) if usage.cost_known else AGENT_COST.value_unset(),
                 ]
             )
         status = self._status()
@@ -722,18 +753,16 @@ def _parse_input(raw: Any) -> AgentInput:
     try:
         return AgentInput.model_validate(raw)
     except ValidationError as e:
-        raise ApplicationError(f"invalid AgentInput: {e}", type="InvalidInput", non_retryable=True) from None
+        raise ApplicationError(
+            f"invalid AgentInput: {validation_text(e)}", type="InvalidInput", non_retryable=True
+        ) from None
 
 
 def _decode(model: type[_M], raw: Any) -> _M:
     try:
         return model.model_validate(raw)
     except ValidationError as e:
-        raise ValueError(_readable(e)) from None
-
-
-def _readable(error: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'payload'}: {err['msg']}" for err in error.errors())
+        raise ValueError(validation_text(e)) from None
 
 
 def _raise_if_cancelled(error: BaseException) -> None:

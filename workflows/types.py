@@ -207,6 +207,8 @@ class AgentInput(_Strict):
                 f"goal is {len(goal):,} characters, over the {MAX_GOAL_CHARS:,} limit; put long material "
                 "in a workspace file and name it in the goal"
             )
+        if not goal.strip():
+            raise ValueError("the goal is blank: say what the agent should do")
         return goal
 
     @field_validator("workspace")
@@ -480,11 +482,11 @@ class Resolution(BaseModel):
     """The report to resolve; None resolves every open report with this action."""
 
 
-class PauseRequest(BaseModel):
+class PauseRequest(_Strict):
     reason: str | None = None
 
 
-class UserMessage(BaseModel):
+class UserMessage(_Strict):
     text: str = Field(min_length=1)
 
 
@@ -520,6 +522,8 @@ class AgentStatus(BaseModel):
     runway: Runway = Field(default_factory=Runway)
     activity: str = ""
     """What the run is doing now, in words."""
+    ignored_signals: list[str] = Field(default_factory=list)
+    """Signals this run could not use (unknown name, malformed payload), newest last."""
     result: AgentResult | None = None
 
 

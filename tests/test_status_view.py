@@ -38,6 +38,23 @@ def test_lists_follow_a_blank_line_so_they_render_as_lists() -> None:
     assert "`resolve` update" in text and "`approve` update" in text and "`3:c1`" in text
 
 
+def test_each_call_that_needs_attention_has_its_own_report() -> None:
+    reports = [
+        AttentionReport(
+            call_id=f"3:c{i}",
+            what_failed=f"read_file: {name} failed 3 times",
+            last_error="missing",
+            attempts=3,
+            step=3,
+            suggested_actions=["retry: again"],
+        )
+        for i, name in enumerate(["a.txt", "b.txt"])
+    ]
+    text = details_markdown(status(state="needs_attention", attention=reports[0], attention_reports=reports))
+    assert text.count("**Needs attention:**") == 2 and "b.txt" in text
+    assert '`"call_id": "3:c0"`' in text and '`"call_id": "3:c1"`' in text
+
+
 def test_free_text_is_not_read_as_markdown() -> None:
     text = details_markdown(status(state="completed", activity="completed: final_answer", paused_reason=None))
     assert "completed: final\\_answer" in text

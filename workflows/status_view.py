@@ -50,10 +50,14 @@ def details_markdown(status: AgentStatus) -> str:
     if status.pending_approvals:
         lines += ["", "**Waiting for approval.** Decide with the `approve` update and the call id:", ""]
         lines += [f"- `{p.call_id}` {plain(p.summary)} ({plain(p.reason)})" for p in status.pending_approvals]
-    if status.attention:
-        a = status.attention
+    reports = status.attention_reports or ([status.attention] if status.attention else [])
+    for a in reports:
         lines += ["", f"**Needs attention:** {plain(a.what_failed)} (step {a.step}, {a.attempts} attempts)", ""]
-        lines += [f"Last error: {plain(a.last_error[:500])}", "", "Decide with the `resolve` update:", ""]
+        lines += [f"Last error: {plain(a.last_error[:500])}", ""]
+        if len(reports) > 1:
+            lines += [f'Decide with the `resolve` update and `"call_id": "{a.call_id}"`:', ""]
+        else:
+            lines += ["Decide with the `resolve` update:", ""]
         lines += [f"- {plain(action)}" for action in a.suggested_actions]
     if status.paused_reason:
         lines += ["", f"**Paused:** {plain(status.paused_reason)}. Continue with the `resume` signal."]

@@ -194,8 +194,8 @@ class AgentInput(_Strict):
     context: ContextSettings = Field(default_factory=ContextSettings)
     continue_as_new_every: int = Field(default=50, ge=10)
     """Steps per run before continue-as-new, even if the server has not suggested it yet.
-    50 keeps a new worker's full replay (~14 events a step) well inside the 1.5 s workflow
-    task timeout that fast crash recovery relies on (see durable_agent/runs.py)."""
+    50 keeps a new worker's full replay of a run well inside the 1.5 s workflow task
+    timeout that fast crash recovery relies on (see durable_agent/runs.py)."""
     carry: Carry | None = None
     """Set only by the workflow itself when it continues as new."""
 

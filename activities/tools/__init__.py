@@ -163,6 +163,6 @@ async def _in_own_thread(work: Callable[..., _T], *args: Any) -> _T:
         return await asyncio.wait_for(asyncio.shield(done), FILE_TOOL_TIME_LIMIT_S)
     except TimeoutError:
         raise ToolError(
-            f"the call did not finish within {FILE_TOOL_TIME_LIMIT_S:g} s and was abandoned; "
-            "try a smaller file or folder"
+            f"the call did not finish within {FILE_TOOL_TIME_LIMIT_S:g} s; the run goes on without its "
+            "result (a write may still complete later: read the file before relying on it)"
         ) from None

@@ -11,12 +11,15 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
+import activities.tools as tool_activities
 from activities.journal import JOURNAL_DIR, key_digest
 from durable_agent.model_server import ModelServer, Reply
 from tests.helpers import start, wait_for
 from tests.scripts import Script, answer, tool_results, tools
+from workflows.types import ToolCallInput
 
 
 async def test_a_corrupt_journal_entry_reaches_the_model_as_a_tool_error(
@@ -99,3 +102,23 @@ async def test_hostile_files_neither_block_the_worker_nor_starve_another_run(
     )
     assert search.startswith("ERROR:") and "search" in search and "time" in search, search
     assert all(p.startswith("ERROR:") and "FIFO" in p for p in pipes), pipes
+
+
+async def test_a_file_tool_call_is_bounded_in_time_on_a_thread_of_its_own(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The search outlasts a (lowered) per-call bound: the call reports at the bound while
+    # the search, on its own thread, runs on to its own limit without holding the GIL.
+    monkeypatch.setattr(tool_activities, "FILE_TOOL_TIME_LIMIT_S", 0.5)
+    (workspace / "long.txt").write_text("a" * 5_000 + "b\n")
+    call = ToolCallInput(call_id="c", idempotency_key="k", workspace=str(workspace), arguments={"pattern": "(a+)+$"})
+    began = time.monotonic()
+    outcome = await ActivityEnvironment().run(tool_activities.ToolActivities().search_files, call)
+    assert time.monotonic() - began < 3
+    assert not outcome.ok and "did not finish within 0.5 s" in (outcome.error or ""), outcome
+    ticks = 0
+    end = time.monotonic() + 1
+    while time.monotonic() < end:  # the event loop runs freely meanwhile
+        await asyncio.sleep(0.01)
+        ticks += 1
+    assert ticks > 50

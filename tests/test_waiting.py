@@ -54,8 +54,11 @@ async def test_cancel_ends_the_run_as_cancelled_whatever_it_waits_for(
     elif waiting_in == "awaiting_approval":
         model_server.responder = Script([tools(("run_command", {"command": "echo hi"}))])
         fields["approval"] = {"tools": ["run_command"]}
+    elif waiting_in == "paused":  # the pause lands while step 1's command runs
+        model_server.responder = Script([tools(("run_command", {"command": "touch started; sleep 3"}))])
     handle = await start(client, task_queue, goal="x", workspace=str(workspace), **fields)
     if waiting_in == "paused":
+        await wait_for(handle, lambda s: (workspace / "started").exists())
         await handle.signal("pause")
         await wait_for(handle, lambda s: s.state == "paused")
     elif waiting_in == "model_call":
@@ -66,7 +69,7 @@ async def test_cancel_ends_the_run_as_cancelled_whatever_it_waits_for(
     assert cancelled.returncode == 0, cancelled.stderr
     result = await asyncio.wait_for(handle.result(), 30)
     assert (result.state, result.stop_reason) == ("cancelled", "cancelled")
-    assert len(model_server.requests) == 1 - (waiting_in == "paused")
+    assert len(model_server.requests) == 1
 
 
 async def test_messages_added_while_a_run_needs_attention_reach_the_retried_call(

@@ -14,6 +14,7 @@ from datetime import timedelta
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from activities.archive import ArchiveActivities
 from activities.model import ModelActivities, openai_sdk
 from activities.redaction import RedactingInterceptor
 from activities.tools import ToolActivities
@@ -71,7 +72,7 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
         "identity": worker_identity(),
         "workflows": [AgentWorkflow],
         "workflow_runner": WORKFLOW_RUNNER,
-        "activities": [ModelActivities().call_model, *ToolActivities().all()],
+        "activities": [ModelActivities().call_model, *ToolActivities().all(), *ArchiveActivities().all()],
         # Innermost of the worker's interceptors: what leaves an activity is redacted first.
         "interceptors": [MetricsInterceptor(), RedactingInterceptor()],
         "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,

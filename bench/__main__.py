@@ -11,6 +11,7 @@ COMMANDS = {
     "fleet": ("bench.fleet", "many agents against a slow model, beside a plain Temporal loop"),
     "history": ("bench.history", "history bytes per step on one long run"),
     "recovery": ("bench.recovery", "time from a worker SIGKILL to the next step, over repeated kills"),
+    "long-run": ("bench.long_run", "1,000 steps in a bounded context: request, carry and history sizes"),
     "replay": ("bench.replay", "a new worker's replay of a run, with and without the SDK's sandbox"),
 }
 

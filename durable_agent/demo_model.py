@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from durable_agent.model_server import Reply, count_assistant_turns
-from durable_agent.render import command_exit_code
+from workflows.compaction import command_exit_code
 
 LABEL = "[offline demo model]"
 MODEL = "offline-demo"

@@ -1,7 +1,9 @@
 """`durable-agent export`: a run's transcript as JSONL, or a readable Markdown report.
 
 Both read what `durable_agent.history` replayed from the chain's histories; a run that is
-still running is read through its `transcript` and `status` queries instead.
+still running is read through its `transcript` and `status` queries instead. Steps folded
+in runs whose history is gone (retention) or that the query does not hold (earlier runs of
+the chain) come from the run's archive in the workspace (`activities/archive.py`).
 """
 
 from __future__ import annotations
@@ -9,14 +11,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowHandle
 
+from activities.archive import read_archive
 from durable_agent.history import PersonAction, replay_chain
 from workflows.tool_specs import call_summary
-from workflows.types import AgentResult, AgentStatus, Message, RunState, TranscriptRequest, Usage
+from workflows.types import AgentInput, AgentResult, AgentStatus, Message, RunState, TranscriptRequest, Usage
 
 FORMATS = ("jsonl", "markdown")
 TOOL_RESULT_CHARS = 300
@@ -134,6 +138,20 @@ def _one_line(text: str | None, limit: int = 500) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+def with_archive(messages: list[Message], archive_path: str | None) -> list[Message]:
+    """`archived` entries (steps folded in earlier runs) replaced by those steps from the
+    archive; where the archive cannot be read here, the entries stay and say where it is."""
+    if not archive_path or not any(m.kind == "archived" for m in messages):
+        return messages
+    try:
+        archived = read_archive(Path(archive_path))
+    except (OSError, ValueError):
+        return messages
+    here = [m for m in messages if m.kind != "archived"]
+    seen = {m.model_dump_json() for m in here}
+    return sorted(here + [m for m in archived if m.model_dump_json() not in seen], key=lambda m: m.step)
+
+
 async def closed_report(client: Client, workflow_id: str) -> Report:
     """From the chain's histories alone: no worker needed."""
     chain = await replay_chain(client, workflow_id)
@@ -143,7 +161,7 @@ async def closed_report(client: Client, workflow_id: str) -> Report:
         workflow_id=workflow_id,
         goal=chain.goal,
         state=result.state if result else "failed" + (f": {last.error}" if last.error else ""),
-        messages=chain.transcript(),
+        messages=with_archive(chain.transcript(), _archive_path(last.input)),
         usage=result.usage if result else Usage(),
         result=result,
         actions=chain.actions(),
@@ -156,7 +174,14 @@ async def running_report(handle: WorkflowHandle[Any, Any], query_timeout: timede
         "transcript", TranscriptRequest(from_step=0), result_type=list[Message], rpc_timeout=query_timeout
     )
     status = await handle.query("status", result_type=AgentStatus, rpc_timeout=query_timeout)
+    messages = with_archive(messages, status.context.archive_path if status.context else None)
     goal = next((m.content or "" for m in messages if m.kind == "goal"), "")
     return Report(
         workflow_id=handle.id, goal=goal, state=status.state, messages=messages, usage=status.usage, actions=None
     )
+
+
+def _archive_path(agent: AgentInput | None) -> str | None:
+    if agent is None or agent.carry is None or not agent.carry.archive_dir:
+        return None
+    return f"{agent.workspace}/{agent.carry.archive_dir}"

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from workflows.compaction import SUMMARY_PROMPT, folded_through
+
 
 @dataclass
 class Reply:
@@ -40,15 +42,49 @@ Responder = Callable[[dict[str, Any]], "Reply | Failure"]
 
 
 def count_assistant_turns(request: dict[str, Any]) -> int:
-    """The conversation's turn number: a retried call sees the same one, so replies repeat."""
-    return sum(1 for m in request.get("messages", []) if m.get("role") == "assistant")
+    """The conversation's turn number: a retried call sees the same one, so replies repeat.
+    Folded steps count too (one model reply each), as the summary's index names them."""
+    messages = request.get("messages", [])
+    folded = max((folded_through(m.get("content") or "") for m in messages if m.get("role") == "user"), default=0)
+    return folded + sum(1 for m in messages if m.get("role") == "assistant")
+
+
+def is_summary_request(request: dict[str, Any]) -> bool:
+    """A compaction's summarising call (workflows/compaction.py), not an agent turn."""
+    messages = request.get("messages") or [{}]
+    return messages[0].get("role") == "system" and (messages[0].get("content") or "") == SUMMARY_PROMPT
+
+
+def stub_summary(request: dict[str, Any]) -> Reply:
+    """The stub's answer to a summarising call: the five fields, from the steps it was sent."""
+    body = json.loads(request["messages"][1]["content"])
+    summary = body.get("previous_summary") or {
+        "goal": body.get("goal", ""),
+        "inputs": [],
+        "outputs": [],
+        "key_decisions": [],
+        "open_issues": [],
+    }
+    for step in body.get("new_steps", []):
+        for call in step.get("tool_calls", []):
+            summary["outputs"].append(f"step {step['step']}: {call['name']} {call['arguments']}"[:200])
+        content = step.get("content") or ""
+        if step["role"] == "tool" and content.startswith("ERROR"):
+            summary["open_issues"].append(f"step {step['step']}: {content[:200]}")
+        elif step["role"] == "assistant" and content:
+            summary["key_decisions"].append(f"step {step['step']}: {content[:200]}")
+    return Reply(content=json.dumps(summary))
 
 
 class ModelServer:
     """Serves `responder` on 127.0.0.1 in a background thread; records every request."""
 
-    def __init__(self, responder: Responder, port: int = 0, latency_s: float = 0.0) -> None:
+    def __init__(
+        self, responder: Responder, port: int = 0, latency_s: float = 0.0, summarizer: Responder = stub_summary
+    ) -> None:
         self.responder = responder
+        self.summarizer = summarizer
+        """Answers compactions' summarising calls, which `responder` never sees."""
         self.latency_s = latency_s
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
@@ -80,7 +116,7 @@ class ModelServer:
             self.requests.append(request)
         if self.latency_s:
             time.sleep(self.latency_s)
-        outcome = self.responder(request)
+        outcome = (self.summarizer if is_summary_request(request) else self.responder)(request)
         if isinstance(outcome, Failure):
             body = {"error": {"message": outcome.message, "type": "scripted", "code": outcome.status}}
             return outcome.status, outcome.headers, body

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import re
 import textwrap
-from typing import Any
 
+from workflows.compaction import command_exit_code, record_text, tool_arguments
 from workflows.tool_specs import call_summary
 from workflows.types import AgentResult, AgentStatus, AttentionReport, Limits, Message, PendingApproval, Usage
-
-_EXIT_CODE = re.compile(r"^exit code: (-?\d+)")
-"""How `run_command` starts its result (activities/tools.py)."""
 
 
 def cost_text(usage: Usage) -> str:
@@ -55,27 +50,13 @@ def step_line(step: int, messages: list[Message]) -> str:
 
 
 def _call_text(name: str, raw_arguments: str, result: str | None) -> str:
-    summary = call_summary(name, _arguments(raw_arguments), limit=80)
+    summary = call_summary(name, tool_arguments(raw_arguments), limit=80)
     if result is None:
         return summary
     if result.startswith("ERROR"):
         return f"{summary} (error)"
     code = command_exit_code(result)
     return summary if code is None else f"{summary} (exit {code})"
-
-
-def command_exit_code(result: str) -> int | None:
-    """The exit code a `run_command` result reports, or None for any other result."""
-    match = _EXIT_CODE.match(result)
-    return int(match.group(1)) if match else None
-
-
-def _arguments(raw: str) -> dict[str, Any]:
-    try:
-        decoded = json.loads(raw or "{}")
-    except json.JSONDecodeError:
-        return {}
-    return decoded if isinstance(decoded, dict) else {}
 
 
 def approval_lines(run_id: str, pending: list[PendingApproval]) -> list[str]:
@@ -111,6 +92,8 @@ def status_lines(run_id: str, status: AgentStatus) -> list[str]:
     ]
     if status.activity and status.result is None:
         lines.append(f"now: {status.activity}")
+    if status.context is not None:
+        lines.append(context_text(status))
     if status.paused_reason:
         lines.append(f"paused: {status.paused_reason}")
     lines += approval_lines(run_id, status.pending_approvals)
@@ -120,6 +103,20 @@ def status_lines(run_id: str, status: AgentStatus) -> list[str]:
     if status.result is not None:
         lines += result_lines(status.result)[2:]  # state and usage are already above
     return lines
+
+
+def context_text(status: AgentStatus) -> str:
+    """`context: ~1,900 of 4,000 tokens · 3 compactions (41 steps folded, 6,200 tokens) · last: ...`."""
+    context = status.context
+    assert context is not None
+    text = f"context: ~{context.request_tokens:,} of {context.max_context_tokens:,} tokens"
+    counters = context.counters
+    if counters.compactions:
+        text += (
+            f" · {counters.compactions} compaction(s) ({counters.folded_steps} steps folded, "
+            f"{counters.summary_tokens:,} tokens on summaries) · last: {record_text(context.compactions[-1])}"
+        )
+    return text
 
 
 def _one_line(text: str, limit: int = 300) -> str:

@@ -3,6 +3,9 @@
 The scenario touches every kind of command the workflow emits: parallel tool activities,
 an approval (update), a pause and a user message (signals), raised limits, a model
 failure that needs attention and is resolved, search-attribute upserts and a final answer.
+`python -m tests.record_history --compaction` records the context's scenario instead:
+compactions (a summarising model call and an archive write each), `recall`, and the
+archive written at the end.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from tests.scripts import Script, answer, tools
 from workflows.types import AgentInput
 
 HISTORY_FILE = Path(__file__).parent / "histories" / "agent_run.json"
+COMPACTION_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_compaction.json")
 
 
 def scenario(healed: threading.Event) -> Script:
@@ -65,7 +69,24 @@ async def record(client: Client, task_queue: str, workspace: Path, model: ModelS
     return await handle.fetch_history()
 
 
-async def main() -> None:
+async def record_compaction(client: Client, task_queue: str, workspace: Path, model: ModelServer) -> WorkflowHistory:
+    padding = "a" * 400
+    model.responder = Script(
+        [tools(("run_command", {"command": f"echo 'step {n} {padding}'"})) for n in range(1, 9)]
+        + [tools(("recall", {"query": "step 2"}))],
+        final="recorded",
+    )
+    agent = AgentInput(
+        goal="record compactions",
+        workspace=str(workspace),
+        context={"max_context_tokens": 1_000, "keep_recent_steps": 2},
+    )
+    handle = await start_agent(client, agent, f"replay-{uuid.uuid4().hex[:8]}", task_queue)
+    await handle.result()
+    return await handle.fetch_history()
+
+
+async def main(compaction: bool) -> None:
     from worker import build_worker
 
     home = Path(tempfile.mkdtemp())
@@ -77,14 +98,15 @@ async def main() -> None:
             workspace = home / "ws"
             workspace.mkdir()
             async with build_worker(client, "record"):
-                history = await record(client, "record", workspace, model)
+                history = await (record_compaction if compaction else record)(client, "record", workspace, model)
     finally:
         server.stop()  # a failed recording must not leave a dev server behind
-    HISTORY_FILE.write_text(history.to_json())
-    print(f"wrote {HISTORY_FILE} ({len(history.events)} events)")
+    target = COMPACTION_HISTORY_FILE if compaction else HISTORY_FILE
+    target.write_text(history.to_json())
+    print(f"wrote {target} ({len(history.events)} events)")
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    asyncio.run(main(compaction="--compaction" in sys.argv[1:]))
     sys.stdout.flush()
     os._exit(0)

@@ -10,7 +10,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from durable_agent.model_server import ModelServer, Reply
+from durable_agent.model_server import ModelServer, Reply, is_summary_request
 from tests.helpers import start
 from workflows.types import AgentStatus, Message
 
@@ -27,12 +27,15 @@ def always_tools(count: int = 1, delay_s: float = 0.0, **usage: int):
 
 
 CASES = {
-    "steps": ({"soft_steps": 2, "hard_steps": 4}, {}, "hard_step_limit"),
-    "tokens": ({"max_tokens": 10_000}, {"input_tokens": 1_000, "output_tokens": 1_000}, "token_budget"),
+    "steps": ({"soft_steps": 2, "hard_steps": 6}, {}, "hard_step_limit"),
+    "tokens": ({"max_tokens": 20_000}, {"input_tokens": 500, "output_tokens": 500}, "token_budget"),
     "cost": ({"max_cost_usd": 0.1}, {"input_tokens": 20_000, "output_tokens": 1_000}, "cost_budget"),
     "model_calls": ({"max_model_calls": 5}, {}, "model_call_budget"),
     "tool_calls": ({"max_tool_calls": 7}, {}, "tool_call_budget"),
 }
+
+
+LADDER = ["compaction", "soft_warning", "fallback_model", "stop"]
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -56,19 +59,32 @@ async def test_soft_then_hard_tier(
     assert result.output  # a summary, since the model never answered
 
     status = await handle.query("status", result_type=AgentStatus)
-    kinds = [d.kind for d in status.degradations]
-    assert "soft_warning" in kinds and "fallback_model" in kinds
-    switched_at = next(d.step for d in status.degradations if d.kind == "fallback_model")
-    models = [r["model"] for r in model_server.requests]
-    assert set(models[:switched_at]) == {"gpt-4.1-mini"}
-    assert models[switched_at:] and set(models[switched_at:]) == {"gpt-4.1-nano"}
+    # The ladder, in its order: compaction, wrap-up warning, fallback model, stop; each
+    # rung once, each recorded in status and in the transcript.
+    rungs = [d.kind for d in status.degradations]
+    assert rungs == [r for r in LADDER if r in rungs] and rungs[0] == "compaction" and rungs[-1] == "stop"
     transcript = await handle.query("transcript", result_type=list[Message])
-    warnings = [m for m in transcript if m.kind == "warning"]
-    assert warnings and "Budget warning" in (warnings[0].content or "")
-    switches = [m for m in transcript if m.kind == "degradation"]
-    assert [m.step for m in switches] == [switched_at] and "gpt-4.1-nano" in (switches[0].content or "")
-    sent = [m.get("content") or "" for r in model_server.requests for m in r["messages"]]
+    notes = [m for m in transcript if m.kind in ("degradation", "warning", "compaction")]
+    # A compaction that folded steps is noted with its summary; one with nothing to fold, briefly.
+    noted = {"soft_warning": {"warning"}, "compaction": {"compaction", "degradation"}}
+    assert len(notes) == len(rungs)
+    assert all(m.kind in noted.get(r, {"degradation"}) for m, r in zip(notes, rungs, strict=True))
+    assert all("Budget warning" in (m.content or "") for m in notes if m.kind == "warning")
+    agent_requests = [r for r in model_server.requests if not is_summary_request(r)]
+    sent = [m.get("content") or "" for r in agent_requests for m in r["messages"]]
     assert not any("switched from" in text for text in sent)  # a record for people, not the model
+    if "fallback_model" in rungs:
+        switched_at = next(d.step for d in status.degradations if d.kind == "fallback_model")
+        models = [r["model"] for r in agent_requests]
+        assert set(models[:switched_at]) == {"gpt-4.1-mini"}
+        assert models[switched_at:] and set(models[switched_at:]) == {"gpt-4.1-nano"}
+    if name == "steps":  # a wide soft tier: every rung, one step apart
+        assert [(d.kind, d.step) for d in status.degradations] == [
+            ("compaction", 2),
+            ("soft_warning", 4),
+            ("fallback_model", 5),
+            ("stop", 6),
+        ]
 
     u, lim = result.usage, status.limits
     if name == "tokens":
@@ -132,6 +148,7 @@ async def test_a_spike_enters_the_soft_tier_early(
     result = await handle.result()
     assert result.state == "completed"
     status = await handle.query("status", result_type=AgentStatus)
-    early = [d for d in status.degradations if d.kind == "early_soft_tier"]
-    assert len(early) == 1 and early[0].step == 5
-    assert model_server.requests[-1]["model"] == "cheap"
+    # The spike starts the ladder at its first rung (nothing to fold yet in five steps);
+    # the fallback model waits for its own rung.
+    assert [(d.kind, d.step) for d in status.degradations] == [("early_soft_tier", 5), ("compaction", 5)]
+    assert model_server.requests[-1]["model"] == "gpt-4.1-mini"

@@ -31,7 +31,8 @@ async def replay_failure(history: WorkflowHistory) -> Exception | None:
 @pytest.mark.parametrize("path", sorted(HISTORY_FILE.parent.glob("*.json")), ids=lambda p: p.stem)
 async def test_committed_histories_replay(path: Path) -> None:
     # agent_run.json is today's scenario; agent_run_local_model_call.json was recorded
-    # while call_model was a local activity (and the file tools regular ones).
+    # while call_model was a local activity (and the file tools regular ones);
+    # agent_run_compaction.json has compactions, recall and the archive written at the end.
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     assert await replay_failure(history) is None
 

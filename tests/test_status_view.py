@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from workflows import compaction
+from workflows.state import Compaction, ContextCounters, ContextStatus, FoldedStep, FoldIndex, StructuredSummary
 from workflows.status_view import details_markdown, start_details
 from workflows.tool_specs import call_summary
 from workflows.types import AgentInput, AgentStatus, AttentionReport, Limits, PendingApproval, Usage
@@ -80,3 +82,37 @@ def test_summaries_name_what_a_call_touches() -> None:
     assert call_summary("search_files", {"pattern": "TODO", "path": "src"}) == "search_files: TODO src"
     assert call_summary("run_command", {"command": "pytest -q\n"}) == "run_command: pytest -q "
     assert len(call_summary("write_file", {"path": "x" * 300})) == 120
+
+
+def test_the_context_shows_its_size_compactions_summary_and_index() -> None:
+    summary = StructuredSummary(
+        goal="fix the_bug", inputs=["read a.py"], outputs=["wrote b.py"], key_decisions=[], open_issues=["x"]
+    )
+    index = compaction.add_to_index(FoldIndex(), [FoldedStep(step=n, tools=["run_command"]) for n in range(1, 21)])
+    context = ContextStatus(
+        max_context_tokens=4_000,
+        request_tokens=1_900,
+        last_request_tokens=3_100,
+        last_request_estimate=3_000,
+        summary=summary,
+        index=index,
+        compactions=[
+            Compaction(
+                step=20,
+                first_step=1,
+                last_step=14,
+                trigger="size",
+                summary_source="model",
+                tokens_before=4_100,
+                tokens_after=1_900,
+                summary_tokens=2_000,
+            )
+        ],
+        counters=ContextCounters(compactions=1, folded_steps=14, summary_tokens=2_000),
+        archive_dir=".durable-agent/archive/run-1",
+    )
+    text = details_markdown(status(context=context))
+    assert "~1,900 of 4,000 tokens" in text and "3,100 reported" in text and "1 compaction(s)" in text
+    assert "- step 20: folded steps 1-14 (size), ~4,100 → ~1,900 tokens; summary by the model" in text
+    assert "fix the\\_bug" in text and "- outputs: wrote b.py" in text and "- key decisions: none" in text
+    assert "Folded steps 1-20;" in text and "- step 20: run\\_command" in text

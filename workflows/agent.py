@@ -21,28 +21,31 @@ from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from activities import model_context as context_delivery
-    from workflows import limits, options
+    from workflows import compaction, limits, options
     from workflows.approval import approval_reason
     from workflows.context import (
         WireContext,
+        calibrated,
         estimate_tokens,
         initial_messages,
         last_answer,
-        model_context,
         progress_summary,
     )
+    from workflows.ladder import pressure, rungs_due
     from workflows.livelock import LIVELOCK_REPEATS, call_key
     from workflows.run_metrics import RunMetrics
+    from workflows.state import Carry, Compaction, ContextStatus, ModelView, StructuredSummary
     from workflows.status_view import details_markdown
-    from workflows.tool_specs import ToolArgumentError, call_summary, parse_tool_call, unique_call_ids
+    from workflows.tool_specs import RecallArgs, ToolArgumentError, call_summary, parse_tool_call, unique_call_ids
     from workflows.types import (
         WORKFLOW_TYPE,
         AgentInput,
         AgentResult,
         AgentStatus,
         ApprovalDecision,
+        ArchiveWrite,
+        ArchiveWritten,
         AttentionReport,
-        Carry,
         Degradation,
         Limits,
         LimitsPatch,
@@ -53,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
         ModelReply,
         PauseRequest,
         PendingApproval,
+        RecallInput,
         Resolution,
         RunState,
         StopReason,
@@ -118,6 +122,9 @@ class AgentWorkflow:
         self._metrics = RunMetrics()
         self._in_flight: ModelContext | None = None
         self._ignored_signals: list[str] = []
+        self._folded: list[Message] = []
+        """Messages folded during this run: the `transcript` query shows them; earlier runs'
+        are in the archive only."""
         try:
             self._start(_parse_input(raw_input))
         except ApplicationError as e:
@@ -147,6 +154,8 @@ class AgentWorkflow:
             result = self._finish("terminated", "terminated")
         except asyncio.CancelledError:
             result = self._finish("cancelled", "cancelled")
+        else:
+            await self._archive_rest()
         await workflow.wait_condition(workflow.all_handlers_finished)
         return result
 
@@ -170,9 +179,11 @@ class AgentWorkflow:
         else:
             self._carry = Carry(
                 model=input.model,
-                messages=initial_messages(input),
+                view=ModelView(session=initial_messages(input)),
                 first_run_id=info.first_execution_run_id or info.run_id,
             )
+        if not self._carry.archive_dir:
+            self._carry.archive_dir = compaction.archive_dir(info.workflow_id, self._carry.first_run_id)
 
     async def _loop(self) -> AgentResult:
         while True:
@@ -180,8 +191,9 @@ class AgentWorkflow:
             stop = self._hard_stop()
             if stop is not None:
                 return self._finish("stopped", stop)
-            self._enter_soft_tiers()
+            await self._climb_ladder()
             self._take_user_messages()
+            await self._fit_context()
             reply = await self._call_model()
             if not reply.tool_calls:
                 return self._finish("completed", "final_answer", output=reply.content or "")
@@ -237,21 +249,34 @@ class AgentWorkflow:
             self._wait_began = None
 
     def _hard_stop(self) -> StopReason | None:
-        # The context only grows, so the last call's real input size is a floor for the next.
-        context_tokens = max(estimate_tokens(model_context(self._carry.messages)), self._carry.last_input_tokens)
-        estimate = limits.estimate_next_call(context_tokens, self._carry.recent_output_tokens, self._carry.last_price)
+        estimate = limits.estimate_next_call(
+            self._request_tokens(), self._carry.recent_output_tokens, self._carry.last_price
+        )
         return limits.hard_stop(self._spend(), self._limits, estimate)
 
-    def _enter_soft_tiers(self) -> None:
+    async def _climb_ladder(self) -> None:
+        """The degradation ladder (workflows/ladder.py): each rung due now, in order."""
         spend = self._spend()
-        entered = [b for b in limits.soft_tier(spend, self._limits) if b not in self._carry.warned]
-        if not entered:
-            return
-        self._carry.warned += entered
-        text = limits.warning_text(entered, spend, self._limits)
+        level = pressure(spend, self._limits, self._carry.early_soft_tier)
+        for rung in rungs_due(self._carry.ladder, level):
+            self._carry.ladder.append(rung)
+            if rung == "compaction":
+                await self._compact("soft_tier")
+            elif rung == "soft_warning":
+                self._warn(limits.soft_tier(spend, self._limits) or ["tokens"])
+            else:
+                self._switch_to_fallback()
+        if "soft_warning" in self._carry.ladder:
+            # Past the wrap-up rung, a budget that enters its soft tier later is announced too.
+            entered = [b for b in limits.soft_tier(spend, self._limits) if b not in self._carry.warned]
+            if entered:
+                self._warn(entered)
+
+    def _warn(self, budgets: list[str]) -> None:
+        self._carry.warned += [b for b in budgets if b not in self._carry.warned]
+        text = limits.warning_text(budgets, self._spend(), self._limits)
         self._add_message("system", text, kind="warning")
-        self._degrade("soft_warning", f"{', '.join(entered)}: {text}")
-        self._switch_to_fallback()
+        self._degrade("soft_warning", f"{', '.join(budgets)}: {text}")
 
     def _switch_to_fallback(self) -> None:
         fallback = self._agent.fallback_model if self._input else None
@@ -259,23 +284,150 @@ class AgentWorkflow:
             return
         detail = f"switched from {self._carry.model} to {fallback}"
         self._degrade("fallback_model", detail)
-        self._add_message("system", f"Model {detail} (soft tier).", kind="degradation")
         self._carry.model = fallback
 
     def _degrade(self, kind: Any, detail: str) -> None:
         self._carry.degradations.append(Degradation(step=self._carry.step, kind=kind, detail=detail))
+        if kind != "soft_warning":  # the warning is in the transcript already, as sent
+            self._add_message("system", f"{kind}: {detail}", kind="degradation")
+
+    # --- context -----------------------------------------------------------------------
+
+    def _request_tokens(self) -> int:
+        """The next request's input tokens: the offline estimate, calibrated by the last report."""
+        raw = estimate_tokens(compaction.request_messages(self._carry.view))
+        return calibrated(raw, self._carry.last_estimate, self._carry.last_input_tokens)
+
+    async def _fit_context(self) -> None:
+        if compaction.should_compact(self._request_tokens(), self._agent.context.max_context_tokens):
+            await self._compact("size")
+
+    async def _compact(self, trigger: Any) -> None:
+        """Fold older steps into the summary and the index, archive them, keep the rest."""
+        view, settings = self._carry.view, self._agent.context
+        before = self._request_tokens()
+        keep = compaction.steps_to_keep(view, self._carry.step, settings.keep_recent_steps, settings.max_context_tokens)
+        fold = compaction.plan_fold(view.messages, self._carry.step, keep)
+        if not fold.steps:
+            if trigger == "soft_tier":
+                self._degrade("compaction", f"nothing to fold yet (~{before:,} tokens in context)")
+            return
+        self._doing = f"compacting steps {fold.steps[0]}-{fold.steps[-1]}"
+        summary, source, spent = await self._summarize(fold.folded)
+        if not await self._archive(fold.steps[0], fold.steps[-1], fold.folded):
+            return
+        view.summary = summary
+        index_chars = compaction.index_chars(settings.max_context_tokens)
+        view.index = compaction.add_to_index(view.index, compaction.index_steps(fold.folded), index_chars)
+        view.messages = fold.kept
+        self._folded += fold.folded
+        record = Compaction(
+            step=self._carry.step,
+            first_step=fold.steps[0],
+            last_step=fold.steps[-1],
+            trigger=trigger,
+            summary_source=source,
+            tokens_before=before,
+            tokens_after=self._request_tokens(),
+            summary_tokens=spent,
+        )
+        self._carry.compactions = (self._carry.compactions + [record])[-compaction.COMPACTIONS_SHOWN :]
+        counters = self._carry.context
+        counters.compactions += 1
+        counters.folded_steps += len(fold.steps)
+        counters.summary_tokens += spent
+        counters.extractive_summaries += source == "extractive"
+        view.messages.append(compaction.compaction_note(record, view))
+        if trigger == "soft_tier":
+            self._carry.degradations.append(
+                Degradation(step=self._carry.step, kind="compaction", detail=compaction.record_text(record))
+            )
+
+    async def _summarize(self, folded: list[Message]) -> tuple[StructuredSummary, Any, int]:
+        """The model's merged 5-field summary; a malformed one is asked for once more, then
+        replaced by the extractive summary. A failing model call also falls back."""
+        previous = self._carry.view.summary
+        request = compaction.summary_request(previous, folded, self._agent.goal)
+        max_chars = compaction.summary_chars(self._agent.context.max_context_tokens)
+        spent = 0
+        for source in ("model", "model_retry"):
+            try:
+                reply = await self._execute_model_call(request, tools=[], summary="summarise folded steps")
+            except ACTIVITY_FAILED as e:
+                _raise_if_cancelled(e)
+                break
+            self._charge(reply)
+            spent += reply.input_tokens + reply.output_tokens
+            try:
+                return compaction.parse_summary(reply.content, max_chars), source, spent
+            except ValueError as e:
+                request = compaction.retry_request(request, reply.content, str(e))
+        return compaction.extractive_summary(previous, folded, self._agent.goal, max_chars), "extractive", spent
+
+    async def _archive(self, first_step: int, last_step: int, messages: list[Message]) -> bool:
+        try:
+            written = await workflow.execute_local_activity(
+                "archive_steps",
+                ArchiveWrite(
+                    workspace=self._agent.workspace,
+                    archive_dir=self._carry.archive_dir,
+                    first_step=first_step,
+                    last_step=last_step,
+                    messages=messages,
+                ),
+                result_type=ArchiveWritten,
+                start_to_close_timeout=options.TOOL_START_TO_CLOSE,
+                retry_policy=options.TOOL_RETRY,
+                local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
+                summary=f"archive_steps: {first_step}-{last_step}",
+            )
+        except ActivityError as e:
+            _raise_if_cancelled(e)
+            self._degrade("compaction", f"not folded: the archive could not be written ({_failure_message(e)})")
+            return False
+        self._carry.archived_through = max(self._carry.archived_through, last_step)
+        return written.messages == len(messages)
+
+    async def _archive_rest(self) -> None:
+        """At the end of a run that folded steps, the steps never folded join the archive:
+        it then holds the whole transcript past the session layer, whatever retention later
+        deletes. A run that never folded has its whole transcript in its last history."""
+        rest = [m for m in self._carry.view.messages if m.step > self._carry.archived_through]
+        if not self._carry.archived_through or not rest or not workflow.patched(compaction.ARCHIVE_AT_END_PATCH):
+            return
+        await self._archive(rest[0].step, self._carry.step, rest)
+
+    async def _recall(self, args: RecallArgs) -> ToolOutcome:
+        steps = args.step_range()
+        request = RecallInput(
+            workspace=self._agent.workspace,
+            archive_dir=self._carry.archive_dir,
+            first_step=steps[0] if steps else None,
+            last_step=steps[1] if steps else None,
+            query=args.query,
+            in_context_from=self._carry.view.index.folded_through + 1,
+            output_chars=compaction.recall_chars(self._agent.context),
+        )
+        return await workflow.execute_local_activity(
+            "recall",
+            request,
+            result_type=ToolOutcome,
+            start_to_close_timeout=options.TOOL_START_TO_CLOSE,
+            retry_policy=options.TOOL_RETRY,
+            local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
+            summary=call_summary("recall", args.model_dump(exclude_none=True)),
+        )
 
     def _end_step(self) -> None:
         step_tokens = self._carry.usage.tokens - self._tokens_before_step
         spike = limits.is_spike(step_tokens, self._carry.tokens_per_step)
         self._carry.tokens_per_step = (self._carry.tokens_per_step + [step_tokens])[-limits.PACING_WINDOW :]
-        if spike and "tokens" not in self._carry.warned:
+        if spike and not self._carry.early_soft_tier and not self._carry.ladder:
+            # The ladder starts at the next step (its first rung: compaction).
+            self._carry.early_soft_tier = True
             self._degrade(
                 "early_soft_tier", f"step {self._carry.step} used {step_tokens} tokens, over twice the average"
             )
-            self._carry.warned.append("tokens")
-            self._add_message("system", limits.warning_text(["tokens"], self._spend(), self._limits), kind="warning")
-            self._switch_to_fallback()
         # No publish here: the next model call publishes step and usage together, in one upsert.
 
     # --- model -------------------------------------------------------------------------
@@ -285,8 +437,16 @@ class AgentWorkflow:
         self._steps_this_run += 1
         self._tokens_before_step = self._carry.usage.tokens
         while True:
+            messages = compaction.request_messages(self._carry.view)
+            self._carry.last_estimate = estimate_tokens(messages)
+            self._doing = f"calling {self._carry.model} (step {self._carry.step})"
+            self._publish()
             try:
-                reply = await self._execute_model_call()
+                reply = await self._execute_model_call(
+                    self._wire.render(messages),
+                    tools=self._agent.enabled_tools(),
+                    summary=f"step {self._carry.step}",
+                )
             except ACTIVITY_FAILED as e:
                 _raise_if_cancelled(e)
                 await self._needs_attention(
@@ -301,15 +461,14 @@ class AgentWorkflow:
             self._record_reply(reply)
             return reply
 
-    async def _execute_model_call(self) -> ModelReply:
-        self._doing = f"calling {self._carry.model} (step {self._carry.step})"
-        self._publish()
-        messages = self._wire.render(model_context(self._carry.messages))
-        summary = f"call_model: {self._carry.model} step {self._carry.step}"[:120]
+    async def _execute_model_call(self, messages: list[dict[str, Any]], tools: list[str], summary: str) -> ModelReply:
+        """One `call_model`: an agent step's (its wire messages chosen by compaction), or a
+        compaction's summarising call."""
+        summary = f"call_model: {self._carry.model} {summary}"[:120]
         if not workflow.patched(options.MODEL_ACTIVITY_PATCH):
             return await workflow.execute_local_activity(
                 "call_model",
-                ModelCallInput(messages=messages, tools=self._agent.enabled_tools(), model=self._carry.model),
+                ModelCallInput(messages=messages, tools=tools, model=self._carry.model),
                 result_type=ModelReply,
                 start_to_close_timeout=options.MODEL_START_TO_CLOSE,
                 retry_policy=options.MODEL_RETRY,
@@ -323,7 +482,7 @@ class AgentWorkflow:
         try:
             return await workflow.execute_activity(
                 "call_model",
-                ModelCallInput(context=ref, tools=self._agent.enabled_tools(), model=self._carry.model),
+                ModelCallInput(context=ref, tools=tools, model=self._carry.model),
                 result_type=ModelReply,
                 start_to_close_timeout=options.MODEL_START_TO_CLOSE,
                 heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
@@ -334,6 +493,17 @@ class AgentWorkflow:
             self._in_flight = None
 
     def _record_reply(self, reply: ModelReply) -> None:
+        self._charge(reply)
+        self._carry.last_input_tokens = reply.input_tokens
+        self._carry.recent_output_tokens = (self._carry.recent_output_tokens + [reply.output_tokens])[
+            -limits.PACING_WINDOW :
+        ]
+        self._carry.view.messages.append(
+            Message(role="assistant", content=reply.content, tool_calls=reply.tool_calls, step=self._carry.step)
+        )
+
+    def _charge(self, reply: ModelReply) -> None:
+        """Usage is what the provider reported, for every call: agent steps and summaries."""
         self._carry.usage.input_tokens += reply.input_tokens
         self._carry.usage.output_tokens += reply.output_tokens
         self._carry.usage.model_calls += 1
@@ -341,13 +511,6 @@ class AgentWorkflow:
         if reply.price is None:
             self._carry.usage.cost_known = False
         self._carry.last_price = reply.price
-        self._carry.last_input_tokens = reply.input_tokens
-        self._carry.recent_output_tokens = (self._carry.recent_output_tokens + [reply.output_tokens])[
-            -limits.PACING_WINDOW :
-        ]
-        self._carry.messages.append(
-            Message(role="assistant", content=reply.content, tool_calls=reply.tool_calls, step=self._carry.step)
-        )
 
     # --- tools -------------------------------------------------------------------------
 
@@ -406,6 +569,8 @@ class AgentWorkflow:
             output_chars=self._agent.context.tool_output_chars,
         )
         try:
+            if call.name == "recall":
+                return await self._recall(RecallArgs.model_validate(args))
             if call.name in options.LOCAL_TOOLS and workflow.patched(options.LOCAL_TOOLS_PATCH):
                 return await workflow.execute_local_activity(
                     call.name,
@@ -472,7 +637,7 @@ class AgentWorkflow:
         text = outcome.output if outcome.ok else f"ERROR: {outcome.error}"
         if not outcome.ok and outcome.output:
             text += "\n" + outcome.output
-        self._carry.messages.append(
+        self._carry.view.messages.append(
             Message(
                 role="tool",
                 content=text,
@@ -535,7 +700,7 @@ class AgentWorkflow:
         self._carry.pending_user_messages = []
 
     def _add_message(self, role: Any, text: str, kind: str) -> None:
-        self._carry.messages.append(Message(role=role, content=text, step=self._carry.step, kind=kind))
+        self._carry.view.messages.append(Message(role=role, content=text, step=self._carry.step, kind=kind))
 
     # Signals take the raw payload and decode it here: a malformed one from the Temporal
     # CLI (which reports success either way) is recorded in `status`, never dropped unseen.
@@ -654,12 +819,35 @@ class AgentWorkflow:
             activity=self._activity(),
             ignored_signals=self._ignored_signals,
             result=self._result,
+            context=self._context_status() if self._input else None,
         )
 
     @workflow.query(name="transcript")
     def transcript(self, request: TranscriptRequest | None = None) -> list[Message]:
+        """Every message by step. Steps folded in earlier runs of the chain are in the archive:
+        one `archived` entry says where (`durable-agent export` puts them back in place)."""
         from_step = request.from_step if request else 0
-        return [m for m in self._carry.messages if m.step >= from_step]
+        view = self._carry.view
+        first_here = self._folded[0].step if self._folded else compaction.first_unfolded(view)
+        earlier = compaction.archived_note(self._carry.archive_dir, first_here - 1)
+        messages = [*view.session, *([earlier] if earlier else []), *self._folded, *view.messages]
+        return [m for m in messages if m.step >= from_step]
+
+    def _context_status(self) -> ContextStatus:
+        view, settings = self._carry.view, self._agent.context
+        return ContextStatus(
+            max_context_tokens=settings.max_context_tokens,
+            request_tokens=self._request_tokens(),
+            last_request_tokens=self._carry.last_input_tokens,
+            last_request_estimate=self._carry.last_estimate,
+            layer_tokens=compaction.layer_tokens(view, self._carry.step, settings.keep_recent_steps),
+            summary=view.summary,
+            index=view.index,
+            compactions=self._carry.compactions,
+            counters=self._carry.context,
+            archive_dir=self._carry.archive_dir,
+            archive_path=f"{self._agent.workspace}/{self._carry.archive_dir}",
+        )
 
     @workflow.query(name=context_delivery.MODEL_CONTEXT_QUERY)
     def in_flight_context(self, ref: ModelContextRef) -> ModelContext:
@@ -717,7 +905,9 @@ class AgentWorkflow:
     def _finish(
         self, state: RunState, reason: StopReason, output: str | None = None, open_calls: list[ToolCall] = ()
     ) -> AgentResult:
-        final = output if output is not None else last_answer(self._carry.messages)
+        final = output if output is not None else last_answer(self._carry.view.messages)
+        if state == "stopped":  # the ladder's last rung
+            self._degrade("stop", f"{reason}: stopped cleanly at step {self._carry.step}")
         unfinished: list[str] = []
         if state != "completed":
             unfinished.append(f"goal not reached ({reason} at step {self._carry.step}): {self._agent.goal}")
@@ -726,7 +916,8 @@ class AgentWorkflow:
         self._result = AgentResult(
             state=state,
             stop_reason=reason,
-            output=final or progress_summary(self._carry.messages, self._carry.step, reason),
+            output=final
+            or progress_summary(self._carry.view.messages, self._carry.step, reason, self._carry.usage.tool_calls),
             steps=self._carry.step,
             usage=self._usage_now(),
             unfinished=unfinished,

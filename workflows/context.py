@@ -21,7 +21,7 @@ def initial_messages(input: AgentInput) -> list[Message]:
     ]
 
 
-RECORD_ONLY_KINDS = frozenset({"degradation"})
+RECORD_ONLY_KINDS = frozenset({"degradation", "compaction", "archived"})
 """Transcript entries for people (what changed and when), never sent to the model."""
 
 
@@ -30,13 +30,28 @@ def model_context(messages: list[Message]) -> list[Message]:
 
 
 def estimate_tokens(messages: list[Message]) -> int:
-    """About four characters a token: enough to pre-charge a budget before a call."""
+    """Offline, nothing downloaded: about four characters a token plus a little per
+    message. The provider's reported usage is the truth; `calibrated` scales this by how
+    the last call's estimate compared with what the provider then reported."""
     chars = 0
     for m in messages:
         chars += len(m.content or "") + 16
         for call in m.tool_calls:
             chars += len(call.name) + len(call.arguments) + 16
     return chars // 4 + 1
+
+
+CALIBRATION_BOUNDS = (0.5, 2.0)
+"""How far the provider's report may move the estimate: a stub or provider that reports
+nothing useful (0 tokens) cannot make the estimate absurd."""
+
+
+def calibrated(estimate: int, last_estimate: int, last_reported: int) -> int:
+    """`estimate` scaled by the last call's reported / estimated input tokens."""
+    if last_estimate <= 0 or last_reported <= 0:
+        return estimate
+    low, high = CALIBRATION_BOUNDS
+    return round(estimate * min(high, max(low, last_reported / last_estimate)))
 
 
 def last_answer(messages: list[Message]) -> str | None:
@@ -46,11 +61,11 @@ def last_answer(messages: list[Message]) -> str | None:
     return None
 
 
-def progress_summary(messages: list[Message], step: int, reason: str) -> str:
+def progress_summary(messages: list[Message], step: int, reason: str, tool_calls: int) -> str:
     """A stopped run's output when the model never gave an answer: what it did, briefly."""
     calls = [c for m in messages if m.role == "assistant" for c in m.tool_calls]
     recent = ", ".join(c.name for c in calls[-8:]) or "none"
-    return f"Stopped at step {step} ({reason}) before a final answer. {len(calls)} tool call(s); last: {recent}."
+    return f"Stopped at step {step} ({reason}) before a final answer. {tool_calls} tool call(s); last: {recent}."
 
 
 def openai_message(message: Message) -> dict[str, Any]:

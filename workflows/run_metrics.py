@@ -37,8 +37,8 @@ class RunMetrics:
             meter.create_counter("durable_agent_soft_tiers", "budgets that entered their soft tier").add(
                 1, {"budget": budget}
             )
-        compactions = sum(1 for d in status.degradations[len(last.degradations) :] if d.kind == "compaction")
-        if compactions:
+        compactions = _compactions(status) - _compactions(last)
+        if compactions > 0:
             meter.create_counter("durable_agent_compactions", "context compactions").add(compactions)
         if status.state != last.state:
             self._state_changed(meter, last.state, status)
@@ -56,3 +56,7 @@ class RunMetrics:
                 1, {"state": status.result.state, "stop_reason": status.result.stop_reason}
             )
         self._since = now
+
+
+def _compactions(status: AgentStatus) -> int:
+    return status.context.counters.compactions if status.context else 0

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from workflows.compaction import record_text, render_index
+from workflows.state import ContextStatus
 from workflows.types import AgentInput, AgentStatus
 
 BAR_WIDTH = 20
@@ -63,7 +65,37 @@ def details_markdown(status: AgentStatus) -> str:
         lines += ["", f"**Paused:** {plain(status.paused_reason)}. Continue with the `resume` signal."]
     if status.soft_tier:
         lines += ["", f"Soft tier: {plain(', '.join(status.soft_tier))}"]
-    return "\n".join([*lines, "", *budget_block(status)])
+    context = context_lines(status.context) if status.context else []
+    return "\n".join([*lines, "", *budget_block(status), *context])
+
+
+def context_lines(context: ContextStatus) -> list[str]:
+    """The model's context: its size, each compaction (latest first), the summary and the index."""
+    counters = context.counters
+    lines = [
+        "",
+        f"**Context:** ~{context.request_tokens:,} of {context.max_context_tokens:,} tokens "
+        f"(last request: {context.last_request_tokens:,} reported, ~{context.last_request_estimate:,} estimated)",
+    ]
+    if not counters.compactions:
+        return lines
+    lines[-1] += (
+        f"; {counters.compactions} compaction(s), {counters.folded_steps} steps folded, "
+        f"{counters.summary_tokens:,} tokens on summaries"
+        + (f", {counters.extractive_summaries} extractive" if counters.extractive_summaries else "")
+    )
+    lines += ["", "Compactions (latest first):", ""]
+    lines += [f"- step {c.step}: {plain(record_text(c))}" for c in reversed(context.compactions[-3:])]
+    if context.summary is not None:
+        summary = context.summary
+        lines += ["", f"**Summary of folded steps:** {plain(summary.goal)}", ""]
+        for name in ("inputs", "outputs", "key_decisions", "open_issues"):
+            items = getattr(summary, name)
+            lines.append(f"- {name.replace('_', ' ')}: {plain('; '.join(items[-3:])) if items else 'none'}")
+    index = render_index(context.index).splitlines()
+    lines += ["", f"**Index:** {plain(index[0])} Archive: {plain(context.archive_dir)}/", ""]
+    lines += [f"- {plain(line)}" for line in index[1:][-5:]]
+    return lines
 
 
 def start_details(agent: AgentInput) -> str:

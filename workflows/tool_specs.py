@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workflows.types import ALL_TOOLS, ToolCall
 
@@ -58,6 +59,40 @@ class RunCommandArgs(_Args):
     )
 
 
+STEP_RANGE = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
+
+
+class RecallArgs(_Args):
+    steps: str | None = Field(default=None, description="Folded steps to return, e.g. '12' or '5-9'.")
+    query: str | None = Field(
+        default=None, min_length=1, description="Text to search for (case-insensitive) in the folded steps."
+    )
+
+    @field_validator("steps", mode="before")
+    @classmethod
+    def _range(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if isinstance(value, str) and not STEP_RANGE.match(value):
+            raise ValueError("steps must be a step number or a range such as '5-9'")
+        return value
+
+    @model_validator(mode="after")
+    def _one_of(self) -> RecallArgs:
+        if self.steps is None and self.query is None:
+            raise ValueError("give steps (e.g. '5-9') or query")
+        return self
+
+    def step_range(self) -> tuple[int, int] | None:
+        if self.steps is None:
+            return None
+        match = STEP_RANGE.match(self.steps)
+        assert match is not None  # validated above
+        first = int(match.group(1))
+        last = int(match.group(2) or first)
+        return (min(first, last), max(first, last))
+
+
 TOOL_ARGS: dict[str, type[_Args]] = {
     "read_file": ReadFileArgs,
     "write_file": WriteFileArgs,
@@ -65,6 +100,7 @@ TOOL_ARGS: dict[str, type[_Args]] = {
     "list_files": ListFilesArgs,
     "search_files": SearchFilesArgs,
     "run_command": RunCommandArgs,
+    "recall": RecallArgs,
 }
 
 TOOL_DESCRIPTIONS: dict[str, str] = {
@@ -74,6 +110,7 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
     "list_files": "List files under a workspace folder, optionally filtered by a glob.",
     "search_files": "Search workspace files for a regular expression; returns path:line: text.",
     "run_command": "Run a shell command in the workspace; returns exit code, stdout and stderr.",
+    "recall": "Return earlier steps that were folded out of your context, verbatim: by step range or by search.",
 }
 
 if not set(TOOL_ARGS) == set(ALL_TOOLS) == set(TOOL_DESCRIPTIONS):
@@ -160,6 +197,7 @@ SUMMARY_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "run_command": ("command",),
     "search_files": ("pattern", "path"),
     "list_files": ("path", "pattern"),
+    "recall": ("steps", "query"),
 }
 """The arguments that say what a call does, in the order shown; other tools show `path`."""
 

@@ -11,20 +11,12 @@ import base64
 import binascii
 import re
 import zlib
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import (
-    AliasChoices,
-    BaseModel,
-    ConfigDict,
-    Field,
-    TypeAdapter,
-    field_serializer,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
-from workflows.livelock import LivelockTracker
+if TYPE_CHECKING:
+    from workflows.state import Carry, ContextStatus
 
 TASK_QUEUE = "durable-agent"
 WORKFLOW_TYPE = "AgentWorkflow"
@@ -37,6 +29,7 @@ ALL_TOOLS: tuple[str, ...] = (
     "list_files",
     "search_files",
     "run_command",
+    "recall",
 )
 
 RunState = Literal[
@@ -260,9 +253,11 @@ class Message(BaseModel):
     tool_call_id: str | None = None
     step: int = 0
     kind: str | None = None
-    """What produced a non-model message: system_prompt, goal, user, warning, degradation,
-    attention, resolution, tool_result. (Transcripts written before `tool_name` existed hold
-    the tool's name here for tool results.)"""
+    """What produced a non-model message: system_prompt, goal, skill, user, warning,
+    degradation, attention, resolution, tool_result, summary (the folded steps, as sent),
+    compaction (a compaction, for people), archived (steps folded in earlier runs, for
+    people). (Transcripts written before `tool_name` existed hold the tool's name here for
+    tool results.)"""
     tool_name: str | None = None
     """For a tool result: the tool that produced it."""
 
@@ -350,6 +345,40 @@ class ToolOutcome(BaseModel):
     output_bytes: int = 0
 
 
+# --- archive -----------------------------------------------------------------------
+
+
+class ArchiveWrite(BaseModel):
+    """Input of `archive_steps`: folded steps, kept whole under the workspace's archive folder."""
+
+    workspace: str
+    archive_dir: str
+    """Workspace-relative folder of the run's chain (`.durable-agent/archive/...`)."""
+    first_step: int
+    last_step: int
+    messages: list[Message]
+
+
+class ArchiveWritten(BaseModel):
+    path: str
+    """Workspace-relative path of the file written."""
+    messages: int
+    bytes: int
+
+
+class RecallInput(BaseModel):
+    """Input of the `recall` tool's activity: which folded steps to return."""
+
+    workspace: str
+    archive_dir: str
+    first_step: int | None = None
+    last_step: int | None = None
+    query: str | None = None
+    in_context_from: int
+    """The first step still in the model's context, verbatim (not in the archive yet)."""
+    output_chars: int = 8_000
+
+
 # --- status and result -------------------------------------------------------------
 
 
@@ -378,7 +407,7 @@ class AgentResult(BaseModel):
 
 
 PACKED_MESSAGES = "zlib+base64:"
-"""How a carried transcript starts in the continue-as-new input (see `Carry.messages`)."""
+"""How carried messages start in the continue-as-new input (see `ModelView.messages`)."""
 MAX_UNPACKED_BYTES = 256 * 2**20
 """Far above any transcript a model could be sent whole; a bound against a crafted input."""
 _MESSAGE_LIST = TypeAdapter(list[Message])
@@ -402,51 +431,10 @@ def unpack_messages(value: Any) -> Any:
     return _MESSAGE_LIST.validate_json(data)
 
 
-class Carry(BaseModel):
-    """A run's durable state: what the workflow keeps and hands on at continue-as-new, losslessly."""
-
-    step: int = 0
-    usage: Usage = Field(default_factory=Usage)
-    messages: list[Message] = Field(default_factory=list)
-    """Every message so far. In the continue-as-new input it is packed (`pack_messages`): the
-    server stores that input twice (the old run's last event, the new run's first) and each
-    later continue-as-new carries the whole transcript again, so these bytes are what makes
-    history grow faster than the steps. Packed, a transcript is several times smaller (~7x
-    for the benchmark agent's); it stays readable through the `transcript` query and
-    `durable-agent export`. A plain list is accepted too."""
-    elapsed_before_s: float = 0.0
-    """Wall time spent in earlier runs of the chain."""
-    model: str = ""
-    degradations: list[Degradation] = Field(default_factory=list)
-    warned: list[str] = Field(default_factory=list)
-    """Budgets whose soft-tier warning the model already got."""
-    pending_user_messages: list[str] = Field(default_factory=list)
-    paused_reason: str | None = None
-    paused: bool = False
-    tokens_per_step: list[int] = Field(default_factory=list)
-    recent_output_tokens: list[int] = Field(
-        default_factory=list, validation_alias=AliasChoices("recent_output_tokens", "output_tokens")
-    )
-    """The last model replies' output token counts (a moving window): the next reply's expected
-    size. Read from `output_tokens` in carries written before the rename."""
-    last_price: Price | None = None
-    last_input_tokens: int = 0
-    livelock: LivelockTracker = Field(default_factory=LivelockTracker)
-    first_run_id: str = ""
-
-    @field_serializer("messages", when_used="json")
-    def _pack(self, messages: list[Message]) -> str:
-        return pack_messages(messages)
-
-    @field_validator("messages", mode="before")
-    @classmethod
-    def _unpack(cls, value: Any) -> Any:
-        return unpack_messages(value)
-
-
 class Degradation(BaseModel):
     step: int
-    kind: Literal["soft_warning", "fallback_model", "compaction", "early_soft_tier"]
+    kind: Literal["soft_warning", "fallback_model", "compaction", "early_soft_tier", "stop"]
+    """The ladder's rungs in order: compaction, soft_warning (wrap up), fallback_model, stop."""
     detail: str
 
 
@@ -525,7 +513,8 @@ class AgentStatus(BaseModel):
     ignored_signals: list[str] = Field(default_factory=list)
     """Signals this run could not use (unknown name, malformed payload), newest last."""
     result: AgentResult | None = None
+    context: ContextStatus | None = None
+    """The model's context: its size, the summary, the index and each compaction."""
 
 
-AgentInput.model_rebuild()
-Carry.model_rebuild()
+import workflows.state  # noqa: E402, F401  (defines Carry and ContextStatus, and completes the models above)

@@ -1,0 +1,131 @@
+"""The archive of folded steps: written when steps are folded, read by `recall` and `export`.
+
+    <workspace>/.durable-agent/archive/<run>/steps-<first>-<last>.jsonl   one Message a line
+
+A file per compaction, written atomically and named by its steps, so a retried write
+writes the same file again. It lives in the workspace, like the tool journal, because
+that is what every worker that runs the run's tools can see; it is not in Temporal's
+history, so it outlives the retention of the run's histories and crosses continue-as-new
+without being carried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.journal import atomic_write
+from activities.workspace import Workspace, WorkspaceError
+from workflows.context import RECORD_ONLY_KINDS
+from workflows.types import ArchiveWrite, ArchiveWritten, Message, RecallInput, ToolOutcome
+
+_MESSAGES = TypeAdapter(list[Message])
+
+
+def archive_file(first_step: int, last_step: int) -> str:
+    return f"steps-{first_step:06d}-{last_step:06d}.jsonl"
+
+
+def write_steps(request: ArchiveWrite) -> ArchiveWritten:
+    folder = Path(Workspace(request.workspace).root) / request.archive_dir
+    path = folder / archive_file(request.first_step, request.last_step)
+    data = b"".join(m.model_dump_json(exclude_defaults=True).encode() + b"\n" for m in request.messages)
+    atomic_write(path, data)
+    return ArchiveWritten(path=f"{request.archive_dir}/{path.name}", messages=len(request.messages), bytes=len(data))
+
+
+def read_archive(folder: Path) -> list[Message]:
+    """Every archived message of a run, in step order; a damaged file is an error that says which."""
+    messages: list[Message] = []
+    for path in sorted(folder.glob("steps-*.jsonl")):
+        try:
+            messages += _MESSAGES.validate_json(b"[" + b",".join(path.read_bytes().splitlines()) + b"]")
+        except ValidationError as e:
+            raise ValueError(f"archive file {path} is damaged: {e.errors()[0]['msg']}") from None
+    return messages
+
+
+def recall_text(request: RecallInput) -> ToolOutcome:
+    """The folded steps asked for, verbatim, grouped by step, within the output budget."""
+    folder = Path(Workspace(request.workspace).root) / request.archive_dir
+    try:
+        archived = read_archive(folder)
+    except ValueError as e:
+        return ToolOutcome(ok=False, error=str(e))
+    by_step: dict[int, list[Message]] = {}
+    for message in archived:
+        if message.kind not in RECORD_ONLY_KINDS:  # what the model was sent, nothing else
+            by_step.setdefault(message.step, []).append(message)
+    steps = _selected(by_step, request)
+    if not steps:
+        asked = f"query {request.query!r}" if request.query else f"steps {request.first_step}-{request.last_step}"
+        return ToolOutcome(
+            ok=True,
+            output=f"No folded step matches {asked}. Steps from {request.in_context_from} on are "
+            "still in your context, verbatim.",
+        )
+    parts: list[str] = []
+    used = 0
+    for index, step in enumerate(steps):
+        text = _step_text(step, by_step[step])
+        if parts and used + len(text) > request.output_chars:
+            rest = steps[index:]
+            parts.append(f"... {len(rest)} more matching step(s) ({rest[0]}-{rest[-1]}): ask for fewer steps.")
+            break
+        parts.append(text)
+        used += len(text)
+    return ToolOutcome(ok=True, output="\n\n".join(parts))
+
+
+def _selected(by_step: dict[int, list[Message]], request: RecallInput) -> list[int]:
+    steps = sorted(by_step)
+    if request.first_step is not None and request.last_step is not None:
+        steps = [s for s in steps if request.first_step <= s <= request.last_step]
+    if request.query:
+        needle = request.query.casefold()
+        steps = [s for s in steps if any(needle in _searchable(m) for m in by_step[s])]
+    return steps
+
+
+def _searchable(message: Message) -> str:
+    return " ".join([message.content or "", *(c.arguments for c in message.tool_calls)]).casefold()
+
+
+def _step_text(step: int, messages: list[Message]) -> str:
+    lines = [f"--- step {step} ---"]
+    for m in messages:
+        label = m.role if m.role != "tool" else f"tool result ({m.tool_name or m.kind}, {m.tool_call_id})"
+        if m.kind and m.role != "tool":
+            label += f" ({m.kind})"
+        if m.content:
+            lines.append(f"{label}:\n{m.content}")
+        lines += [f"{m.role} called {c.name} {c.arguments} ({c.id})" for c in m.tool_calls]
+    return "\n".join(lines)
+
+
+class ArchiveActivities:
+    """`archive_steps` and the `recall` tool; the workflow runs both as local activities."""
+
+    def all(self) -> list[Any]:
+        return [self.archive_steps, self.recall]
+
+    @activity.defn(name="archive_steps")
+    async def archive_steps(self, request: ArchiveWrite) -> ArchiveWritten:
+        try:
+            return await asyncio.to_thread(write_steps, request)
+        except WorkspaceError as e:
+            raise ApplicationError(str(e), type="WorkspaceError", non_retryable=True) from e
+        except OSError as e:
+            raise ApplicationError(f"archive_steps could not write: {e}", type="ArchiveWriteFailed") from e
+
+    @activity.defn(name="recall")
+    async def recall(self, request: RecallInput) -> ToolOutcome:
+        try:
+            return await asyncio.to_thread(recall_text, request)
+        except WorkspaceError as e:
+            return ToolOutcome(ok=False, error=str(e))

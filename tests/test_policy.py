@@ -8,8 +8,9 @@ from workflows import limits
 from workflows.approval import approval_reason
 from workflows.context import estimate_tokens, last_answer, model_context, openai_message
 from workflows.livelock import LIVELOCK_REPEATS, LivelockTracker, call_key
+from workflows.state import Carry
 from workflows.tool_specs import ToolArgumentError, parse_tool_call, unique_call_ids
-from workflows.types import ALL_TOOLS, Approval, Carry, Limits, Message, Price, ToolCall, Usage
+from workflows.types import ALL_TOOLS, Approval, Limits, Message, Price, ToolCall, Usage
 
 NO_CALL = limits.NextCallEstimate(tokens=0, cost_usd=0.0)
 

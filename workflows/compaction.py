@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from workflows.context import RECORD_ONLY_KINDS, estimate_tokens
+from workflows.context import RECORD_ONLY_KINDS, estimate_tokens, model_context
 from workflows.state import (
     SESSION_KINDS,
     CommandRun,
@@ -356,13 +356,12 @@ def summary_message(view: ModelView) -> Message | None:
 def request_messages(view: ModelView) -> list[Message]:
     """What the model is sent: session layer, summary and index, the unfolded steps."""
     summary = summary_message(view)
-    recent = [m for m in view.messages if m.kind not in RECORD_ONLY_KINDS]
-    return [*view.session, *([summary] if summary else []), *recent]
+    return [*view.session, *([summary] if summary else []), *model_context(view.messages)]
 
 
 def layer_tokens(view: ModelView, current_step: int, keep_recent_steps: int) -> dict[str, int]:
     summary = summary_message(view)
-    recent = [m for m in view.messages if m.kind not in RECORD_ONLY_KINDS]
+    recent = model_context(view.messages)
     cut = current_step - keep_recent_steps
     return {
         "session": estimate_tokens(view.session),

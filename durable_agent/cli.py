@@ -40,6 +40,7 @@ from durable_agent.launch import (
     connect_client,
     connect_or_start_server,
     ensure_worker,
+    has_worker,
     is_local,
     split_address,
     ui_url,
@@ -374,6 +375,8 @@ async def _until_signalled(awaitable: Awaitable[T]) -> T | None:
 
 async def run_agent(args: argparse.Namespace, console: Console) -> int:
     demo = _demo_mode(args)
+    if demo:
+        _prepare_demo_workspace(Path(args.workspace).expanduser())
     agent_input = _agent_input(args, demo)
     client, address = await connect_or_start_server(console)
     run_id = args.id or f"agent-{uuid.uuid4().hex[:8]}"
@@ -384,6 +387,11 @@ async def run_agent(args: argparse.Namespace, console: Console) -> int:
     queue = task_queue()
     if not args.no_worker:
         await ensure_worker(client, queue, address, console)
+    elif not await has_worker(client, queue):
+        console.line(
+            f"no worker polls task queue {queue}: the run makes no progress until one does "
+            "(start one with `durable-agent worker`)"
+        )
     handle = await _start(client, agent_input, run_id, queue, address, console)
     if args.detach:
         console.line(f"detached: follow it with `durable-agent watch {run_id}`")
@@ -393,6 +401,24 @@ async def run_agent(args: argparse.Namespace, console: Console) -> int:
         console.line(f"detached; the run goes on. Re-attach: durable-agent watch {run_id}")
         return EXIT_INTERRUPTED
     return code
+
+
+def _prepare_demo_workspace(workspace: Path) -> None:
+    """The demo writes calc.py and test_calc.py over whatever is there: it only ever works in
+    an empty folder, or one it creates."""
+    if not workspace.exists():
+        workspace.mkdir(parents=True)
+        return
+    if not workspace.is_dir():
+        return  # _agent_input says so
+    found = sorted(entry.name for entry in workspace.iterdir())
+    if found:
+        shown = ", ".join(found[:3]) + (", …" if len(found) > 3 else "")
+        raise CliError(
+            f"the offline demo (no OPENAI_API_KEY set) writes calc.py and test_calc.py, so it only runs in an "
+            f"empty or new folder, and {workspace} holds {shown}; nothing was written. Give --workspace a new "
+            "folder, or set OPENAI_API_KEY to work on this one with a real model"
+        )
 
 
 def _agent_input(args: argparse.Namespace, demo: bool) -> AgentInput:

@@ -148,7 +148,13 @@ async def follow(
                 return _report_end(console, ending.result())
             if snapshot is None and not waiting_noted:
                 waiting_noted = True
-                console.line("no worker has answered yet; waiting (start one with `durable-agent worker`)")
+                console.line(
+                    f"no worker answered within {QUERY_TIMEOUT.seconds} s: the run makes no progress until a worker "
+                    "polls its task queue (start one with `durable-agent worker`)"
+                )
+            elif snapshot is not None and waiting_noted:
+                waiting_noted = False
+                console.line("a worker answers again")
             await asyncio.wait({ending}, timeout=POLL_S)
     finally:
         ending.cancel()

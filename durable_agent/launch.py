@@ -22,12 +22,14 @@ from durable_agent.connection import connect, connect_config, home
 from durable_agent.console import Console
 from durable_agent.processes import spawn_worker
 from durable_agent.server import DEFAULT_PORT, ServerError, port_open, start_server
+from durable_agent.takeover import held_by_dead_neighbour, parse_identity, worker_identity
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 CONNECT_TIMEOUT_S = 10.0
 WORKER_READY_TIMEOUT_S = 30.0
 POLLER_FRESH_S = 90.0
-"""A live worker re-polls at least every ~70 s (long-poll length); an older poller is gone."""
+"""A live worker polls again at least every ~70 s (a long poll's length), so a poller the
+server last saw longer ago than this is gone."""
 
 
 class LaunchError(Exception):
@@ -94,7 +96,12 @@ def _start_background_server(console: Console, port: int) -> None:
 
 
 async def has_worker(client: Client, queue: str) -> bool:
-    """Whether a worker polled the queue's workflow tasks recently."""
+    """Whether a live worker polls the queue's workflow tasks.
+
+    The server lists a worker among the pollers for minutes after it died. A poller counts
+    when its last access is recent (POLLER_FRESH_S) and, when its identity names a process
+    of this machine (durable_agent/takeover.py), that process still runs: a SIGKILLed local
+    worker is known gone at once rather than after POLLER_FRESH_S."""
     response = await client.workflow_service.describe_task_queue(
         DescribeTaskQueueRequest(
             namespace=client.namespace,
@@ -103,11 +110,16 @@ async def has_worker(client: Client, queue: str) -> bool:
         )
     )
     now = time.time()
-    return any(now - p.last_access_time.ToSeconds() < POLLER_FRESH_S for p in response.pollers)
+    me = parse_identity(worker_identity())
+    return any(
+        now - poller.last_access_time.ToSeconds() < POLLER_FRESH_S
+        and not (me is not None and held_by_dead_neighbour(poller.identity, me))
+        for poller in response.pollers
+    )
 
 
 async def ensure_worker(client: Client, queue: str, address: str, console: Console) -> None:
-    """Start a detached background worker unless one already polls the queue."""
+    """Start a detached background worker unless a live one already polls the queue."""
     if await has_worker(client, queue):
         return
     log = home() / "worker.log"

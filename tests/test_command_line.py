@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,11 +16,12 @@ import pytest
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
+from activities.host import process_gone
 from durable_agent.model_server import ModelServer
-from durable_agent.server import EmbeddedServer
+from durable_agent.server import EmbeddedServer, free_port
 from tests.helpers import run_cli, start, wait_for
 from tests.scripts import Script, answer, tools
-from tests.test_cli import ROOT, cli_env, durable_agent, one_line_error
+from tests.test_cli import LABEL, ROOT, cli_env, durable_agent, one_line_error
 from workflows.types import ALL_TOOLS, LimitsPatch
 
 WORKER_COMMANDS = {
@@ -217,3 +219,59 @@ async def listed_until(matches: Callable[[str], bool], env: dict[str, str], *arg
             return found[0]
         await asyncio.sleep(0.2)
     raise AssertionError(f"no matching line in {listed.stdout}")
+
+
+async def test_the_demo_never_writes_into_a_folder_that_holds_files(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "calc.py").write_text("def mine(): return 'my own code'\n")
+    # No server at this address: the refusal comes before anything is started.
+    env = cli_env(OPENAI_API_KEY=None, TEMPORAL_ADDRESS=f"127.0.0.1:{free_port()}", DURABLE_AGENT_HOME=str(tmp_path))
+    refused = await durable_agent("run", "fix calc.py", "--workspace", str(project), env=env)
+    one_line_error(refused, 2, f"only runs in an empty or new folder, and {project} holds calc.py; nothing was written")
+    assert LABEL in refused.stderr
+    assert (project / "calc.py").read_text() == "def mine(): return 'my own code'\n"
+    assert sorted(p.name for p in project.iterdir()) == ["calc.py"]
+    assert not (tmp_path / "temporal.db").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["project"]
+
+
+async def test_run_starts_a_worker_when_the_only_poller_was_sigkilled(
+    client: Client, temporal_server: EmbeddedServer, task_queue: str, model_server: ModelServer, tmp_path: Path
+) -> None:
+    model_server.responder = Script([tools(("write_file", {"path": "out.txt", "content": "made"}))], final="made it")
+    env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue, DURABLE_AGENT_HOME=str(tmp_path / "home"))
+    workers: list[int] = []
+
+    async def run(name: str, *options: str) -> str:
+        folder = tmp_path / name
+        folder.mkdir()
+        started = await durable_agent("run", "make out.txt", "--workspace", str(folder), "--detach", *options, env=env)
+        assert started.returncode == 0, started
+        workers.extend(int(pid) for pid in re.findall(r"stop it with `kill (\d+)`", started.stdout))
+        return started.stdout
+
+    try:
+        assert "started a background worker" in await run("first", "--id", f"first-{task_queue}")
+        assert (await client.get_workflow_handle(f"first-{task_queue}").result())["state"] == "completed"
+        os.kill(workers[0], signal.SIGKILL)  # the server still lists it as a poller for minutes
+        await wait_until(lambda: process_gone(workers[0]))
+
+        no_worker = await run("waits", "--no-worker", "--id", f"waits-{task_queue}")
+        assert f"no worker polls task queue {task_queue}: the run makes no progress" in no_worker
+        assert "started a background worker" in await run("second", "--id", f"second-{task_queue}")
+        assert len(workers) == 2
+        for run_id in (f"waits-{task_queue}", f"second-{task_queue}"):
+            result = await asyncio.wait_for(client.get_workflow_handle(run_id).result(), 30)
+            assert result["state"] == "completed"
+        assert (tmp_path / "second" / "out.txt").read_text() == "made"
+    finally:
+        for pid in workers[1:]:
+            os.kill(pid, signal.SIGTERM)
+
+
+async def wait_until(condition: Callable[[], bool], timeout_s: float = 10) -> None:
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(poll(), timeout_s)

@@ -11,6 +11,7 @@ import importlib.metadata
 import os
 import signal
 import sys
+import threading
 import typing
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
@@ -45,6 +46,7 @@ from durable_agent.launch import (
     split_address,
     ui_url,
 )
+from durable_agent.model_server import ModelServer
 from durable_agent.prompts import terminal_approver
 from durable_agent.runs import start_agent
 from durable_agent.server import DEFAULT_PORT, DEFAULT_UI_PORT, ServerError, port_open, start_server
@@ -66,6 +68,7 @@ from workflows.validation_text import validation_text
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE_CLOSED = 0, 1, 2, 130, 141
 
+DEMO_MODEL_PORT = 8000
 CLOSED_STATES = {"failed": "Failed", "timed_out": "TimedOut"}
 """Runs that ended without an AgentState of their own, by Temporal's ExecutionStatus."""
 LIST_STATES = (*typing.get_args(RunState), *CLOSED_STATES)
@@ -105,14 +108,16 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _demo_mode(args: argparse.Namespace) -> bool:
-    """Only `run`, and only without a key: the offline demo model stands in for a real one."""
-    return args.command == "run" and not os.environ.get("OPENAI_API_KEY")
+    """`demo-model`, and `run` without a key: the offline demo model stands in for a real one."""
+    return args.command == "demo-model" or (args.command == "run" and not os.environ.get("OPENAI_API_KEY"))
 
 
 def _dispatch(args: argparse.Namespace, console: Console) -> int:
     try:
         if args.command == "server":
             return serve(args, console)
+        if args.command == "demo-model":
+            return serve_demo_model(args, console)
         return asyncio.run(args.handler(args, console))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -196,6 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--ui-port", type=int, default=DEFAULT_UI_PORT, help="Web UI port (default 8233)")
 
     _command(commands, "worker", work, "run a worker for the task queue until Ctrl-C or SIGTERM")
+    demo = commands.add_parser(
+        "demo-model",
+        help="serve the offline demo model (a fixed script, not an LLM) as an OpenAI-compatible endpoint",
+        description="Serve the offline demo model at OPENAI_BASE_URL, to try the real path without a key. "
+        "It plays one fixed scenario (write calc.py and test_calc.py, find the bug, fix it) in an empty workspace, "
+        "and every reply says it is the offline demo model.",
+    )
+    demo.add_argument("--port", type=int, default=DEMO_MODEL_PORT, help=f"port (default {DEMO_MODEL_PORT})")
     _add_run_parser(commands)
 
     _command(commands, "status", status, "show a run's state, usage, limits and pending decisions", with_id=True)
@@ -322,6 +335,25 @@ def serve(args: argparse.Namespace, console: Console) -> int:
         console.line("server stopped")
         return EXIT_OK
     raise CliError(f"the server exited with code {code}; see {server.log_file}")
+
+
+def serve_demo_model(args: argparse.Namespace, console: Console) -> int:
+    try:
+        model = ModelServer(demo_model.respond_as_endpoint, port=args.port, model_name=demo_model.ENDPOINT_MODEL)
+    except OSError as e:
+        raise CliError(f"cannot listen on port {args.port}: {e.strerror or e}") from None
+    model.start()
+    console.line(f"the offline demo model (a fixed script, not an LLM) serves {model.base_url}; try it:")
+    console.line(f"  export OPENAI_BASE_URL={model.base_url} OPENAI_API_KEY=offline-demo")
+    model_flag = f"--model {demo_model.ENDPOINT_MODEL}"
+    console.line(f'  mkdir try-it && durable-agent run "{demo_model.GOAL}" --workspace try-it {model_flag}')
+    console.line("Ctrl-C stops it")
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        model.stop()
+    return EXIT_OK
 
 
 def _configured_local_port() -> int:

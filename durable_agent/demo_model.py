@@ -17,6 +17,10 @@ from workflows.compaction import command_exit_code
 
 LABEL = "[offline demo model]"
 MODEL = "offline-demo"
+ENDPOINT_MODEL = "offline-demo-model"
+"""The model name `durable-agent demo-model` answers with, whatever the request asked for."""
+EMPTY_LISTING = "no files under"
+"""How `list_files` starts its result for a folder with no files in it."""
 GOAL = "Write calc.py with average() and median(), test them with test_calc.py, and fix any bug the test finds."
 TEST_COMMAND = "python3 test_calc.py"
 
@@ -72,6 +76,36 @@ def respond(request: dict[str, Any]) -> Reply:
     if turn >= len(_SCENARIO):
         return Reply(content="The task is finished; nothing is left to do.")
     return _SCENARIO[turn](_last_tool_results(request))
+
+
+def respond_as_endpoint(request: dict[str, Any]) -> Reply:
+    """The reply of `durable-agent demo-model`, the demo served at OPENAI_BASE_URL.
+
+    Served that way it cannot know which folder it writes into, so its first turn lists the
+    workspace, and it plays the scenario only when the folder holds no files; otherwise it
+    stops without writing. Every reply starts with LABEL.
+    """
+    messages = request.get("messages", [])
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+    if first is None:
+        return _labelled(Reply(content="First, checking that the workspace is empty.", tool_calls=[("list_files", {})]))
+    rest = first + 1
+    while rest < len(messages) and messages[rest].get("role") == "tool":
+        rest += 1
+    listing = [m.get("content") or "" for m in messages[first + 1 : rest]]
+    if not listing or not listing[0].startswith(EMPTY_LISTING):
+        return _labelled(
+            Reply(
+                content="The workspace already holds files. The offline demo model writes calc.py and "
+                "test_calc.py and only ever works in an empty folder, so it stops here without writing anything."
+            )
+        )
+    return _labelled(respond({**request, "messages": messages[:first] + messages[rest:]}))
+
+
+def _labelled(reply: Reply) -> Reply:
+    reply.content = f"{LABEL} {reply.content}" if reply.content else LABEL
+    return reply
 
 
 def _last_tool_results(request: dict[str, Any]) -> list[str]:

@@ -80,12 +80,19 @@ class ModelServer:
     """Serves `responder` on 127.0.0.1 in a background thread; records every request."""
 
     def __init__(
-        self, responder: Responder, port: int = 0, latency_s: float = 0.0, summarizer: Responder = stub_summary
+        self,
+        responder: Responder,
+        port: int = 0,
+        latency_s: float = 0.0,
+        summarizer: Responder = stub_summary,
+        model_name: str | None = None,
     ) -> None:
         self.responder = responder
         self.summarizer = summarizer
         """Answers compactions' summarising calls, which `responder` never sees."""
         self.latency_s = latency_s
+        self.model_name = model_name
+        """The model every reply and `GET /v1/models` name; None echoes the request's."""
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._httpd = _QuietServer(("127.0.0.1", port), _handler_for(self))
@@ -120,10 +127,10 @@ class ModelServer:
         if isinstance(outcome, Failure):
             body = {"error": {"message": outcome.message, "type": "scripted", "code": outcome.status}}
             return outcome.status, outcome.headers, body
-        return 200, {}, completion_body(request, outcome)
+        return 200, {}, completion_body(request, outcome, self.model_name)
 
 
-def completion_body(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
+def completion_body(request: dict[str, Any], reply: Reply, model_name: str | None = None) -> dict[str, Any]:
     prompt_chars = len(json.dumps(request.get("messages", [])))
     ids = reply.call_ids or [f"call_{count_assistant_turns(request)}_{i}" for i in range(len(reply.tool_calls))]
     calls = [
@@ -147,7 +154,7 @@ def completion_body(request: dict[str, Any], reply: Reply) -> dict[str, Any]:
         "id": f"chatcmpl-{count_assistant_turns(request)}",
         "object": "chat.completion",
         "created": 0,
-        "model": request.get("model", "stub"),
+        "model": model_name or request.get("model", "stub"),
         "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
         "usage": {
             "prompt_tokens": input_tokens,
@@ -187,7 +194,8 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             self._send(*server.respond(request))
 
         def do_GET(self) -> None:  # noqa: N802
-            self._send(200, {}, {"object": "list", "data": [{"id": "stub", "object": "model"}]})
+            model = {"id": server.model_name or "stub", "object": "model", "created": 0, "owned_by": "durable-agent"}
+            self._send(200, {}, {"object": "list", "data": [model]})
 
         def _send(self, status: int, headers: dict[str, str], body: dict[str, Any]) -> None:
             data = json.dumps(body).encode()

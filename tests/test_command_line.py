@@ -17,6 +17,7 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
 from activities.host import process_gone
+from durable_agent import demo_model
 from durable_agent.model_server import ModelServer
 from durable_agent.server import EmbeddedServer, free_port
 from tests.helpers import run_cli, start, wait_for
@@ -275,3 +276,57 @@ async def wait_until(condition: Callable[[], bool], timeout_s: float = 10) -> No
             await asyncio.sleep(0.05)
 
     await asyncio.wait_for(poll(), timeout_s)
+
+
+async def test_demo_model_serves_the_offline_demo_as_an_openai_endpoint(
+    temporal_server: EmbeddedServer, task_queue: str, tmp_path: Path
+) -> None:
+    import openai
+
+    port = free_port()
+    server = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "durable_agent.cli", "demo-model", "--port", str(port),
+        cwd=ROOT, env=cli_env(OPENAI_API_KEY=None), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    base_url = f"http://127.0.0.1:{port}/v1"
+    env = cli_env(
+        OPENAI_BASE_URL=base_url,
+        OPENAI_API_KEY="offline-demo",
+        DURABLE_AGENT_TASK_QUEUE=task_queue,
+        DURABLE_AGENT_HOME=str(tmp_path / "home"),
+    )
+    workers: list[int] = []
+    try:
+        assert server.stdout is not None
+        first = (await asyncio.wait_for(server.stdout.readline(), 30)).decode()
+        assert first.startswith(f"{LABEL} the offline demo model (a fixed script, not an LLM) serves {base_url}")
+
+        sdk = openai.AsyncOpenAI(base_url=base_url, api_key="offline-demo")
+        assert [m.id for m in (await sdk.models.list()).data] == [demo_model.ENDPOINT_MODEL]
+        reply = await sdk.chat.completions.create(model="any", messages=[{"role": "user", "content": "go"}])
+        assert reply.model == demo_model.ENDPOINT_MODEL
+        assert (reply.choices[0].message.content or "").startswith(LABEL)
+        await sdk.close()
+
+        model_flag = ("--model", demo_model.ENDPOINT_MODEL)
+        empty = tmp_path / "empty"
+        empty.mkdir()
+        run = await durable_agent("run", demo_model.GOAL, "--workspace", str(empty), *model_flag, env=env)
+        workers += [int(pid) for pid in re.findall(r"stop it with `kill (\d+)`", run.stdout)]
+        assert run.returncode == 0, run
+        assert "completed (final_answer) after 7 steps" in run.stdout and f"  {LABEL} Done." in run.stdout
+        tested = subprocess.run([sys.executable, "test_calc.py"], cwd=empty, capture_output=True, text=True)
+        assert tested.returncode == 0 and "all tests passed" in tested.stdout
+
+        project = tmp_path / "project"
+        project.mkdir()
+        (project / "calc.py").write_text("mine\n")
+        refused = await durable_agent("run", demo_model.GOAL, "--workspace", str(project), *model_flag, env=env)
+        assert refused.returncode == 0, refused
+        assert "only ever works in an empty folder" in refused.stdout
+        assert (project / "calc.py").read_text() == "mine\n" and [p.name for p in project.iterdir()] == ["calc.py"]
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGTERM)
+        server.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(server.wait(), 30)

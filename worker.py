@@ -42,16 +42,12 @@ the same worker then serves: measured, that was no slower than a 3 s timeout."""
 
 
 WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
-"""The SDK's sandbox re-imports the workflow module for every run and, in SDK 1.35, enters
-itself (an `exec` plus its import hooks) for every payload of every activation, three
-passes each way: a third of a replay's CPU, measured with py-spy. A new worker
-replays up to `continue_as_new_every` steps before its first step, so that cost sits on
-the path of every crash recovery: `python -m bench.replay` replays 49 steps in 0.73 s
-sandboxed, 0.38 s without; with the sandbox, `bench.recovery` saw 3.7 s median and 9.6 s
-worst (first tasks outran their 2 s timeout), without it 2.2 s and 2.5 s.
-What the sandbox guards against (I/O, clocks, randomness in workflow code) is still
-checked: tests/test_replay.py replays recorded histories through the sandboxed runner,
-which raises on any restricted call."""
+"""The SDK's sandbox re-imports the workflow module for every run and enters itself for
+every payload of every activation, which nearly doubled a replay's time when measured
+(docs/recovery.md). A new worker replays each run it takes over before its first step, so that cost would sit
+on the path of every crash recovery (docs/recovery.md). What the sandbox guards against
+(I/O, clocks, randomness in workflow code) is still checked: tests/test_replay.py replays
+recorded histories through the sandboxed runner, which raises on any restricted call."""
 
 
 HEARTBEAT_THROTTLE = timedelta(seconds=0.5)

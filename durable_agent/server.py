@@ -25,28 +25,24 @@ SEARCH_ATTRIBUTES = {
 
 DYNAMIC_CONFIG = {
     # The dev server has one history shard, so one transfer-queue reader hands every new
-    # workflow and activity task to matching, and by default it may read at most 20 times
-    # a second: each task then waits up to 50 ms (25 ms on average) in history before any
-    # worker can see it. That cap, not SQLite, was the "~40 ms per activity" (a run of
-    # no-op activities sat at 51 ms each whatever the storage). Reads happen only when
-    # tasks are written, so the cap only bounds how quickly they are picked up.
+    # workflow and activity task to matching; by default it reads at most 20 times a
+    # second, so each task would wait up to 50 ms before any worker could see it. Reads
+    # happen only when tasks are written, so the higher cap costs nothing when idle.
     "history.transferProcessorMaxPollRPS": 1000,
-    # Same cap on the timer queue (heartbeat and task timeouts, retry back-off): a crashed
-    # worker's activity is noticed and retried up to 50 ms later than its timers say.
+    # Same cap on the timer queue (heartbeat and task timeouts, retry back-off).
     "history.timerProcessorMaxPollRPS": 1000,
     # The timer queue never fires a timer sooner than this after it is created (a guard
     # against clock skew between hosts; the dev server is one process). At the default
-    # 1 s, the two short timers of a crash recovery (the heartbeat timer re-armed from the
-    # last beat, then the retry back-off) each fired ~1 s late: a dead worker's activity
-    # ran again 3.3-4.0 s after its last beat with a 2 s heartbeat timeout and a 0.1 s
-    # retry, 2.15 s with 50 ms here. No idle CPU cost was measurable.
+    # 1 s, each short timer of a crash recovery (the heartbeat timeout re-armed from the
+    # last beat, then the retry back-off) fires up to a second late.
     "history.timerProcessorMaxTimeShift": "50ms",
 }
+"""The figures behind these settings are in docs/recovery.md."""
 
 SQLITE_PRAGMAS = {
     # The default rollback journal syncs the database file and the journal on every
-    # commit: ~10 ms per write here, and every workflow/activity task is several writes.
-    # WAL appends and syncs one file (~1.5 ms per write).
+    # commit, and every workflow or activity task is several writes; WAL appends to and
+    # syncs one file.
     "journal_mode": "wal",
     # In WAL mode, NORMAL syncs at checkpoints rather than at every commit. A commit
     # survives a crash or SIGKILL of the server process (the chaos tests kill it); only

@@ -153,6 +153,13 @@ environment:
   DURABLE_AGENT_TASK_QUEUE  task queue (default durable-agent)
   DURABLE_AGENT_HOME    embedded server data and worker logs (default ./.durable-agent)
   DURABLE_AGENT_PRICES  extra model prices (a JSON file or inline JSON) for cost budgets
+  DURABLE_AGENT_SECRET_ENV  more variables whose values are redacted (names or globs)
+  DURABLE_AGENT_MODEL_TASK_QUEUE, DURABLE_AGENT_MODEL_RPS  where model calls run, and
+                        their rate across all workers
+  DURABLE_AGENT_METRICS_PORT  a worker serves Prometheus metrics on this port
+  DURABLE_AGENT_MAX_CONCURRENT_ACTIVITIES (..._WORKFLOW_TASKS, ..._LOCAL_ACTIVITIES),
+  DURABLE_AGENT_MAX_CACHED_WORKFLOWS  a worker's slots
+  OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_*  traces (none without them)
 
 exit codes:
   0    success; for `run` and `watch`: the run completed

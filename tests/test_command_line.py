@@ -259,7 +259,19 @@ async def test_run_starts_a_worker_when_the_only_poller_was_sigkilled(
 
         no_worker = await run("waits", "--no-worker", "--id", f"waits-{task_queue}")
         assert f"no worker polls task queue {task_queue}: the run makes no progress" in no_worker
+        watch = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "durable_agent.cli", "watch", f"waits-{task_queue}",
+            cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        assert watch.stdout is not None
+        seen = ""
+        while "the run makes no progress until a worker polls" not in seen:
+            line = (await asyncio.wait_for(watch.stdout.readline(), 30)).decode()
+            assert line, seen
+            seen += line
         assert "started a background worker" in await run("second", "--id", f"second-{task_queue}")
+        rest = (await asyncio.wait_for(watch.stdout.read(), 30)).decode()
+        assert await watch.wait() == 0 and "a worker answers again" in rest, seen + rest
         assert len(workers) == 2
         for run_id in (f"waits-{task_queue}", f"second-{task_queue}"):
             result = await asyncio.wait_for(client.get_workflow_handle(run_id).result(), 30)

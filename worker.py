@@ -17,6 +17,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from activities.archive import ArchiveActivities
 from activities.model import ModelActivities, openai_sdk
 from activities.redaction import RedactingInterceptor
+from activities.skills import SkillActivities
 from activities.tools import ToolActivities
 from durable_agent import telemetry
 from durable_agent.connection import connect
@@ -68,7 +69,12 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
         "identity": worker_identity(),
         "workflows": [AgentWorkflow],
         "workflow_runner": WORKFLOW_RUNNER,
-        "activities": [ModelActivities().call_model, *ToolActivities().all(), *ArchiveActivities().all()],
+        "activities": [
+            ModelActivities().call_model,
+            *ToolActivities().all(),
+            *ArchiveActivities().all(),
+            *SkillActivities().all(),
+        ],
         # Innermost of the worker's interceptors: what leaves an activity is redacted first.
         "interceptors": [MetricsInterceptor(), RedactingInterceptor()],
         "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,

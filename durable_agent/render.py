@@ -7,6 +7,7 @@ import textwrap
 from workflows.compaction import command_exit_code, record_text, tool_arguments
 from workflows.tool_specs import call_summary
 from workflows.types import AgentResult, AgentStatus, AttentionReport, Limits, Message, PendingApproval, Usage
+from workflows.wait_graph import chain_text
 
 
 def cost_text(usage: Usage) -> str:
@@ -100,6 +101,11 @@ def status_lines(run_id: str, status: AgentStatus) -> list[str]:
     if status.attention is not None:
         lines += attention_lines(run_id, status.attention)
     lines += [f"ignored signal: {note}" for note in status.ignored_signals]
+    lines += [
+        f"delegate {c.workflow_id}: {c.state} · step {c.step} · {usage_text(c.usage)} · {_one_line(c.goal, 120)}"
+        for c in status.children
+    ]
+    lines += [f"waiting on: {chain_text(chain)}" for chain in status.wait_chains if len(chain) > 1]
     if status.result is not None:
         lines += result_lines(status.result)[2:]  # state and usage are already above
     return lines

@@ -1,4 +1,5 @@
-"""Record a real run's history for the replay test: `python -m tests.record_history`.
+"""Record a real run's history for the replay test: `python -m tests.record_history`
+(`--compaction`: a run with compactions; `--delegate`: a parent's and a delegate's histories).
 
 The scenario touches every kind of command the workflow emits: parallel tool activities,
 an approval (update), a pause and a user message (signals), raised limits, a model
@@ -11,6 +12,7 @@ archive written at the end.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import tempfile
@@ -26,11 +28,17 @@ from durable_agent.model_server import Failure, ModelServer, Reply
 from durable_agent.runs import start_agent
 from durable_agent.server import free_port, start_server
 from tests.helpers import wait_for
-from tests.scripts import Script, answer, tools
+from tests.scripts import ByGoal, Script, answer, tools
 from workflows.types import AgentInput
 
 HISTORY_FILE = Path(__file__).parent / "histories" / "agent_run.json"
 COMPACTION_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_compaction.json")
+DELEGATE_FILES = (
+    Path(__file__).parent / "histories" / "delegate" / "parent.json",
+    Path(__file__).parent / "histories" / "delegate" / "child.json",
+)
+WORKFLOW_IDS = Path(__file__).parent / "histories" / "delegate" / "workflow_ids.json"
+"""File name → the recorded run's workflow id, which a replay needs (a delegate's derives from it)."""
 
 
 def scenario(healed: threading.Event) -> Script:
@@ -86,7 +94,41 @@ async def record_compaction(client: Client, task_queue: str, workspace: Path, mo
     return await handle.fetch_history()
 
 
-async def main(compaction: bool) -> None:
+def delegate_scenario() -> ByGoal:
+    return ByGoal(
+        {
+            "split the work": Script(
+                [tools(("delegate", {"goal": "write a"}), ("delegate", {"goal": "check b", "budget_share": 0.2}))],
+                final="split",
+            ),
+            "write a": Script([tools(("write_file", {"path": "a.txt", "content": "a"}))], final="a written"),
+            "check b": Script([tools(("run_command", {"command": "echo b"}))], final="b checked"),
+        }
+    )
+
+
+async def record_delegate(
+    client: Client, task_queue: str, workspace: Path, model: ModelServer
+) -> tuple[WorkflowHistory, WorkflowHistory]:
+    """Two parallel delegates, one of which waits for an approval while its parent is paused
+    and resumed (forwarded) and its reports reach the parent; returns the parent's and that
+    delegate's histories."""
+    model.responder = delegate_scenario()
+    agent = AgentInput(goal="split the work", workspace=str(workspace), approval={"commands": ["^echo"]})
+    handle = await start_agent(client, agent, f"replay-delegate-{uuid.uuid4().hex[:8]}", task_queue)
+    status = await wait_for(handle, lambda s: bool(s.wait_chains))
+    waiting = status.wait_chains[0][1].workflow_id
+    await handle.signal("pause", {"reason": "recording"})
+    child = client.get_workflow_handle(waiting)
+    await wait_for(child, lambda s: s.state == "paused")
+    await handle.signal("resume")
+    await wait_for(child, lambda s: s.state == "awaiting_approval")
+    await child.execute_update("approve", {"call_id": status.wait_chains[0][1].command.split()[-1], "approved": True})
+    await handle.result()
+    return await handle.fetch_history(), await child.fetch_history()
+
+
+async def main(kind: str) -> None:
     from worker import build_worker
 
     home = Path(tempfile.mkdtemp())
@@ -98,15 +140,23 @@ async def main(compaction: bool) -> None:
             workspace = home / "ws"
             workspace.mkdir()
             async with build_worker(client, "record"):
-                history = await (record_compaction if compaction else record)(client, "record", workspace, model)
+                recorders = {"compaction": record_compaction, "delegate": record_delegate, "agent": record}
+                histories = await recorders[kind](client, "record", workspace, model)
     finally:
         server.stop()  # a failed recording must not leave a dev server behind
-    target = COMPACTION_HISTORY_FILE if compaction else HISTORY_FILE
-    target.write_text(history.to_json())
-    print(f"wrote {target} ({len(history.events)} events)")
+    files = {"compaction": (COMPACTION_HISTORY_FILE,), "delegate": DELEGATE_FILES, "agent": (HISTORY_FILE,)}[kind]
+    if not isinstance(histories, tuple):
+        histories = (histories,)
+    for path, history in zip(files, histories, strict=True):
+        path.write_text(history.to_json())
+        print(f"wrote {path} ({len(history.events)} events)")
+    if kind == "delegate":
+        ids = {path.name: history.workflow_id for path, history in zip(files, histories, strict=True)}
+        WORKFLOW_IDS.write_text(json.dumps(ids, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    asyncio.run(main(compaction="--compaction" in sys.argv[1:]))
+    kinds = [a.removeprefix("--") for a in sys.argv[1:] if a in ("--compaction", "--delegate")]
+    asyncio.run(main(kinds[0] if kinds else "agent"))
     sys.stdout.flush()
     os._exit(0)

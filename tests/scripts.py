@@ -38,3 +38,19 @@ def answer(text: str, **usage: int) -> Reply:
 def tool_results(request: dict[str, Any]) -> list[str]:
     """Contents of the tool messages the model was sent, in order."""
     return [m.get("content") or "" for m in request.get("messages", []) if m.get("role") == "tool"]
+
+
+def goal_of(request: dict[str, Any]) -> str:
+    """The run's goal: the first user message (each delegate has its own)."""
+    return next((m.get("content") or "" for m in request.get("messages", []) if m.get("role") == "user"), "")
+
+
+class ByGoal:
+    """One script per run, chosen by the goal of the conversation (parent and delegates
+    share the model server)."""
+
+    def __init__(self, scripts: dict[str, Script]) -> None:
+        self.scripts = scripts
+
+    def __call__(self, request: dict[str, Any]) -> Reply | Failure:
+        return self.scripts[goal_of(request)](request)

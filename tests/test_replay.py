@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,7 @@ from temporalio.worker import Replayer, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from durable_agent.model_server import ModelServer
-from tests.record_history import HISTORY_FILE, record
+from tests.record_history import DELEGATE_FILES, HISTORY_FILE, WORKFLOW_IDS, record, record_delegate
 from workflows.agent import AgentWorkflow
 
 
@@ -42,6 +43,32 @@ async def test_a_history_the_code_did_not_write_fails_to_replay() -> None:
     scheduled = next(e for e in history.events if e.HasField("activity_task_scheduled_event_attributes"))
     scheduled.activity_task_scheduled_event_attributes.activity_type.name = "not_a_tool"
     assert await replay_failure(history) is not None
+
+
+async def test_committed_delegate_histories_replay() -> None:
+    ids = json.loads(WORKFLOW_IDS.read_text())
+    for path in DELEGATE_FILES:
+        history = WorkflowHistory.from_json(ids[path.name], path.read_text())
+        assert await replay_failure(history) is None, path.name
+
+
+async def test_a_fresh_delegate_run_replays(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    parent, child = await record_delegate(client, task_queue, workspace, model_server)
+    kinds = {e.WhichOneof("attributes") for e in parent.events}
+    for kind in (
+        "start_child_workflow_execution_initiated_event_attributes",
+        "child_workflow_execution_completed_event_attributes",
+        "signal_external_workflow_execution_initiated_event_attributes",  # pause, resume forwarded
+        "workflow_execution_signaled_event_attributes",  # the delegates' reports
+    ):
+        assert kind in kinds
+    assert "signal_external_workflow_execution_initiated_event_attributes" in {
+        e.WhichOneof("attributes") for e in child.events
+    }
+    for history in (parent, child):
+        assert await replay_failure(history) is None
 
 
 async def test_a_fresh_history_of_every_command_kind_replays(

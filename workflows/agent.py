@@ -31,9 +31,18 @@ with workflow.unsafe.imports_passed_through():
         last_answer,
         progress_summary,
     )
+    from workflows.delegation import WAIT_ACTIONS, Delegates, ParentReporter, ParentSide
     from workflows.ladder import pressure, rungs_due
     from workflows.livelock import LIVELOCK_REPEATS, call_key
     from workflows.run_metrics import RunMetrics
+    from workflows.skills import (
+        CATALOG_KIND,
+        SkillCatalog,
+        SkillCatalogRequest,
+        already_loaded,
+        catalog_text,
+        take_loaded_skill,
+    )
     from workflows.state import Carry, Compaction, ContextStatus, ModelView, StructuredSummary
     from workflows.status_view import details_markdown
     from workflows.tool_specs import RecallArgs, ToolArgumentError, call_summary, parse_tool_call, unique_call_ids
@@ -46,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         ArchiveWrite,
         ArchiveWritten,
         AttentionReport,
+        ChildReport,
         Degradation,
         Limits,
         LimitsPatch,
@@ -66,8 +76,10 @@ with workflow.unsafe.imports_passed_through():
         TranscriptRequest,
         Usage,
         UserMessage,
+        WaitLink,
     )
     from workflows.validation_text import validation_text
+    from workflows.wait_graph import wait_chains
 
 _M = TypeVar("_M", bound=BaseModel)
 
@@ -125,6 +137,8 @@ class AgentWorkflow:
         self._folded: list[Message] = []
         """Messages folded during this run: the `transcript` query shows them; earlier runs'
         are in the archive only."""
+        self._delegates = Delegates()
+        self._reporter = ParentReporter(None)
         try:
             self._start(_parse_input(raw_input))
         except ApplicationError as e:
@@ -149,6 +163,7 @@ class AgentWorkflow:
             workflow.continue_as_new(self._input_for_next_run(), task_timeout=options.WORKFLOW_TASK_TIMEOUT)
         self._publish()
         try:
+            await self._list_skills()
             result = await self._loop()
         except _Terminate:
             result = self._finish("terminated", "terminated")
@@ -157,6 +172,7 @@ class AgentWorkflow:
         else:
             await self._archive_rest()
         await workflow.wait_condition(workflow.all_handlers_finished)
+        await self._flush_signals()
         return result
 
     def _task_timeout_too_long(self) -> bool:
@@ -170,10 +186,16 @@ class AgentWorkflow:
             and workflow.patched(options.TASK_TIMEOUT_PATCH)
         )
 
+    async def _flush_signals(self) -> None:
+        """Signals to delegates and to the parent go out before the run closes or continues."""
+        await self._delegates.flush()
+        await self._reporter.flush()
+
     def _start(self, input: AgentInput) -> None:
         info = workflow.info()
         self._input = input
         self._limits = input.limits
+        self._reporter = ParentReporter(input.parent)
         if input.carry is not None:
             self._carry = input.carry
         else:
@@ -206,7 +228,32 @@ class AgentWorkflow:
                 if workflow.patched(options.CLOSED_RUN_STATE_PATCH):
                     # The closed run holds no AgentState: the chain's next run holds it.
                     workflow.upsert_search_attributes([AGENT_STATE.value_unset()])
+                await self._flush_signals()
                 workflow.continue_as_new(self._input_for_next_run())
+
+    async def _list_skills(self) -> None:
+        """Once per chain: the skills the model may load, as a system message."""
+        if self._carry.skills_listed or "load_skill" not in self._agent.enabled_tools():
+            return
+        if not workflow.patched(options.SKILLS_PATCH):
+            return
+        self._doing = "listing skills"
+        try:
+            catalog = await workflow.execute_activity(
+                "discover_skills",
+                SkillCatalogRequest(workspace=self._agent.workspace),
+                result_type=SkillCatalog,
+                start_to_close_timeout=options.SKILLS_TIMEOUT,
+                retry_policy=options.TOOL_RETRY,
+                summary="discover_skills",
+            )
+        except ACTIVITY_FAILED as e:
+            _raise_if_cancelled(e)
+            catalog = SkillCatalog(problems=[f"the skill folders could not be listed: {_failure_message(e)}"])
+        self._carry.skills_listed = True
+        text = catalog_text(catalog)
+        if text is not None:
+            self._carry.view.messages.insert(1, Message(role="system", content=text, step=0, kind=CATALOG_KIND))
 
     # --- limits ------------------------------------------------------------------------
 
@@ -525,14 +572,21 @@ class AgentWorkflow:
             f"this one asked for {len(calls):,}. Ask again for the ones you still need.",
         )
         outcomes += [not_run] * (len(calls) - len(runnable))
+        skills: list[Message] = []
         for call, outcome in zip(calls, outcomes, strict=True):
+            if call.name == "load_skill" and outcome.ok:
+                outcome, skill = take_loaded_skill(self._carry.step, call.arguments, outcome, self._carry.loaded_skills)
+                skills += [skill] if skill else []
             self._add_tool_result(call, outcome)
+        self._carry.view.messages += skills  # after every tool result: the API wants those contiguous
 
     async def _run_tool(self, call: ToolCall) -> ToolOutcome:
         try:
             args = parse_tool_call(call.name, call.arguments, self._agent.enabled_tools()).model_dump(exclude_none=True)
         except ToolArgumentError as e:
             return ToolOutcome(ok=False, error=str(e))
+        if call.name == "load_skill" and (repeat := already_loaded(args["name"], self._carry.loaded_skills)):
+            return repeat
         key = call_key(call.name, args)
         retry = 0
         while True:
@@ -568,6 +622,8 @@ class AgentWorkflow:
             arguments=args,
             output_chars=self._agent.context.tool_output_chars,
         )
+        if call.name == "delegate":
+            return await self._delegate(f"{self._carry.step}:{call.id}", key, args)
         try:
             if call.name == "recall":
                 return await self._recall(RecallArgs.model_validate(args))
@@ -594,6 +650,26 @@ class AgentWorkflow:
         except ACTIVITY_FAILED as e:
             _raise_if_cancelled(e)
             return ToolOutcome(ok=False, error=f"{call.name} failed: {_failure_message(e)}")
+
+    async def _delegate(self, call_id: str, key: str, args: dict[str, Any]) -> ToolOutcome:
+        """A child run for a sub-task (workflows/delegation.py); its spend is charged here.
+        A stalled delegate, or a cycle of waits, needs attention as this call (`call_id`)."""
+
+        async def wait_problem(what: str, chain: str) -> Resolution:
+            return await self._needs_attention(call_id, what, f"wait chain: {chain}", attempts=1, actions=WAIT_ACTIONS)
+
+        parent = ParentSide(
+            agent=self._agent,
+            limits=self._limits,
+            usage=self._carry.usage,
+            elapsed_s=self._usage_now().elapsed_s,
+            model=self._carry.model,
+        )
+        outcome = await self._delegates.run(
+            key, args["goal"], args.get("tools"), args.get("budget_share"), parent, wait_problem
+        )
+        self._publish()
+        return outcome
 
     async def _await_approval(self, call: ToolCall, args: dict[str, Any]) -> ToolOutcome | None:
         """Waits for a person when the call is gated; returns the denial, or None to run it."""
@@ -650,7 +726,9 @@ class AgentWorkflow:
 
     # --- people ------------------------------------------------------------------------
 
-    async def _needs_attention(self, call_id: str, what: str, error: FailureError | str, attempts: int) -> Resolution:
+    async def _needs_attention(
+        self, call_id: str, what: str, error: FailureError | str, attempts: int, actions: list[str] | None = None
+    ) -> Resolution:
         """Report the failed call and wait for a person's `resolve` of it. Parallel tool
         calls may each wait here at once, each with its own report and resolution."""
         message = error if isinstance(error, str) else _failure_message(error)
@@ -660,7 +738,8 @@ class AgentWorkflow:
             last_error=message,
             attempts=attempts,
             step=self._carry.step,
-            suggested_actions=[
+            suggested_actions=actions
+            or [
                 "retry: try the same call again (after fixing the cause, e.g. the endpoint or the workspace)",
                 "skip: drop the failing call and tell the model",
                 "terminate: finish the run now with a partial result",
@@ -712,12 +791,26 @@ class AgentWorkflow:
             reason = PauseRequest.model_validate({"reason": raw} if isinstance(raw, str) else raw or {}).reason
         except ValidationError as e:
             self._ignore_signal(f"pause: payload not understood ({validation_text(e)}); paused without a reason")
-        self._pause(reason or "paused by a person")
+        reason = reason or "paused by a person"
+        self._pause(reason)
+        self._delegates.forward("pause", PauseRequest(reason=f"parent {workflow.info().workflow_id} paused: {reason}"))
 
     @workflow.signal(name="resume")
     def resume(self, raw: Any = None) -> None:
         self._carry.paused = False
         self._carry.paused_reason = None
+        self._publish()
+        self._delegates.forward("resume")
+
+    @workflow.signal(name="child_report")
+    def child_report(self, raw: Any = None) -> None:
+        """Sent by this run's delegates (workflows/delegation.py) when they change."""
+        try:
+            report = ChildReport.model_validate(raw)
+        except ValidationError as e:
+            self._ignore_signal(f"child_report ignored: {validation_text(e)}")
+            return
+        self._delegates.receive(report)
         self._publish()
 
     @workflow.signal(name="add_message")
@@ -820,6 +913,18 @@ class AgentWorkflow:
             ignored_signals=self._ignored_signals,
             result=self._result,
             context=self._context_status() if self._input else None,
+            children=list(self._delegates.running.values()),
+            wait_chains=self._wait_chains() if self._input else [],
+        )
+
+    def _wait_chains(self) -> list[list[WaitLink]]:
+        return wait_chains(
+            workflow.info().workflow_id,
+            self._state(),
+            list(self._pending_approvals.values()),
+            list(self._attention.values()),
+            self._carry.paused_reason if self._carry.paused else None,
+            list(self._delegates.running.values()),
         )
 
     @workflow.query(name="transcript")
@@ -901,6 +1006,7 @@ class AgentWorkflow:
         status = self._status()
         self._metrics.observe(status)  # replay-safe: workflow.metric_meter() (workflows/run_metrics.py)
         workflow.set_current_details(details_markdown(status))
+        self._reporter.report(status, status.wait_chains)
 
     def _finish(
         self, state: RunState, reason: StopReason, output: str | None = None, open_calls: list[ToolCall] = ()
@@ -913,14 +1019,18 @@ class AgentWorkflow:
             unfinished.append(f"goal not reached ({reason} at step {self._carry.step}): {self._agent.goal}")
             unfinished += [f"tool call not run: {call_summary(c.name, {})} {c.arguments[:200]}" for c in open_calls]
             unfinished += [f"approval pending: {p.summary}" for p in self._pending_approvals.values()]
+            unfinished += self._delegates.charge_running(self._carry.usage)
+        output = final or progress_summary(
+            self._carry.view.messages, self._carry.step, reason, self._carry.usage.tool_calls
+        )
         self._result = AgentResult(
             state=state,
             stop_reason=reason,
-            output=final
-            or progress_summary(self._carry.view.messages, self._carry.step, reason, self._carry.usage.tool_calls),
+            output=output,
             steps=self._carry.step,
             usage=self._usage_now(),
             unfinished=unfinished,
+            summary=compaction.run_summary(self._carry.view, self._agent.goal, output, unfinished),
         )
         self._doing = f"finished ({reason})"
         self._publish()

@@ -319,6 +319,17 @@ def extractive_summary(
     )
 
 
+def run_summary(view: ModelView, goal: str, output: str, unfinished: list[str]) -> StructuredSummary:
+    """What a finished run amounted to (its result's summary, what a delegate's parent gets):
+    the folded steps' summary merged with the unfolded ones, plus its answer and what is
+    left. Deterministic: no model call."""
+    steps = extractive_summary(view.summary, view.messages, goal)
+    answer = [f"answer: {output}"] if output else []
+    return bounded(
+        steps.model_copy(update={"outputs": steps.outputs + answer, "open_issues": steps.open_issues + unfinished})
+    )
+
+
 def bounded(summary: StructuredSummary, max_chars: int = 10**9) -> StructuredSummary:
     """At most `SUMMARY_ITEMS` items of `ITEM_CHARS` per list and `max_chars` in all, the
     newest items kept: a summary's size stays fixed however many steps it covers (the
@@ -405,7 +416,7 @@ def tool_arguments(raw: str) -> dict[str, Any]:
     """A tool call's arguments as the model wrote them, or {} when they are not a JSON object."""
     try:
         decoded = json.loads(raw or "{}")
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # malformed, or nested too deep for the parser
         return {}
     return decoded if isinstance(decoded, dict) else {}
 

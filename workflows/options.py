@@ -68,7 +68,8 @@ workflow task open."""
 
 TOOL_START_TO_CLOSE = timedelta(seconds=120)
 
-LOCAL_TOOLS = frozenset({"read_file", "write_file", "edit_file", "list_files", "search_files"})
+# load_skill reads one small file, like the file tools.
+LOCAL_TOOLS = frozenset({"read_file", "write_file", "edit_file", "list_files", "search_files", "load_skill"})
 """The file tools run as local activities, inside the workflow task that asked for them.
 As regular activities each cost a task round trip through the server and, when it
 finished, a workflow task of its own that only recorded it. They take milliseconds; a
@@ -81,6 +82,13 @@ event history, and a point labelled with the tool name on the Timeline; a regula
 activity would show its summary there too, and show as pending while it runs.
 `run_command` stays a regular activity: it runs for seconds to minutes, heartbeats, and
 is what a replacement worker takes over (durable_agent/takeover.py)."""
+SKILLS_PATCH = "skills-catalog"
+"""`workflow.patched` id: runs recorded before skills existed list none at their start."""
+SKILLS_TIMEOUT = timedelta(seconds=30)
+"""Listing the skill folders at a run's start. A regular activity, not a local one: a local
+activity that outlasts 80 % of the task timeout has its result recorded in an earlier
+workflow task than the commands that follow it, and a `workflow.patched` among those (the
+first model call's) then reads differently on replay (seen as a nondeterminism error)."""
 LOCAL_TOOLS_PATCH = "file-tools-local"
 """`workflow.patched` id: runs recorded before the change replay with regular activities."""
 WAITS_NOT_TIMED_PATCH = "waits-not-timed"

@@ -21,20 +21,12 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, Field, field_serializer, field_validator, model_validator
 
 from workflows.livelock import LivelockTracker
+from workflows.summary import StructuredSummary
 from workflows.types import AgentInput, AgentStatus, Degradation, Message, Price, Usage, pack_messages, unpack_messages
 
-SESSION_KINDS = frozenset({"system_prompt", "goal", "skill"})
-"""Messages of the session layer, never folded. `load_skill` adds its skill as kind "skill"."""
-
-
-class StructuredSummary(BaseModel):
-    """What folded steps amounted to: the five fields the model must fill (DESIGN §3)."""
-
-    goal: str
-    inputs: list[str]
-    outputs: list[str]
-    key_decisions: list[str]
-    open_issues: list[str]
+SESSION_KINDS = frozenset({"system_prompt", "goal", "skills", "skill"})
+"""Messages of the session layer, never folded: the skills listed at the start ("skills")
+and each skill `load_skill` loaded ("skill"), see workflows/skills.py."""
 
 
 class CommandRun(BaseModel):
@@ -160,6 +152,10 @@ class Carry(BaseModel):
     """The offline estimate of the last request, to compare with its reported input tokens."""
     livelock: LivelockTracker = Field(default_factory=LivelockTracker)
     first_run_id: str = ""
+    skills_listed: bool = False
+    """The skills were listed (once per chain, at its first run that reaches its loop)."""
+    loaded_skills: list[str] = Field(default_factory=list)
+    """Skills loaded so far; their bodies are `skill` messages in the session layer."""
 
     @model_validator(mode="before")
     @classmethod

@@ -12,6 +12,7 @@ import re
 from workflows.compaction import record_text, render_index
 from workflows.state import ContextStatus
 from workflows.types import AgentInput, AgentStatus
+from workflows.wait_graph import chain_text
 
 BAR_WIDTH = 20
 
@@ -65,6 +66,16 @@ def details_markdown(status: AgentStatus) -> str:
         lines += ["", f"**Paused:** {plain(status.paused_reason)}. Continue with the `resume` signal."]
     if status.soft_tier:
         lines += ["", f"Soft tier: {plain(', '.join(status.soft_tier))}"]
+    if status.children:
+        lines += ["", "**Delegates** (spend so far, charged to this run when each ends):", ""]
+        lines += [
+            f"- `{c.workflow_id}` {c.state} · step {c.step} · {c.usage.tokens:,} tokens · ${c.usage.cost_usd:.4f}"
+            f" · {plain(c.goal[:120])}"
+            for c in status.children
+        ]
+    if status.wait_chains:
+        lines += ["", "**Waiting on:**", ""]
+        lines += [f"- {plain(chain_text(chain))}" for chain in status.wait_chains]
     context = context_lines(status.context) if status.context else []
     return "\n".join([*lines, "", *budget_block(status), *context])
 

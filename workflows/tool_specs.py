@@ -93,6 +93,20 @@ class RecallArgs(_Args):
         return (min(first, last), max(first, last))
 
 
+class LoadSkillArgs(_Args):
+    name: str = Field(min_length=1, description="The skill's name, as listed in the system message.")
+
+
+class DelegateArgs(_Args):
+    goal: str = Field(min_length=1, description="The sub-task, stated fully: the delegate sees nothing else of yours.")
+    tools: list[str] | None = Field(
+        default=None, description="The tools the delegate may use (a subset of yours); all of yours by default."
+    )
+    budget_share: float | None = Field(
+        default=None, gt=0, le=1, description="Fraction of your remaining budget it may spend (default 0.5)."
+    )
+
+
 TOOL_ARGS: dict[str, type[_Args]] = {
     "read_file": ReadFileArgs,
     "write_file": WriteFileArgs,
@@ -101,6 +115,8 @@ TOOL_ARGS: dict[str, type[_Args]] = {
     "search_files": SearchFilesArgs,
     "run_command": RunCommandArgs,
     "recall": RecallArgs,
+    "load_skill": LoadSkillArgs,
+    "delegate": DelegateArgs,
 }
 
 TOOL_DESCRIPTIONS: dict[str, str] = {
@@ -111,6 +127,9 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
     "search_files": "Search workspace files for a regular expression; returns path:line: text.",
     "run_command": "Run a shell command in the workspace; returns exit code, stdout and stderr.",
     "recall": "Return earlier steps that were folded out of your context, verbatim: by step range or by search.",
+    "load_skill": "Load a skill's instructions (see the listed skills) into your context for the rest of the run.",
+    "delegate": "Hand a self-contained sub-task to a sub-agent with its own context; returns its summary and "
+    "answer. Several delegate calls in one reply run in parallel.",
 }
 
 if not set(TOOL_ARGS) == set(ALL_TOOLS) == set(TOOL_DESCRIPTIONS):
@@ -198,6 +217,8 @@ SUMMARY_ARGUMENTS: dict[str, tuple[str, ...]] = {
     "search_files": ("pattern", "path"),
     "list_files": ("path", "pattern"),
     "recall": ("steps", "query"),
+    "load_skill": ("name",),
+    "delegate": ("goal",),
 }
 """The arguments that say what a call does, in the order shown; other tools show `path`."""
 

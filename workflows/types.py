@@ -18,6 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator,
 if TYPE_CHECKING:
     from workflows.state import Carry, ContextStatus
 
+from workflows.summary import StructuredSummary
+
 TASK_QUEUE = "durable-agent"
 WORKFLOW_TYPE = "AgentWorkflow"
 
@@ -30,6 +32,8 @@ ALL_TOOLS: tuple[str, ...] = (
     "search_files",
     "run_command",
     "recall",
+    "load_skill",
+    "delegate",
 )
 
 RunState = Literal[
@@ -173,6 +177,23 @@ MAX_GOAL_CHARS = 100_000
 goal and in the transcript), and Temporal refuses an input over 2 MB."""
 
 
+class DelegationSettings(_Strict):
+    max_depth: int = Field(default=3, ge=0)
+    """Levels of delegates below the root run (0: `delegate` is refused)."""
+    max_children: int = Field(default=8, ge=0)
+    """Delegates one run may have running at once."""
+    stall_after_s: float = Field(default=600, gt=0)
+    """A run that waits this long on a delegate which itself waits (for a person, or on its own
+    delegate), with no step or spend in between, needs attention with the wait chain."""
+
+
+class ParentLink(_Strict):
+    """Set by a parent run in its delegate's input."""
+
+    workflow_id: str
+    depth: int = Field(ge=1)
+
+
 class AgentInput(_Strict):
     """The workflow's single input (DESIGN §4). Everything but goal and workspace has a default."""
 
@@ -189,6 +210,9 @@ class AgentInput(_Strict):
     """Steps per run before continue-as-new, even if the server has not suggested it yet.
     50 keeps a new worker's full replay of a run well inside the 1.5 s workflow task
     timeout that fast crash recovery relies on (see durable_agent/runs.py)."""
+    delegation: DelegationSettings = Field(default_factory=DelegationSettings)
+    parent: ParentLink | None = None
+    """Set only by a parent run, for a delegate (the `delegate` tool)."""
     carry: Carry | None = None
     """Set only by the workflow itself when it continues as new."""
 
@@ -404,6 +428,8 @@ class AgentResult(BaseModel):
     steps: int
     usage: Usage
     unfinished: list[str] = Field(default_factory=list)
+    summary: StructuredSummary | None = None
+    """What the run did, in five fields; what a delegate's parent receives with its output."""
 
 
 PACKED_MESSAGES = "zlib+base64:"
@@ -482,6 +508,41 @@ class TranscriptRequest(BaseModel):
     from_step: int = 0
 
 
+class WaitLink(BaseModel):
+    """One run in a chain of waits, what it waits for, and the command that unblocks it."""
+
+    workflow_id: str
+    waiting_for: str
+    command: str | None = None
+
+
+class ChildReport(BaseModel):
+    """Payload of the `child_report` signal a delegate sends its parent when it changes."""
+
+    workflow_id: str
+    seq: int
+    state: str
+    step: int
+    usage: Usage
+    activity: str = ""
+    wait_chains: list[list[WaitLink]] = Field(default_factory=list)
+
+
+class ChildRun(BaseModel):
+    """A running delegate as its parent sees it: what it was given and its last report."""
+
+    workflow_id: str
+    goal: str
+    limits: Limits
+    state: str = "starting"
+    step: int = 0
+    usage: Usage = Field(default_factory=Usage)
+    """Its spend so far (live); charged to the parent when it ends."""
+    activity: str = ""
+    wait_chains: list[list[WaitLink]] = Field(default_factory=list)
+    seq: int = 0
+
+
 class Runway(BaseModel):
     """Steps left at the current rate for each budget (None: not measurable yet)."""
 
@@ -515,6 +576,10 @@ class AgentStatus(BaseModel):
     result: AgentResult | None = None
     context: ContextStatus | None = None
     """The model's context: its size, the summary, the index and each compaction."""
+    children: list[ChildRun] = Field(default_factory=list)
+    """Delegates running now, with their live spend and what they wait for."""
+    wait_chains: list[list[WaitLink]] = Field(default_factory=list)
+    """What this run waits for, through its delegates: `a → a/child → awaiting approval of call X`."""
 
 
 import workflows.state  # noqa: E402, F401  (defines Carry and ContextStatus, and completes the models above)

@@ -64,8 +64,17 @@ async def test_a_model_worker_without_the_run_reads_the_context_from_it(
         if e.activity_task_scheduled_event_attributes.activity_type.name == "call_model"
     ]
     assert [s.task_queue.name for s in scheduled] == [model_queue] * 3
-    started = [e.activity_task_started_event_attributes.identity for e in history.events]
-    assert {i for i in started if i} == {i for i in started if i.startswith(f"{model_worker.pid}@")}
+    model_calls = {
+        e.event_id
+        for e in history.events
+        if e.activity_task_scheduled_event_attributes.activity_type.name == "call_model"
+    }
+    started = [
+        e.activity_task_started_event_attributes.identity
+        for e in history.events
+        if e.activity_task_started_event_attributes.scheduled_event_id in model_calls
+    ]
+    assert len(started) == 3 and all(i.startswith(f"{model_worker.pid}@") for i in started)
     # The queue is the worker's configuration: a replay without the routing still matches.
     assert (await replayer().replay_workflow(history)).replay_failure is None
 

@@ -232,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     resolve = _command(commands, "resolve", resolve_run, "decide how a run that needs attention goes on", with_id=True)
     resolve.add_argument("action", choices=typing.get_args(Resolution.model_fields["action"].annotation))
     resolve.add_argument("--note", help="a note the model sees with the decision")
+    resolve.add_argument(
+        "--call", help="the call to decide, as status shows it (e.g. 4:call_3_0); without it, every open report"
+    )
     limits = _command(
         commands, "limits", raise_limits, "change a run's limits (any subset)", with_id=True, epilog=LIMITS_HELP
     )
@@ -700,7 +703,7 @@ async def approve_call(args: argparse.Namespace, console: Console) -> int:
 
 
 async def resolve_run(args: argparse.Namespace, console: Console) -> int:
-    resolution = Resolution(action=args.action, note=args.note)
+    resolution = Resolution(action=args.action, note=args.note, call_id=args.call)
     handle, _ = await _handle(args.id, running=True)
     outcome = await handle.execute_update("resolve", resolution, result_type=str)
     console.line(f"{args.id}: {outcome}")

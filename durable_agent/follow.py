@@ -60,7 +60,7 @@ class Reporter:
         self.next_step = max(since.step, 1) if since else 1
         self._state: str | None = since.state if since else None
         self._approvals_seen = {p.call_id for p in since.pending_approvals} if since else set()
-        self._attention: AttentionReport | None = since.attention if since else None
+        self._attention: list[AttentionReport] = render.attention_reports(since) if since else []
         self._notes_seen = len(since.degradations) if since else 0
         self._usage_shown = ""
 
@@ -94,10 +94,15 @@ class Reporter:
         new_approvals = [p for p in status.pending_approvals if p.call_id not in self._approvals_seen]
         self._approvals_seen.update(p.call_id for p in new_approvals)
         lines += render.approval_lines(self.run_id, new_approvals)
-        if status.attention != self._attention:
-            self._attention = status.attention
-            if status.attention is not None:
-                lines += render.attention_lines(self.run_id, status.attention)
+        reports = render.attention_reports(status)
+        several = len(reports) > 1
+        lines += [
+            line
+            for report in reports
+            if report not in self._attention
+            for line in render.attention_lines(self.run_id, report, several)
+        ]
+        self._attention = reports
         previous, self._state = self._state, status.state
         if status.state == "paused" and previous != "paused":
             lines.append(f"paused: {status.paused_reason} (continue with: durable-agent resume {self.run_id})")

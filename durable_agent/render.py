@@ -67,11 +67,18 @@ def approval_lines(run_id: str, pending: list[PendingApproval]) -> list[str]:
     return lines
 
 
-def attention_lines(run_id: str, report: AttentionReport) -> list[str]:
+def attention_lines(run_id: str, report: AttentionReport, several: bool = False) -> list[str]:
+    """One report; when several calls need attention at once, the hint names this one's call."""
+    call = f" --call {report.call_id}" if several and report.call_id else ""
     return [
         f"needs attention: {report.what_failed} (after {report.attempts} attempt(s)): {_one_line(report.last_error)}",
-        f"  decide with: durable-agent resolve {run_id} retry|skip|terminate [--note TEXT]",
+        f"  decide with: durable-agent resolve {run_id} retry|skip|terminate{call} [--note TEXT]",
     ]
+
+
+def attention_reports(status: AgentStatus) -> list[AttentionReport]:
+    """Every open report (a status from before per-call reports holds only `attention`)."""
+    return status.attention_reports or ([status.attention] if status.attention is not None else [])
 
 
 def result_lines(result: AgentResult) -> list[str]:
@@ -98,8 +105,9 @@ def status_lines(run_id: str, status: AgentStatus) -> list[str]:
     if status.paused_reason:
         lines.append(f"paused: {status.paused_reason}")
     lines += approval_lines(run_id, status.pending_approvals)
-    if status.attention is not None:
-        lines += attention_lines(run_id, status.attention)
+    reports = attention_reports(status)
+    for report in reports:
+        lines += attention_lines(run_id, report, several=len(reports) > 1)
     lines += [f"ignored signal: {note}" for note in status.ignored_signals]
     lines += [
         f"delegate {c.workflow_id}: {c.state} · step {c.step} · {usage_text(c.usage)} · {_one_line(c.goal, 120)}"

@@ -116,6 +116,30 @@ async def test_parallel_livelocked_calls_are_reported_and_resolved_one_by_one(
     assert result.output == "moved on"
 
 
+async def test_the_command_line_shows_every_report_and_resolves_one_call(
+    client: Client,
+    worker: Worker,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    temporal_server: EmbeddedServer,
+) -> None:
+    model_server.responder = two_stubborn_calls
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    status = await wait_for(handle, lambda s: len(s.attention_reports) == 2)
+    env = {**os.environ, "TEMPORAL_ADDRESS": temporal_server.address}
+    shown = await durable_agent("status", handle.id, env=env)
+    for report in status.attention_reports:
+        assert f"resolve {handle.id} retry|skip|terminate --call {report.call_id}" in shown.stdout, shown.stdout
+    one = next(r for r in status.attention_reports if "one.txt" in r.what_failed)
+    done = await durable_agent("resolve", handle.id, "skip", "--call", one.call_id or "", env=env)
+    assert done.returncode == 0, done.stderr
+    status = await wait_for(handle, lambda s: len(s.attention_reports) == 1)
+    assert "two.txt" in status.attention_reports[0].what_failed
+    await handle.execute_update("resolve", {"action": "terminate"})
+    assert (await handle.result()).state == "terminated"
+
+
 @pytest.mark.parametrize("waiting_in", ["paused", "awaiting_approval"])
 async def test_time_waiting_for_a_person_does_not_count_against_max_duration(
     waiting_in: str, client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path

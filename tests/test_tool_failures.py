@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -122,3 +124,30 @@ async def test_a_file_tool_call_is_bounded_in_time_on_a_thread_of_its_own(
         await asyncio.sleep(0.01)
         ticks += 1
     assert ticks > 50
+
+
+@pytest.fixture
+def full_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs: a larger write fails with ENOSPC, an error a retry may cure."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    folder = tmp_path / "small"
+    folder.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], check=True)
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+async def test_a_disk_error_that_outlasts_the_retries_reaches_the_model(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, full_disk: Path
+) -> None:
+    model_server.responder = Script(
+        [tools(("write_file", {"path": "big.txt", "content": "x" * 200_000})), answer("noted")]
+    )
+    handle = await start(client, task_queue, goal="x", workspace=str(full_disk))
+    result = await asyncio.wait_for(handle.result(), 60)
+    assert result.state == "completed" and result.output == "noted"
+    [error] = tool_results(model_server.requests[-1])
+    assert error.startswith("ERROR: write_file failed") and "No space left" in error, error

@@ -16,6 +16,7 @@ from temporalio.worker import Worker
 from durable_agent.model_server import ModelServer, Reply
 from tests.helpers import start, wait_for
 from tests.scripts import Script, answer, tool_results, tools
+from workflows.limits import MAX_TOOL_CALLS_PER_STEP
 from workflows.types import AgentResult
 
 
@@ -113,7 +114,7 @@ async def test_two_thousand_tool_calls_in_one_reply(
     results = tool_results(model_server.requests[-1])
     assert len(results) == 2_000
     refused = [r for r in results if r.startswith("ERROR:") and "at most" in r]
-    assert 0 < len(refused) < 2_000
+    assert len(refused) == 2_000 - MAX_TOOL_CALLS_PER_STEP
     # With the default limits the tool-call budget stops it cleanly, before any tool runs.
     model_server.requests.clear()
     default = await start(client, task_queue, goal="x", workspace=str(workspace))

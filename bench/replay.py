@@ -18,12 +18,11 @@ import time
 from typing import Any
 
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from bench.harness import StepScript, bench, bench_input
-from durable_agent.connection import connect
+from durable_agent.connection import connect, data_converter
 from durable_agent.runs import start_agent
 from worker import WORKFLOW_RUNNER, build_worker
 from workflows.agent import AgentWorkflow
@@ -41,7 +40,7 @@ async def record(steps: int) -> WorkflowHistory:
 
 
 async def replay_s(history: WorkflowHistory, runner: WorkflowRunner) -> float:
-    replayer = Replayer(workflows=[AgentWorkflow], data_converter=pydantic_data_converter, workflow_runner=runner)
+    replayer = Replayer(workflows=[AgentWorkflow], data_converter=data_converter(), workflow_runner=runner)
     started = time.perf_counter()
     result = await replayer.replay_workflow(history)
     if result.replay_failure is not None:

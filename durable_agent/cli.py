@@ -32,6 +32,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.redaction import worker_redactor
 from durable_agent import demo_model, render, telemetry
+from durable_agent.codec_server import TOKEN_ENV, CodecServer, ui_origins
+from durable_agent.codecs import CodecError, EncryptionKeys, PayloadCodecChain
 from durable_agent.connection import home, task_queue
 from durable_agent.console import Console
 from durable_agent.follow import EXIT_CODES, EXIT_FAILED, QUERY_TIMEOUT, failure_text, follow, snapshot_status
@@ -118,13 +120,15 @@ def _dispatch(args: argparse.Namespace, console: Console) -> int:
             return serve(args, console)
         if args.command == "demo-model":
             return serve_demo_model(args, console)
+        if args.command == "codec-server":
+            return serve_codec(args, console)
         return asyncio.run(args.handler(args, console))
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except CliError as e:
         console.error(f"error: {e}")
         return e.code
-    except (LaunchError, ServerError) as e:
+    except (LaunchError, ServerError, CodecError) as e:
         console.error(f"error: {e}")
         return EXIT_USAGE
     except ValidationError as e:
@@ -206,6 +210,18 @@ def build_parser() -> argparse.ArgumentParser:
     server = commands.add_parser("server", help="run the embedded Temporal dev server in the foreground")
     server.add_argument("--port", type=int, default=None, help="gRPC port (default: from TEMPORAL_ADDRESS, else 7233)")
     server.add_argument("--ui-port", type=int, default=DEFAULT_UI_PORT, help="Web UI port (default 8233)")
+    server.add_argument(
+        "--codec-port", type=int, help="with an encryption key: the Web UI's codec server port (default UI port + 1)"
+    )
+    codec = commands.add_parser(
+        "codec-server", help="serve the payload codec over HTTP for `temporal --codec-endpoint` and the Web UI"
+    )
+    codec.add_argument("--port", type=int, default=DEFAULT_UI_PORT + 1, help="port (default 8234)")
+    codec.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    codec.add_argument("--ui-port", type=int, default=DEFAULT_UI_PORT, help="the Web UI's port for CORS (default 8233)")
+    codec.add_argument(
+        "--cors-origin", action="append", default=[], metavar="ORIGIN", help="another origin browsers may call from"
+    )
 
     _command(commands, "worker", work, "run a worker for the task queue until Ctrl-C or SIGTERM")
     demo = commands.add_parser(
@@ -333,9 +349,13 @@ def serve(args: argparse.Namespace, console: Console) -> int:
     if port_open("127.0.0.1", port):
         console.line(f"a Temporal server is already running on port {port}; nothing to do")
         return EXIT_OK
-    server = start_server(home(), port=port, ui_port=args.ui_port)
+    codec = _ui_codec_server(args.ui_port, args.codec_port)
+    extra_args = ["--ui-codec-endpoint", codec.url] if codec else []
+    server = start_server(home(), port=port, ui_port=args.ui_port, extra_args=extra_args)
     console.line(f"Temporal dev server: {server.address} (data {server.db_file}, log {server.log_file})")
     console.line(f"Web UI: http://localhost:{args.ui_port}")
+    if codec:
+        console.line(f"history is encrypted; the Web UI decrypts it through the codec server at {codec.url}")
     console.line("Ctrl-C stops it")
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
     try:
@@ -344,6 +364,9 @@ def serve(args: argparse.Namespace, console: Console) -> int:
         server.stop()
         console.line("server stopped")
         return EXIT_OK
+    finally:
+        if codec:
+            codec.stop()
     raise CliError(f"the server exited with code {code}; see {server.log_file}")
 
 
@@ -364,6 +387,45 @@ def serve_demo_model(args: argparse.Namespace, console: Console) -> int:
     except KeyboardInterrupt:
         model.stop()
     return EXIT_OK
+
+
+def _ui_codec_server(ui_port: int, codec_port: int | None) -> CodecServer | None:
+    """With an encryption key set, a codec server for the Web UI, in this process."""
+    keys = EncryptionKeys.from_env()
+    if keys is None:
+        return None
+    port = codec_port or ui_port + 1
+    try:
+        codec = CodecServer(PayloadCodecChain(keys), port, origins=ui_origins(ui_port), token=_codec_token())
+    except OSError as e:
+        raise CliError(f"cannot serve the Web UI's codec on port {port}: {e.strerror}; pick one with --codec-port") from None
+    return codec.start()
+
+
+def serve_codec(args: argparse.Namespace, console: Console) -> int:
+    codec = CodecServer(
+        PayloadCodecChain(EncryptionKeys.from_env()),
+        args.port,
+        host=args.host,
+        origins=[*ui_origins(args.ui_port), *args.cors_origin],
+        token=_codec_token(),
+    )
+    with codec:
+        held = codec.codec.keys
+        keys = "no key: payloads pass as they are" if held is None else f"key ids {list(held.keys)}"
+        auth = f", bearer token from {TOKEN_ENV}" if codec.token else ""
+        console.line(f"codec server on {codec.url} ({keys}{auth}); Ctrl-C stops it")
+        signal.signal(signal.SIGTERM, _interrupt)
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+    console.line("codec server stopped")
+    return EXIT_OK
+
+
+def _codec_token() -> str | None:
+    return os.environ.get(TOKEN_ENV) or None
 
 
 def _configured_local_port() -> int:

@@ -2,20 +2,27 @@
 
 `TEMPORAL_ADDRESS`, `TEMPORAL_NAMESPACE`, `TEMPORAL_API_KEY`, the TLS variables and
 profiles all come from `temporalio.envconfig`; only the host has a local default.
+
+`data_converter()` is the one data converter: the worker, the CLI, the replay tests and
+the benchmarks all use it (through `connect`, or directly for a `Replayer`), so every
+process reads and writes payloads the same way (pydantic JSON, then durable_agent/codecs.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import DataConverter, DefaultFailureConverter, DefaultFailureConverterWithEncodedAttributes
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import Runtime
 
 from durable_agent import telemetry
+from durable_agent.codecs import EncryptionKeys, PayloadCodecChain
 from workflows.types import TASK_QUEUE
 
 DEFAULT_ADDRESS = "localhost:7233"
@@ -38,11 +45,31 @@ def connect_config(address: str | None = None) -> dict[str, Any]:
     return config
 
 
-async def connect(address: str | None = None, runtime: Runtime | None = None) -> Client:
-    """`runtime`: a worker's, serving its metrics (durable_agent/metrics.py); None, the default."""
+def data_converter(keys: EncryptionKeys | None = None) -> DataConverter:
+    """Pydantic JSON payloads, compressed when large and encrypted with `keys` (default: from
+    `DURABLE_AGENT_ENCRYPTION_KEY`, unset: not encrypted). With a key, failure messages and
+    stack traces are moved into an encoded (so encrypted) payload too."""
+    keys = keys or EncryptionKeys.from_env()
+    return dataclasses.replace(
+        pydantic_data_converter,
+        payload_codec=PayloadCodecChain(keys),
+        failure_converter_class=DefaultFailureConverterWithEncodedAttributes if keys else DefaultFailureConverter,
+    )
+
+
+async def connect(
+    address: str | None = None,
+    runtime: Runtime | None = None,
+    *,
+    converter: DataConverter | None = None,
+    interceptors: list[Any] | None = None,
+) -> Client:
+    """A client with the data converter (`data_converter()` unless given) and, unless given,
+    the tracing interceptors the OTEL_* variables ask for. `runtime`: a worker's, serving its
+    metrics (durable_agent/metrics.py); None, the default."""
     return await Client.connect(
         **connect_config(address),
-        data_converter=pydantic_data_converter,
-        interceptors=telemetry.client_interceptors(),  # traces, when the OTEL_* variables ask for them
+        data_converter=converter or data_converter(),
+        interceptors=telemetry.client_interceptors() if interceptors is None else interceptors,
         runtime=runtime,
     )

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import Client, WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
+from durable_agent.connection import data_converter
 from durable_agent.model_server import ModelServer
 from tests.record_history import DELEGATE_FILES, HISTORY_FILE, WORKFLOW_IDS, record, record_delegate
 from workflows.agent import AgentWorkflow
@@ -20,7 +20,7 @@ def replayer() -> Replayer:
     # Sandboxed on purpose: the worker runs workflows unsandboxed for speed (worker.py), so
     # this replay is where a clock, random or I/O call in workflow code gets caught.
     return Replayer(
-        workflows=[AgentWorkflow], data_converter=pydantic_data_converter, workflow_runner=SandboxedWorkflowRunner()
+        workflows=[AgentWorkflow], data_converter=data_converter(), workflow_runner=SandboxedWorkflowRunner()
     )
 
 

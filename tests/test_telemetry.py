@@ -13,9 +13,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 
-from durable_agent.connection import connect_config
+from durable_agent.connection import connect
 from durable_agent.genai import CAPTURE_CONTENT_ENV, chat_attributes, tool_attributes
 from durable_agent.history import emit_spans, replay_chain
 from durable_agent.model_server import ModelServer
@@ -40,9 +39,7 @@ def exporter() -> Iterator[InMemorySpanExporter]:
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def traced_client(temporal_server: EmbeddedServer, exporter: InMemorySpanExporter) -> AsyncIterator[Client]:
     tracing = AgentTracing(tracer_provider([exporter], batch=False))
-    yield await Client.connect(
-        **connect_config(temporal_server.address), data_converter=pydantic_data_converter, interceptors=[tracing]
-    )
+    yield await connect(temporal_server.address, interceptors=[tracing])
     tracing.provider.shutdown()
 
 

@@ -398,7 +398,8 @@ def _ui_codec_server(ui_port: int, codec_port: int | None) -> CodecServer | None
     try:
         codec = CodecServer(PayloadCodecChain(keys), port, origins=ui_origins(ui_port), token=_codec_token())
     except OSError as e:
-        raise CliError(f"cannot serve the Web UI's codec on port {port}: {e.strerror}; pick one with --codec-port") from None
+        message = f"cannot serve the Web UI's codec on port {port}: {e.strerror}; pick one with --codec-port"
+        raise CliError(message) from None
     return codec.start()
 
 

@@ -35,23 +35,34 @@ SECRET_ENV_LIST = "DURABLE_AGENT_SECRET_ENV"
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL", re.IGNORECASE)
 MIN_SECRET_CHARS = 8
 
-_START = r"(?:(?<![A-Za-z0-9_])|(?<=\\[nrt]))"
-"""Where a token may start: not inside a word, except right after a JSON escape such as
-`\\n` (tool-call arguments are JSON text)."""
 
-SHAPES: dict[str, str] = {
+def _token(prefix: str, width: int, body: str) -> str:
+    """`prefix` (`width` chars) then `body`, where the prefix does not start inside a word,
+    except right after a JSON escape such as `\\n` (tool-call arguments are JSON text). The
+    pattern starts with the literal prefix, which `re` finds fast."""
+    before = "." * width
+    return rf"{prefix}(?:(?<![A-Za-z0-9_]{before})|(?<=\\[nrt]{before})){body}"
+
+
+SHAPES: dict[str, tuple[str, str]] = {
     "private-key": (
-        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?:[^-]|-(?!----END ))*(?:-----END [A-Z0-9 ]*PRIVATE KEY-----)?"
+        "PRIVATE KEY",
+        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?:[^-]|-(?!----END ))*(?:-----END [A-Z0-9 ]*PRIVATE KEY-----)?",
     ),
-    "openai-key": _START + r"sk-(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{20,}",
-    "github-token": _START + r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})",
-    "aws-access-key-id": _START + r"(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])",
-    "slack-token": _START + r"xox[abeoprst]-[A-Za-z0-9-]{10,}",
-    "bearer-token": r"(?<=[Bb]earer )[A-Za-z0-9._~+/=-]{16,}",
+    "openai-key": ("sk-", _token("sk-", 3, r"(?=[A-Za-z0-9_-]*[0-9])[A-Za-z0-9_-]{20,}")),
+    "github-token": (
+        "gh",
+        _token("gh[pousr]_", 4, "[A-Za-z0-9]{30,}") + "|" + _token("github_pat_", 11, "[A-Za-z0-9_]{22,}"),
+    ),
+    "aws-access-key-id": ("A", _token("(?:AKIA|ASIA)", 4, "[A-Z0-9]{16}(?![A-Za-z0-9])")),
+    "slack-token": ("xox", _token("xox[abeoprst]-", 5, "[A-Za-z0-9-]{10,}")),
+    "bearer-token": ("earer ", r"(?<=[Bb]earer )[A-Za-z0-9._~+/=-]{16,}"),
 }
-"""An unterminated private-key block (a cut output) is redacted to the end of the text.
-An `sk-` key needs a digit: hyphenated words (`risk-management-...`) are not keys."""
-_SHAPES = re.compile("|".join(f"(?P<{name.replace('-', '_')}>{rx})" for name, rx in SHAPES.items()))
+"""Shape name -> (a substring every match holds, the pattern). The substring is tested
+first: far cheaper than the pattern on text that cannot match. An unterminated private-key
+block (a cut output) is redacted to the end of the text. An `sk-` key needs a digit:
+hyphenated words (`risk-management-...`) are not keys."""
+_SHAPES = [(f"[REDACTED:{name}]", hint, re.compile(rx)) for name, (hint, rx) in SHAPES.items()]
 
 
 class Redactor:
@@ -67,9 +78,12 @@ class Redactor:
         self._values = re.compile("|".join(map(re.escape, longest_first))) if longest_first else None
 
     def text(self, text: str) -> str:
-        if self._values is not None:
+        if self._values is not None and any(value in text for value in self._names):
             text = self._values.sub(lambda m: f"[REDACTED:{self._names[m.group()]}]", text)
-        return _SHAPES.sub(lambda m: f"[REDACTED:{(m.lastgroup or '').replace('_', '-')}]", text)
+        for label, hint, pattern in _SHAPES:
+            if hint in text:
+                text = pattern.sub(label, text)
+        return text
 
     def value(self, value: Any) -> Any:
         """A copy with every string inside redacted (models, lists, dicts); bytes and numbers as they are."""
@@ -166,10 +180,8 @@ class StreamRedactor:
         if len(text) - cut <= self._max_hold:
             return cut
         cut = len(text) - self._overlap
-        for match in _SHAPES.finditer(text):
-            if match.start() < cut < match.end():
-                return match.start()
-        return cut
+        spanning = [m.start() for _, _, rx in _SHAPES for m in rx.finditer(text) if m.start() < cut < m.end()]
+        return min(spanning, default=cut)
 
     def _encode(self, text: str) -> bytes:
         return self._redactor.text(text).encode("utf-8", "surrogateescape") if text else b""

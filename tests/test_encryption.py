@@ -1,0 +1,381 @@
+"""Encrypted history: the codec, key rotation, and what is left in clear where.
+
+Judged by bytes: the payloads' bytes, the server's SQLite files, what the Temporal CLI and
+the Web UI (headless Chromium) print, never by the codec's own words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.api.common.v1 import Payload
+from temporalio.client import Client
+
+from durable_agent.codec_server import CodecServer
+from durable_agent.codecs import ENCRYPTED, KEY_ENV, KEY_ID, CodecError, EncryptionKeys, PayloadCodecChain
+from durable_agent.connection import connect, data_converter
+from durable_agent.model_server import Failure, ModelServer, Reply
+from durable_agent.server import EmbeddedServer, free_port, port_open
+from tests.helpers import run_cli, start, wait_for
+from tests.scripts import Script, answer
+from worker import build_worker
+from workflows.types import AgentInput, AgentResult
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def new_key() -> str:
+    return base64.b64encode(os.urandom(32)).decode()
+
+
+def marker() -> str:
+    return f"MARKER{uuid.uuid4().hex}"
+
+
+# --- the codec ------------------------------------------------------------------------
+
+
+async def test_round_trip_encrypts_every_payload_and_compresses_large_ones() -> None:
+    converter = data_converter(EncryptionKeys.parse(f"k1:{new_key()}"))
+    secret = marker()
+    small = AgentInput(goal=secret, workspace="/w")
+    large = AgentInput(goal=secret + " " + "word " * 5_000, workspace="/w")
+    payloads = await converter.encode([small, large])
+    for payload in payloads:
+        assert payload.metadata["encoding"] == ENCRYPTED and payload.metadata[KEY_ID] == b"k1"
+        assert secret.encode() not in payload.SerializeToString()
+    plain_large = converter.payload_converter.to_payloads([large])[0]
+    assert payloads[1].ByteSize() * 10 < plain_large.ByteSize()  # compressed before it was encrypted
+    assert await converter.decode(payloads, [AgentInput, AgentInput]) == [small, large]
+    # Encryption is randomized: the same value never gives the same bytes twice.
+    assert (await converter.encode([small]))[0].data != payloads[0].data
+
+
+def test_a_bad_key_setting_says_what_is_wrong_and_never_quotes_the_key() -> None:
+    short = base64.b64encode(b"x" * 16).decode()
+    cases = {
+        short: "is 16 bytes; AES-256 needs 32",
+        f"a:{new_key()},a:{new_key()}": "the id is used twice",
+        "k1:not base64!": "is not valid base64",
+        f"bad id:{new_key()}": "bad id",
+    }
+    for setting, reason in cases.items():
+        with pytest.raises(CodecError, match=reason) as raised:
+            EncryptionKeys.parse(setting)
+        assert KEY_ENV in str(raised.value)
+        assert setting.rpartition(":")[2] not in str(raised.value)
+
+
+def test_a_tampered_payload_fails_naming_its_key_id() -> None:
+    codec = PayloadCodecChain(EncryptionKeys.parse(f"k1:{new_key()},k2:{new_key()}"))
+    [sealed] = codec.encode_all([Payload(metadata={"encoding": b"json/plain"}, data=b'"hello"')])
+    flipped = Payload()
+    flipped.CopyFrom(sealed)
+    flipped.data = sealed.data[:-1] + bytes([sealed.data[-1] ^ 1])
+    with pytest.raises(CodecError, match="key id 'k1' does not authenticate: it was altered"):
+        codec.decode_all([flipped])
+    relabelled = Payload()
+    relabelled.CopyFrom(sealed)
+    relabelled.metadata[KEY_ID] = b"k2"  # the id is bound to the ciphertext too
+    with pytest.raises(CodecError, match="key id 'k2' does not authenticate"):
+        codec.decode_all([relabelled])
+
+
+def test_an_unknown_key_id_or_no_key_fails_naming_the_id() -> None:
+    [sealed] = PayloadCodecChain(EncryptionKeys.parse(f"old:{new_key()}")).encode_all(
+        [Payload(metadata={"encoding": b"json/plain"}, data=b'"hello"')]
+    )
+    with pytest.raises(
+        CodecError, match=r"key id 'old', which DURABLE_AGENT_ENCRYPTION_KEY does not hold \(held: 'new'"
+    ):
+        PayloadCodecChain(EncryptionKeys.parse(f"new:{new_key()}")).decode_all([sealed])
+    with pytest.raises(CodecError, match=r"key id 'old', .* \(held: none: it is not set\)"):
+        PayloadCodecChain(None).decode_all([sealed])
+
+
+def test_rotation_old_payloads_still_decode_and_new_ones_use_the_first_key() -> None:
+    old = new_key()
+    plain = Payload(metadata={"encoding": b"json/plain"}, data=b'"hello"')
+    [before] = PayloadCodecChain(EncryptionKeys.parse(f"k1:{old}")).encode_all([plain])
+    rotated = PayloadCodecChain(EncryptionKeys.parse(f"k2:{new_key()},k1:{old}"))
+    assert rotated.decode_all([before]) == [plain]
+    [after] = rotated.encode_all([plain])
+    assert after.metadata[KEY_ID] == b"k2" and rotated.decode_all([after]) == [plain]
+    # A bare key is id "default": rotating away from it names it so.
+    bare = new_key()
+    [unnamed] = PayloadCodecChain(EncryptionKeys.parse(bare)).encode_all([plain])
+    assert PayloadCodecChain(EncryptionKeys.parse(f"k3:{new_key()},default:{bare}")).decode_all([unnamed]) == [plain]
+
+
+def test_an_unencrypted_payload_still_decodes_with_a_key_and_none_is_made_without_one() -> None:
+    plain = Payload(metadata={"encoding": b"json/plain"}, data=b'"started by the plain Temporal CLI"')
+    assert PayloadCodecChain(EncryptionKeys.parse(f"k1:{new_key()}")).decode_all([plain]) == [plain]
+    large = Payload(metadata={"encoding": b"json/plain"}, data=b'"' + b"a" * 100_000 + b'"')
+    assert PayloadCodecChain(None).encode_all([plain, large]) == [plain, large]  # no key: left as is
+
+
+# --- a real run: bytes at rest, the Temporal CLI, rotation ------------------------------
+
+
+def database_bytes(server: EmbeddedServer) -> bytes:
+    """Every byte of the server's SQLite database: the file, its WAL and shared memory."""
+    assert server.db_file is not None
+    files = sorted(server.db_file.parent.glob(server.db_file.name + "*"))
+    assert {f.name for f in files} >= {"temporal.sqlite", "temporal.sqlite-wal"}
+    return b"".join(f.read_bytes() for f in files)
+
+
+def scripted_run(secret: str) -> Script:
+    """A run that carries `secret` in every kind of payload: an endpoint error (a failure
+    message), the model's reply and tool-call arguments, a command's output and summary."""
+    failed: list[bool] = []
+
+    def first(request: dict[str, Any]) -> Reply | Failure:
+        if not failed:
+            failed.append(True)
+            return Failure(400, message=f"rejected {secret}")
+        return Reply(content=f"thinking {secret}", tool_calls=[("run_command", {"command": f"echo out-{secret}"})])
+
+    return Script([first, answer(f"done {secret}")])
+
+
+async def run_through(client: Client, task_queue: str, workspace: Path, secret: str) -> str:
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal=f"goal {secret}", workspace=str(workspace))
+        await wait_for(handle, lambda s: s.state == "needs_attention")
+        await handle.execute_update("resolve", {"action": "retry"})
+        result = await handle.result()
+    assert result.output == f"done {secret}" and result.usage.tool_calls == 1
+    return handle.id
+
+
+async def test_an_encrypted_run_leaves_nothing_in_clear_and_stays_readable_with_its_keys(
+    client: Client, temporal_server: EmbeddedServer, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    old_key = new_key()
+    encrypted = await connect(temporal_server.address, data_converter(EncryptionKeys.parse(f"k1:{old_key}")))
+    secret, control = marker(), marker()
+    model_server.responder = scripted_run(secret)
+    run_id = await run_through(encrypted, task_queue, workspace, secret)
+    # The control: the same run without a key leaves its marker in clear in the database.
+    model_server.responder = scripted_run(control)
+    await run_through(client, task_queue + "-plain", workspace, control)
+
+    history = await encrypted.get_workflow_handle(run_id).fetch_history()
+    raw_history = b"".join(e.SerializeToString() for e in history.events)
+    assert secret.encode() not in raw_history
+    at_rest = database_bytes(temporal_server)
+    assert control.encode() in at_rest
+    assert secret.encode() not in at_rest
+
+    # Rotation: with a new key added in front, the old run still reads; without k1 it cannot.
+    rotated = await connect(
+        temporal_server.address, data_converter(EncryptionKeys.parse(f"k2:{new_key()},k1:{old_key}"))
+    )
+    result = await rotated.get_workflow_handle(run_id, result_type=AgentResult).result()
+    assert result.output == f"done {secret}"
+    for setting in (f"k2:{new_key()}", None):
+        keys = EncryptionKeys.parse(setting) if setting else None
+        other = await connect(temporal_server.address, data_converter(keys))
+        with pytest.raises(CodecError, match="key id 'k1'"):
+            await other.get_workflow_handle(run_id, result_type=AgentResult).result()
+
+    # The Temporal CLI reads it in clear through the codec server, and only through it.
+    with CodecServer(PayloadCodecChain(EncryptionKeys.parse(f"k1:{old_key}")), token="codec-token") as codec:
+        show = ["workflow", "show", "-w", run_id, "--detailed"]
+        clear = await run_cli(
+            temporal_server.address, *show, "--codec-endpoint", codec.url, "--codec-auth", "Bearer codec-token"
+        )
+        assert clear.returncode == 0, clear
+        for expected in (f"goal {secret}", f"thinking {secret}", f"echo out-{secret}", f"done {secret}"):
+            assert expected in clear.stdout, expected
+        assert clear.stdout.count(f"out-{secret}") >= 2  # the command, and its output
+        assert secret not in (await run_cli(temporal_server.address, *show)).stdout
+        wrong = await run_cli(temporal_server.address, *show, "--codec-endpoint", codec.url, "--codec-auth", "Bearer x")
+        assert secret not in wrong.stdout
+
+
+# --- the codec server as a command --------------------------------------------------------
+
+
+@pytest.fixture
+def codec_command(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """`durable-agent codec-server` in a subprocess: (its URL, its key setting)."""
+    setting = f"k1:{new_key()}"
+    port = free_port()
+    env = {**os.environ, KEY_ENV: setting, "DURABLE_AGENT_CODEC_TOKEN": "tok"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "durable_agent.cli", "codec-server", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline().decode()
+        assert f"codec server on http://127.0.0.1:{port} (key ids ['k1'], bearer token" in line, line
+        yield f"http://127.0.0.1:{port}", setting
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+    assert not port_open("127.0.0.1", port)
+
+
+def post(
+    url: str, body: bytes | None, headers: dict[str, str], method: str = "POST"
+) -> tuple[int, dict[str, str], bytes]:
+    request = urllib.request.Request(url, data=body, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def test_the_codec_server_speaks_temporals_protocol_with_cors_and_a_bearer_token(
+    codec_command: tuple[str, str],
+) -> None:
+    url, setting = codec_command
+    ui = "http://localhost:8233"
+    status, headers, _ = post(
+        f"{url}/decode", None, {"Origin": ui, "Access-Control-Request-Headers": "content-type,x-namespace"}, "OPTIONS"
+    )
+    assert status == 204 and headers["access-control-allow-origin"] == ui
+    assert "X-Namespace" in headers["access-control-allow-headers"]
+    assert (
+        "access-control-allow-origin"
+        not in post(f"{url}/decode", None, {"Origin": "http://evil.example"}, "OPTIONS")[1]
+    )
+
+    [sealed] = PayloadCodecChain(EncryptionKeys.parse(setting)).encode_all(
+        [Payload(metadata={"encoding": b"json/plain"}, data=b'"hello codec"')]
+    )
+    body = json.dumps(
+        {
+            "payloads": [
+                {
+                    "metadata": {k: base64.b64encode(v).decode() for k, v in sealed.metadata.items()},
+                    "data": base64.b64encode(sealed.data).decode(),
+                }
+            ]
+        }
+    ).encode()
+    json_headers = {"Content-Type": "application/json", "X-Namespace": "default", "Origin": ui}
+    assert post(f"{url}/decode", body, json_headers)[0] == 401
+    status, headers, answer_body = post(f"{url}/decode", body, {**json_headers, "Authorization": "Bearer tok"})
+    assert status == 200 and headers["access-control-allow-origin"] == ui
+    [decoded] = json.loads(answer_body)["payloads"]
+    assert base64.b64decode(decoded["data"]) == b'"hello codec"'
+    assert base64.b64decode(decoded["metadata"]["encoding"]) == b"json/plain"
+
+    status, _, encoded_body = post(f"{url}/encode", answer_body, {**json_headers, "Authorization": "Bearer tok"})
+    [encoded] = json.loads(encoded_body)["payloads"]
+    assert status == 200 and base64.b64decode(encoded["metadata"]["encoding"]) == ENCRYPTED
+
+    tampered = json.loads(body)
+    data = bytearray(base64.b64decode(tampered["payloads"][0]["data"]))
+    data[-1] ^= 1
+    tampered["payloads"][0]["data"] = base64.b64encode(bytes(data)).decode()
+    status, _, error = post(
+        f"{url}/decode", json.dumps(tampered).encode(), {**json_headers, "Authorization": "Bearer tok"}
+    )
+    assert status == 400 and "key id 'k1' does not authenticate" in json.loads(error)["message"]
+
+
+# --- the Web UI, in headless Chromium -------------------------------------------------------
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+async def rendered_page(url: str) -> str:
+    """The page's DOM once its scripts have run (and fetched from the codec server)."""
+    process = await asyncio.create_subprocess_exec(
+        CHROMIUM or "chromium",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--virtual-time-budget=15000",
+        "--dump-dom",
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), timeout=120)
+    return out.decode(errors="replace")
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="chromium is not installed (Debian: apt-get install -y chromium): the Web UI check needs a browser",
+)
+async def test_durable_agent_server_makes_the_web_ui_decrypt_through_its_codec_server(
+    tmp_path: Path, model_server: ModelServer, workspace: Path
+) -> None:
+    setting = f"k1:{new_key()}"
+    port, ui_port, codec_port = free_port(), free_port(), free_port()
+    env = {**os.environ, KEY_ENV: setting, "DURABLE_AGENT_HOME": str(tmp_path / "home")}
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "durable_agent.cli",
+            "server",
+            "--port",
+            str(port),
+            "--ui-port",
+            str(ui_port),
+            "--codec-port",
+            str(codec_port),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        assert server.stdout is not None
+        lines = [server.stdout.readline().decode() for _ in range(3)]
+        assert f"the Web UI decrypts it through the codec server at http://127.0.0.1:{codec_port}" in lines[2], lines
+        with urllib.request.urlopen(f"http://127.0.0.1:{ui_port}/api/v1/settings", timeout=10) as response:
+            assert json.loads(response.read())["Codec"]["Endpoint"] == f"http://127.0.0.1:{codec_port}"
+
+        address = f"127.0.0.1:{port}"
+        shown, hidden = marker(), marker()
+        runs = {}
+        # A run under the server's key, and a control under a key the codec server lacks.
+        for secret, keys in ((shown, setting), (hidden, f"k9:{new_key()}")):
+            client = await connect(address, data_converter(EncryptionKeys.parse(keys)))
+            model_server.responder = Script([answer(f"reply {secret}")])
+            queue = f"ui-{uuid.uuid4().hex[:8]}"
+            async with build_worker(client, queue):
+                handle = await start(client, queue, goal=f"goal {secret}", workspace=str(workspace))
+                await handle.result()
+            runs[secret] = (
+                f"http://127.0.0.1:{ui_port}/namespaces/default/workflows/{handle.id}/{handle.result_run_id}/history"
+            )
+
+        page = await rendered_page(runs[shown])
+        assert f"goal {shown}" in page and f"reply {shown}" in page
+        control = await rendered_page(runs[hidden])
+        assert "Workflow Execution Started" in control or "AgentWorkflow" in control  # the page did render
+        assert hidden not in control
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)
+    assert not port_open("127.0.0.1", codec_port)

@@ -32,6 +32,7 @@ from durable_agent.model_server import Failure, ModelServer, Reply
 from durable_agent.server import EmbeddedServer, free_port, port_open
 from tests.helpers import run_cli, start, wait_for
 from tests.scripts import Script, answer
+from tests.test_cli import cli_env, durable_agent, one_line_error
 from worker import build_worker
 from workflows.types import AgentInput, AgentResult
 
@@ -193,6 +194,11 @@ async def test_an_encrypted_run_leaves_nothing_in_clear_and_stays_readable_with_
         other = await connect(temporal_server.address, data_converter(keys))
         with pytest.raises(CodecError, match="key id 'k1'"):
             await other.get_workflow_handle(run_id, result_type=AgentResult).result()
+
+    # durable-agent says so in one line, naming the key id.
+    env = cli_env(**{KEY_ENV: f"k2:{new_key()}"})
+    refused = await durable_agent("status", run_id, env=env)
+    one_line_error(refused, 2, "payload encrypted with key id 'k1', which DURABLE_AGENT_ENCRYPTION_KEY does not hold")
 
     # The Temporal CLI reads it in clear through the codec server, and only through it.
     with CodecServer(PayloadCodecChain(EncryptionKeys.parse(f"k1:{old_key}")), token="codec-token") as codec:

@@ -218,19 +218,24 @@ async def test_an_encrypted_run_leaves_nothing_in_clear_and_stays_readable_with_
 # --- the codec server as a command --------------------------------------------------------
 
 
+def durable_agent_process(*args: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A long-running `durable-agent` command; its output, stderr included, on a pipe."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "durable_agent.cli", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
 @pytest.fixture
 def codec_command(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """`durable-agent codec-server` in a subprocess: (its URL, its key setting)."""
     setting = f"k1:{new_key()}"
     port = free_port()
     env = {**os.environ, KEY_ENV: setting, "DURABLE_AGENT_CODEC_TOKEN": "tok"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "durable_agent.cli", "codec-server", "--port", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    process = durable_agent_process("codec-server", "--port", str(port), env=env)
     try:
         assert process.stdout is not None
         line = process.stdout.readline().decode()
@@ -336,24 +341,8 @@ async def test_durable_agent_server_makes_the_web_ui_decrypt_through_its_codec_s
     setting = f"k1:{new_key()}"
     port, ui_port, codec_port = free_port(), free_port(), free_port()
     env = {**os.environ, KEY_ENV: setting, "DURABLE_AGENT_HOME": str(tmp_path / "home")}
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "durable_agent.cli",
-            "server",
-            "--port",
-            str(port),
-            "--ui-port",
-            str(ui_port),
-            "--codec-port",
-            str(codec_port),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    ports = ["--port", str(port), "--ui-port", str(ui_port), "--codec-port", str(codec_port)]
+    server = durable_agent_process("server", *ports, env=env)
     try:
         assert server.stdout is not None
         lines = [server.stdout.readline().decode() for _ in range(3)]

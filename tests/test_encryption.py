@@ -168,7 +168,7 @@ async def test_an_encrypted_run_leaves_nothing_in_clear_and_stays_readable_with_
     client: Client, temporal_server: EmbeddedServer, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
     old_key = new_key()
-    encrypted = await connect(temporal_server.address, data_converter(EncryptionKeys.parse(f"k1:{old_key}")))
+    encrypted = await connect(temporal_server.address, converter=data_converter(EncryptionKeys.parse(f"k1:{old_key}")))
     secret, control = marker(), marker()
     model_server.responder = scripted_run(secret)
     run_id = await run_through(encrypted, task_queue, workspace, secret)
@@ -185,13 +185,13 @@ async def test_an_encrypted_run_leaves_nothing_in_clear_and_stays_readable_with_
 
     # Rotation: with a new key added in front, the old run still reads; without k1 it cannot.
     rotated = await connect(
-        temporal_server.address, data_converter(EncryptionKeys.parse(f"k2:{new_key()},k1:{old_key}"))
+        temporal_server.address, converter=data_converter(EncryptionKeys.parse(f"k2:{new_key()},k1:{old_key}"))
     )
     result = await rotated.get_workflow_handle(run_id, result_type=AgentResult).result()
     assert result.output == f"done {secret}"
     for setting in (f"k2:{new_key()}", None):
         keys = EncryptionKeys.parse(setting) if setting else None
-        other = await connect(temporal_server.address, data_converter(keys))
+        other = await connect(temporal_server.address, converter=data_converter(keys))
         with pytest.raises(CodecError, match="key id 'k1'"):
             await other.get_workflow_handle(run_id, result_type=AgentResult).result()
 
@@ -355,7 +355,7 @@ async def test_durable_agent_server_makes_the_web_ui_decrypt_through_its_codec_s
         runs = {}
         # A run under the server's key, and a control under a key the codec server lacks.
         for secret, keys in ((shown, setting), (hidden, f"k9:{new_key()}")):
-            client = await connect(address, data_converter(EncryptionKeys.parse(keys)))
+            client = await connect(address, converter=data_converter(EncryptionKeys.parse(keys)))
             model_server.responder = Script([answer(f"reply {secret}")])
             queue = f"ui-{uuid.uuid4().hex[:8]}"
             async with build_worker(client, queue):

@@ -1,9 +1,10 @@
-"""Reading regular files only: a FIFO, socket or device in the workspace must never block a tool.
+"""Opening regular files only: a FIFO, socket or device in the workspace must never block a tool.
 
 A named pipe that no one writes to blocks `open()` for ever, a socket refuses it, and a
-device may never end. Tools and the journal therefore look at what a path is before
-opening it, open it non-blocking (a FIFO then opens at once) and check again on the open
-file, in case the path was swapped in between.
+device may never end. Readers (the file tools, the journal) therefore look at what a path
+is before opening it, open it non-blocking (a FIFO then opens at once) and check again on
+the open file, in case the path was swapped in between. A saved output replaces whatever
+stands at its path instead of opening it.
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ def open_regular(path: str | Path, shown: str | None = None) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def create_regular(path: str | Path) -> BinaryIO:
+    """A new regular file at `path` for binary writing, replacing whatever was there: a FIFO
+    or link left in its place is removed, never opened (a FIFO's open would block)."""
+    Path(path).unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    return os.fdopen(fd, "wb")
 
 
 def read_regular(path: str | Path, shown: str | None = None) -> bytes:

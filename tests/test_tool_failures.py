@@ -151,3 +151,24 @@ async def test_a_disk_error_that_outlasts_the_retries_reaches_the_model(
     assert result.state == "completed" and result.output == "noted"
     [error] = tool_results(model_server.requests[-1])
     assert error.startswith("ERROR: write_file failed") and "No space left" in error, error
+
+
+@pytest.mark.timeout(60)
+async def test_a_fifo_planted_where_output_is_saved_does_not_block_the_worker(workspace: Path) -> None:
+    # A command could leave a named pipe in .durable-agent/outputs/; saving a long output
+    # there must replace it, not open it (which would block the worker's event loop).
+    key = "planted"
+    outputs = workspace / ".durable-agent" / "outputs"
+    outputs.mkdir(parents=True)
+    os.mkfifo(outputs / f"{key_digest(key)}.txt")
+    call = ToolCallInput(
+        call_id="c",
+        idempotency_key=key,
+        workspace=str(workspace),
+        arguments={"command": "yes | head -c 100000"},
+        output_chars=2_000,
+    )
+    outcome = await asyncio.wait_for(ActivityEnvironment().run(tool_activities.ToolActivities().run_command, call), 20)
+    assert outcome.ok and outcome.full_output_ref, outcome
+    saved = workspace / outcome.full_output_ref
+    assert saved.is_file() and saved.stat().st_size == 100_000

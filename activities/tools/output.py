@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from activities.redaction import StreamRedactor, worker_redactor
+from activities.regular_files import create_regular
 from activities.workspace import RESERVED_DIR
 from workflows.types import ToolOutcome
 
@@ -89,7 +90,7 @@ class OutputCapture:
 
     def _spill(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self._path.open("wb")
+        self._file = create_regular(self._path)
         self._file.write(self._head + self._tail)  # everything so far: nothing was dropped yet
 
 

@@ -31,7 +31,7 @@ from durable_agent.metrics import (
 )
 from durable_agent.model_queue import ModelQueueInterceptor
 from durable_agent.takeover import take_over, worker_identity
-from durable_agent.worker_settings import WorkerSettings, worker_settings
+from durable_agent.worker_settings import worker_settings
 from workflows.agent import AgentWorkflow
 
 STICKY_TIMEOUT = timedelta(seconds=1)
@@ -80,7 +80,7 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
         "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
         "graceful_shutdown_timeout": timedelta(seconds=5),
-        **worker_slots(settings),
+        **settings.slots(),
     }
     if settings.model_queue_is_separate:
         options["interceptors"] = [
@@ -111,15 +111,6 @@ def build_model_worker(client: Client, queue: str | None = None) -> Worker | Non
         graceful_shutdown_timeout=timedelta(seconds=5),
         max_concurrent_activities=settings.max_concurrent_activities,
     )
-
-
-def worker_slots(settings: WorkerSettings) -> dict[str, int]:
-    return {
-        "max_concurrent_activities": settings.max_concurrent_activities,
-        "max_concurrent_workflow_tasks": settings.max_concurrent_workflow_tasks,
-        "max_concurrent_local_activities": settings.max_concurrent_local_activities,
-        "max_cached_workflows": settings.max_cached_workflows,
-    }
 
 
 def start_takeover(worker: Worker) -> asyncio.Task[int]:

@@ -81,7 +81,7 @@ class PlainActivities:
 async def serve(task_queue: str) -> None:
     from durable_agent.connection import connect
     from durable_agent.worker_settings import worker_settings
-    from worker import WORKFLOW_RUNNER, worker_slots
+    from worker import WORKFLOW_RUNNER
 
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -93,7 +93,7 @@ async def serve(task_queue: str) -> None:
         workflows=[PlainAgentLoop],
         activities=[activities.call_model, activities.tool],
         workflow_runner=WORKFLOW_RUNNER,
-        **worker_slots(worker_settings(task_queue)),  # type: ignore[arg-type]
+        **worker_settings(task_queue).slots(),  # type: ignore[arg-type]
     ):
         print("plain worker polling", flush=True)
         await stop.wait()

@@ -36,6 +36,15 @@ class WorkerSettings(BaseModel):
     def model_queue_is_separate(self) -> bool:
         return self.model_task_queue != self.task_queue
 
+    def slots(self) -> dict[str, int]:
+        """The `Worker` options these settings size."""
+        return {
+            "max_concurrent_activities": self.max_concurrent_activities,
+            "max_concurrent_workflow_tasks": self.max_concurrent_workflow_tasks,
+            "max_concurrent_local_activities": self.max_concurrent_local_activities,
+            "max_cached_workflows": self.max_cached_workflows,
+        }
+
 
 ENV_FIELDS = {
     "model_rps": "DURABLE_AGENT_MODEL_RPS",

@@ -324,6 +324,11 @@ def check_chaos(report: Report, extra_calls: list[int]) -> None:
             f"model calls {f['model_calls']} > steps + kills "
             f"({f['model_calls'] - extra_calls[0]} + {f['worker_kills']})"
         )
+    faults = f["worker_kills"] + f["server_restarts"]
+    over = [n for n in extra_calls if n > faults]
+    if over:
+        # A fault interrupts at most one model call of each run: the one in flight.
+        report.failures.append(f"{len(over)} run(s) repeated more model calls ({max(over)}) than faults ({faults})")
     if f.get("unexpected_worker_exits"):
         report.failures.append(f"{f['unexpected_worker_exits']} worker(s) exited without being killed")
     if f["worker_kills"] >= 5 and not f["kills_taken_over_by_the_survivor"]:

@@ -1,11 +1,15 @@
-"""The two plain in-process loops durable-agent is measured against.
+"""The plain in-process loops durable-agent is measured against.
 
-* `jsonl`: stateless mode. Every message is appended to a JSONL session log and flushed
-  (no fsync: the log is for reading back, not a checkpoint). Resumed by replaying the log.
-* `snapshot`: manual checkpoint mode. After every step the whole session is written as a
-  JSON snapshot with the same atomic, fsynced write the tools use. Resumed from it.
+* `jsonl`: every message is appended to a JSONL session log and flushed (no fsync).
+  Resumed by replaying the log: automatic per-step persistence, written by hand.
+* `snapshot`: after every step the whole session is written as a JSON snapshot with the
+  same atomic, fsynced write the tools use. Resumed from it: per-step persistence too.
+* `stateless`: the seed's stateless mode. The session log is written for people to read,
+  never read back: a run that is killed starts again from zero when run again.
+* `checkpoint`: the seed's manual checkpoint mode. A snapshot every `CHECKPOINT_EVERY`
+  steps; run again after a kill, it resumes from the last one and redoes the steps since.
 
-Both resume only when someone runs them again on the same folder; a step whose tool
+They resume only when someone runs them again on the same folder; a step whose tool
 results are not all recorded is dropped and asked of the model again.
 """
 
@@ -64,7 +68,27 @@ class Snapshot:
         atomic_write(self.path, dumps(messages).encode())
 
 
-STORES: dict[str, Callable[[Path], Store]] = {"jsonl": JsonlLog, "snapshot": Snapshot}
+class Stateless(JsonlLog):
+    def load(self) -> Messages | None:
+        return None
+
+
+CHECKPOINT_EVERY = 10
+
+
+class Checkpoint(Snapshot):
+    def step_done(self, messages: Messages) -> None:
+        steps = sum(1 for m in messages if m.get("role") == "assistant")
+        if steps % CHECKPOINT_EVERY == 0:
+            super().step_done(messages)
+
+
+STORES: dict[str, Callable[[Path], Store]] = {
+    "jsonl": JsonlLog,
+    "snapshot": Snapshot,
+    "stateless": Stateless,
+    "checkpoint": Checkpoint,
+}
 
 
 async def run_loop(agent: PeerAgent, model: ModelClient, store: Store) -> str:

@@ -10,7 +10,11 @@ run a command, per step) against the same stub model, with zero and with 50 ms l
    timing runs);
 3. throughput: `--agents` concurrent agents of `--agent-steps` steps, steps per second;
 4. recovery: `--kills` SIGKILLs at random steps and random moments within the step, the
-   process restarted at once; read from the stub's request log and the ledger.
+   process restarted at once; read from the stub's request log and the ledger;
+5. modes: the seed's three run modes under the same kills (`bench/modes.py`);
+6. slow models: ms per step at 1 s and 3 s model latency (`slow_steps` steps, one run each
+   per round), and the fleet row (`bench/fleet.py`: 200 agents x 4 steps at 3 s beside a
+   plain Temporal loop).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import fleet
 from bench.contenders import DurableContender, Figures, PeerContender
 from bench.harness import Bench, StepScript, bench
 from bench.observe import Kill, Recorder, kill_figures, ledger_check
@@ -48,12 +53,25 @@ class Options:
     kill_steps: int = 40
     peers: list[str] = field(default_factory=lambda: ["jsonl", "snapshot", "langgraph"])
     seed: int = 4
+    slow_latencies_ms: list[int] = field(default_factory=lambda: [1000, 3000])
+    slow_steps: int = 10
+    fleet_agents: int = 200
+    fleet_steps: int = 4
     quick: bool = False
 
     @classmethod
     def quick_options(cls, **changes: Any) -> Options:
         return cls(
-            steps=50, byte_marks=[10, 25, 50], agents=10, agent_steps=5, kills=2, kill_steps=24, quick=True, **changes
+            steps=50,
+            byte_marks=[10, 25, 50],
+            agents=10,
+            agent_steps=5,
+            kills=2,
+            kill_steps=24,
+            slow_steps=4,
+            fleet_agents=50,
+            quick=True,
+            **changes,
         )
 
 
@@ -82,16 +100,16 @@ class Session:
             raise RuntimeError(f"{contender.name}: unexpected outputs {wrong[:3]} ({len(figures.outputs)} agents)")
         return figures
 
-    async def timing(self) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    async def timing(self, latencies_ms: list[int], steps: int) -> dict[str, dict[str, list[dict[str, Any]]]]:
         """latency -> contender -> one entry per run (rounds interleave the contenders)."""
         out: dict[str, dict[str, list[dict[str, Any]]]] = {}
-        for latency in self.o.latencies_ms:
+        for latency in latencies_ms:
             per = out.setdefault(str(latency), {c.name: [] for c in self.contenders})
             for r in range(self.o.runs):
                 for c in _rotated(self.contenders, r):
-                    f = await self.run(c, self.o.steps, 1, latency)
+                    f = await self.run(c, steps, 1, latency)
                     per[c.name].append({"round": r, **asdict(f)})
-                    log(f"timing {latency} ms, run {r + 1}: {c.name} {1000 * f.wall_s / self.o.steps:.0f} ms/step")
+                    log(f"timing {latency} ms, run {r + 1}: {c.name} {1000 * f.wall_s / steps:.0f} ms/step")
         return out
 
     async def persisted(self, timing: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -148,6 +166,23 @@ class Session:
         }
 
 
+async def modes(session: Session, durable: DurableContender) -> dict[str, dict[str, Any]]:
+    """The seed's three run modes side by side, under the same kills (same steps, same
+    moments): stateless (a kill loses the run; run again it starts from zero), manual
+    checkpoint (a snapshot every 10 steps; run again it redoes the steps since) and
+    automatic per step (durable-agent). Steps redone, model calls and tokens wasted (the
+    stub bills 70 tokens a call), side effects duplicated, time from start to completion."""
+    out: dict[str, dict[str, Any]] = {}
+    for c in [PeerContender("stateless", session.b), PeerContender("checkpoint", session.b), durable]:
+        began = time.perf_counter()
+        figures = await session.kill_run(c, random.Random(session.o.seed))
+        figures["time_to_completion_s"] = round(time.perf_counter() - began, 2)
+        figures["tokens_wasted"] = figures["model_calls_repeated"] * sum(StepScript.STEP_TOKENS.values())
+        out[c.name] = figures
+        log(f"modes: {c.name} {figures}")
+    return out
+
+
 def _rotated(items: list[Any], r: int) -> list[Any]:
     k = r % len(items)
     return items[k:] + items[:k]
@@ -169,15 +204,18 @@ async def measure(o: Options) -> dict[str, Any]:
         for c in contenders:
             await c.prepare()
         s = Session(b, recorder, contenders, o)
-        timing = await s.timing()
+        timing = await s.timing(o.latencies_ms, o.steps)
         data = {
             "options": asdict(o),
             "timing": timing,
             "bytes": await s.persisted(timing),
             "throughput": await s.throughput(),
             "recovery": await s.recovery(),
+            "modes": await modes(s, contenders[-1]),
+            "slow_timing": {"steps": o.slow_steps, "runs": await s.timing(o.slow_latencies_ms, o.slow_steps)},
             "scopes": {c.name: {"cpu": c.cpu_scope, "bytes": c.bytes_scope} for c in contenders},
         }
+    data["fleet"] = await fleet.run(o.fleet_agents, o.fleet_steps, 3000, 1)
     data["run"] = {
         "started": started,
         "seconds": time.time() - started,

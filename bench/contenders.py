@@ -43,12 +43,16 @@ class PeerContender:
         "snapshot": "plain loop + fsynced snapshot",
         "langgraph": "LangGraph + SQLite",
         "langgraph-sync": 'LangGraph + SQLite, durability="sync"',
+        "stateless": "stateless (restarts from zero)",
+        "checkpoint": "manual checkpoint every 10 steps",
     }
     BYTES = {
         "jsonl": "size of the JSONL session log",
         "snapshot": "size of the JSON snapshot file",
         "langgraph": "size of the SQLite file (WAL folded in when the saver closes)",
         "langgraph-sync": "size of the SQLite file (WAL folded in when the saver closes)",
+        "stateless": "size of the JSONL session log (never read back)",
+        "checkpoint": "size of the JSON snapshot file",
     }
     cpu_scope = "the peer process (loop, openai client, checkpointing) and its `bash` children"
     resumes = "no: the crashed process must be run again on the same state (log, snapshot, thread)"

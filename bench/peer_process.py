@@ -22,7 +22,7 @@ from typing import Any
 
 from bench.task import Clock, ModelClient, PeerAgent, dumps, goal_for
 
-IMPLS = ("jsonl", "snapshot", "langgraph", "langgraph-sync")
+IMPLS = ("jsonl", "snapshot", "stateless", "checkpoint", "langgraph", "langgraph-sync")
 """langgraph-sync: LangGraph with durability="sync" (checkpoint written before the next node)."""
 
 RunOne = Callable[[int, ModelClient, int], Awaitable[str]]

@@ -36,7 +36,17 @@ PACKAGES = [
 def write_results(data: dict[str, Any], path: Path, command: str) -> None:
     path.write_text(
         "\n".join(
-            [*_header(data, command), *_table(data), *_ratios(data), *_notes(data), *_environment(data), *_rerun(), ""]
+            [
+                *_header(data, command),
+                *_table(data),
+                *_ratios(data),
+                *_slow_models(data),
+                *_modes(data),
+                *_notes(data),
+                *_environment(data),
+                *_rerun(),
+                "",
+            ]
         )
     )
 
@@ -142,6 +152,60 @@ def _ratios(data: dict[str, Any]) -> list[str]:
                 f"ratios; rounds: {', '.join(f'{p:.2f}' for p in paired)})"
             )
     lines.append(_cpu_split(data))
+    return [*lines, ""]
+
+
+def _slow_models(data: dict[str, Any]) -> list[str]:
+    slow, fleet = data["slow_timing"], data["fleet"]
+    names = list(next(iter(slow["runs"].values())))
+    lines = [
+        f"## Slow models: ms per step beyond the model's latency (N = {slow['steps']}, median of runs)",
+        "",
+        "| latency | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for latency, per in slow["runs"].items():
+        cells = [
+            f"{statistics.median(1000 * r['wall_s'] / slow['steps'] for r in per[n]) - int(latency):.0f}" for n in names
+        ]
+        lines.append(f"| {int(latency) / 1000:g} s | " + " | ".join(cells) + " |")
+    d, p = fleet["results"]["durable-agent"][0], fleet["results"]["plain Temporal loop"][0]
+    lines += [
+        "",
+        f"## Fleet: {fleet['agents']} agents x {fleet['steps']} steps, "
+        f"model {fleet['latency_ms'] / 1000:g} s, one worker",
+        "",
+        "| | run time, median (min-max) | CPU per model call (worker + server) | model calls beyond steps "
+        "| workflow-task timeouts (start-to-close / sticky schedule-to-start) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, f in (("durable-agent", d), ("plain Temporal loop, model call a regular activity", p)):
+        t, w = f["run_time_s"], f["workflow_task_timeouts"]
+        lines.append(
+            f"| {name} | {t['median']:.1f} s ({t['min']:.1f}-{t['max']:.1f}) | {f['cpu_ms_per_model_call']:.0f} ms "
+            f"| {f['model_calls_beyond_steps']} | {w['start_to_close']} / {w['schedule_to_start']} |"
+        )
+    lines += [
+        "",
+        f"Ratios durable-agent ÷ plain loop: run time {fleet['ratio_run_time_median'][0]}, CPU per model call "
+        f"{fleet['ratio_cpu_per_model_call'][0]}. Both workers have the same options (bench/plain_temporal.py).",
+        "",
+    ]
+    return lines
+
+
+def _modes(data: dict[str, Any]) -> list[str]:
+    lines = [
+        "## The three run modes under the same kills",
+        "",
+        "| mode | steps redone | model calls wasted | tokens wasted | side effects duplicated | time to completion |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, m in data["modes"].items():
+        lines.append(
+            f"| {name} | {m['steps_redone']} | {m['model_calls_repeated']} | {m['tokens_wasted']} "
+            f"| {m['side_effects_duplicated']} | {m['time_to_completion_s']:.1f} s |"
+        )
     return [*lines, ""]
 
 

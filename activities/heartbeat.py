@@ -12,8 +12,9 @@ from temporalio.api.common.v1 import WorkflowExecution
 from temporalio.api.workflowservice.v1 import ResetStickyTaskQueueRequest
 from temporalio.service import RPCError
 
-INTERVAL_S = 0.5
-"""Half a second against a 1.5 s heartbeat timeout; the worker sends at most one per 0.5 s."""
+BEATS_PER_TIMEOUT = 3
+"""A beat every third of the call's heartbeat timeout: every 0.5 s for a command (1.5 s), every
+~1.7 s for a model call (5 s); the worker sends at most one per 0.5 s."""
 
 
 @asynccontextmanager
@@ -29,11 +30,13 @@ async def heartbeating(*details: Any) -> AsyncIterator[None]:
         yield
         return
     await release_sticky_run()
+    timeout = activity.info().heartbeat_timeout
+    interval_s = timeout.total_seconds() / BEATS_PER_TIMEOUT if timeout else 1.0
 
     async def beat() -> None:
         while True:
             activity.heartbeat(*details)
-            await asyncio.sleep(INTERVAL_S)
+            await asyncio.sleep(interval_s)
 
     task = asyncio.create_task(beat())
     try:

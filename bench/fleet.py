@@ -88,7 +88,8 @@ async def measure(b: Bench, client: Client, contender: Contender, agents: int, s
     wall0 = time.perf_counter()
     runs = await asyncio.gather(*(timed_run(client, contender, i, steps) for i in range(agents)))
     wall = time.perf_counter() - wall0
-    cpu = sum(_cpu_s(pid) - before for pid, before in cpu0.items())
+    cpu_of = {pid: _cpu_s(pid) - before for pid, before in cpu0.items()}
+    cpu = sum(cpu_of.values())
     calls = len(b.model.requests)
     durations = sorted(d for _, d in runs)
     handles = [h for h, _ in runs]
@@ -102,6 +103,8 @@ async def measure(b: Bench, client: Client, contender: Contender, agents: int, s
         "model_calls": calls,
         "model_calls_beyond_steps": calls - agents * (steps + 1),
         "cpu_ms_per_model_call": round(1000 * cpu / calls, 1),
+        "worker_cpu_ms_per_model_call": round(1000 * cpu_of[pids[0]] / calls, 1),
+        "server_cpu_ms_per_model_call": round(1000 * cpu_of[pids[1]] / calls, 1),
         "workflow_task_timeouts": await task_timeouts(handles),
     }
     if contender.name == "durable-agent":

@@ -532,7 +532,7 @@ class AgentWorkflow:
                 ModelCallInput(context=ref, tools=tools, model=self._carry.model),
                 result_type=ModelReply,
                 start_to_close_timeout=options.MODEL_START_TO_CLOSE,
-                heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
+                heartbeat_timeout=options.MODEL_HEARTBEAT_TIMEOUT,
                 retry_policy=options.MODEL_RETRY,
                 summary=summary,
             )

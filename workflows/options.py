@@ -3,9 +3,9 @@
 Crash recovery speed is set here and by the 1.5 s workflow task timeout (durable_agent/runs.py).
 `call_model`, `run_command` and the file tools of runs recorded before they became local
 are regular activities: when a worker is SIGKILLed mid-call, the server notices a missed
-heartbeat (1.5 s timeout; calls beat every 0.5 s and the worker sends at most one per
-0.5 s, see worker.py) and a 0.1 s first retry puts the call on a new worker ~1.6 s after
-it last beat; sooner when a replacement worker on the same machine sees, at its start, that
+heartbeat (a command's timeout is 1.5 s, a model call's 5 s; calls beat three times per
+timeout and the worker sends at most one beat per 0.5 s, see worker.py) and a 0.1 s first
+retry puts the call on a new worker soon after; at once when a replacement worker on the same machine sees, at its start, that
 the call's worker is gone (durable_agent/takeover.py). The file tools are local
 activities, run inside a workflow task: a worker killed mid-task loses that task, which
 times out after 1.5 s and goes to the next worker.
@@ -28,12 +28,19 @@ from temporalio.common import RetryPolicy
 from temporalio.workflow import ActivityCancellationType
 
 HEARTBEAT_TIMEOUT = timedelta(seconds=1.5)
-"""For the model call and `run_command`. The timeout also runs from the moment the server
-hands a call to a worker, before its first beat, so it must cover a loaded worker's delay
-in starting one. At 1.5 s a crashed worker's call runs again ~1.6 s after its last beat.
-A spurious retry of a command is safe (the journal reports the first attempt's outcome)
-but costs a "command interrupted" answer to the model; of a model call, a repeated call
-(`python -m bench chaos` and `python -m bench fleet` count model calls beyond steps)."""
+"""For `run_command` (and file tools recorded as regular activities). The timeout also runs
+from the moment the server hands a call to a worker, before its first beat, so it must
+cover a loaded worker's delay in starting one. At 1.5 s a crashed worker's command runs
+again ~1.6 s after its last beat. A spurious retry is safe (the journal reports the first
+attempt's outcome) but costs a "command interrupted" answer to the model."""
+
+MODEL_HEARTBEAT_TIMEOUT = timedelta(seconds=5)
+"""Longer than a command's: a model call waits for seconds to a minute, and each beat is a
+server round trip (~1-3 ms of server CPU). At 1.5 s (a beat every 0.5 s) 200 agents
+waiting on a 3 s model sent 400 heartbeats a second. A worker that dies mid-call is found
+at once by a replacement on the same machine (durable_agent/takeover.py) and otherwise
+after these 5 s. A spurious timeout would repeat a model call (`python -m bench chaos`
+and `python -m bench fleet` count model calls beyond steps)."""
 
 RETRY_FIRST = timedelta(milliseconds=100)
 """The first retry is the one after a crash: the heartbeat timeout has already waited 1.5 s

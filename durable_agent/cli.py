@@ -48,6 +48,7 @@ from durable_agent.launch import (
     split_address,
     ui_url,
 )
+from durable_agent.model_queue import model_call_waiting
 from durable_agent.model_server import ModelServer
 from durable_agent.prompts import terminal_approver
 from durable_agent.runs import start_agent
@@ -630,6 +631,9 @@ async def status(args: argparse.Namespace, console: Console) -> int:
             "start one with `durable-agent worker`"
         )
     console.lines(render.status_lines(args.id, current))
+    waiting = await model_call_waiting(handle)
+    if waiting is not None:
+        console.line(f"waiting: {waiting}")
     return EXIT_OK
 
 

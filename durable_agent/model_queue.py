@@ -9,7 +9,11 @@ move its model calls to another queue while runs are in flight.
 from __future__ import annotations
 
 import dataclasses
+from datetime import UTC, datetime
+from typing import Any
 
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.client import WorkflowHandle
 from temporalio.worker import (
     Interceptor,
     StartActivityInput,
@@ -47,3 +51,22 @@ class _RouteModelCalls(WorkflowOutboundInterceptor):
         if input.activity == MODEL_ACTIVITY and input.task_queue is None:
             input = dataclasses.replace(input, task_queue=self._queue)
         return super().start_activity(input)
+
+
+async def model_call_waiting(handle: WorkflowHandle[Any, Any]) -> str | None:
+    """What `durable-agent status` says of a model call that is scheduled but not started:
+    held back by the queue's rate (`DURABLE_AGENT_MODEL_RPS`), or no worker polls its queue.
+    The run itself cannot tell: nothing is recorded until the call ends."""
+    description = await handle.describe()
+    for pending in description.raw_description.pending_activities:
+        if pending.activity_type.name != MODEL_ACTIVITY:
+            continue
+        if pending.state != PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED:
+            return None
+        since = pending.scheduled_time.ToDatetime(tzinfo=UTC) if pending.HasField("scheduled_time") else None
+        waited = f" for {(datetime.now(UTC) - since).total_seconds():.0f} s" if since else ""
+        return (
+            f"model call scheduled, not started{waited} (attempt {pending.attempt}): waiting for the model "
+            "queue's rate limit (DURABLE_AGENT_MODEL_RPS) or for a worker of its task queue"
+        )
+    return None

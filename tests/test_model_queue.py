@@ -16,6 +16,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.converter import DataConverter
 from temporalio.worker import Worker
 
+from durable_agent.model_queue import model_call_waiting
 from durable_agent.model_server import ModelServer, Reply
 from durable_agent.processes import spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
@@ -99,6 +100,9 @@ async def test_the_model_rate_is_enforced_by_the_server(
     assert model_worker is not None and model_worker.config()["task_queue"] == f"{task_queue}-model"
     async with build_worker(client, task_queue), model_worker:
         handles = [await start(client, task_queue, goal=f"agent {i}", workspace=str(workspace)) for i in range(3)]
+        # What `durable-agent status` adds: a model call held back by the rate, not started.
+        waiting = await asyncio.wait_for(first_waiting(handles), timeout=30)
+        assert "scheduled, not started" in waiting and "DURABLE_AGENT_MODEL_RPS" in waiting
         results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), timeout=90)
     assert all(r.state == "completed" for r in results)
     assert len(arrivals) == 9
@@ -156,3 +160,12 @@ async def pending_model_call(handle: WorkflowHandle) -> PendingActivityInfo:
             if pending.activity_type.name == "call_model" and pending.heartbeat_details.payloads:
                 return pending
         await asyncio.sleep(0.1)
+
+
+async def first_waiting(handles: list[WorkflowHandle]) -> str:
+    while True:
+        for handle in handles:
+            waiting = await model_call_waiting(handle)
+            if waiting is not None:
+                return waiting
+        await asyncio.sleep(0.05)

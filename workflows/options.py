@@ -5,8 +5,8 @@ Crash recovery speed is set here and by the 1.5 s workflow task timeout (durable
 are regular activities: when a worker is SIGKILLed mid-call, the server notices a missed
 heartbeat (a command's timeout is 1.5 s, a model call's 5 s; calls beat three times per
 timeout and the worker sends at most one beat per 0.5 s, see worker.py) and a 0.1 s first
-retry puts the call on a new worker soon after; at once when a replacement worker on the same machine sees, at its start, that
-the call's worker is gone (durable_agent/takeover.py). The file tools are local
+retry puts the call on a new worker soon after; at once when a replacement worker on the
+same machine sees, at its start, that the call's worker is gone (durable_agent/takeover.py). The file tools are local
 activities, run inside a workflow task: a worker killed mid-task loses that task, which
 times out after 1.5 s and goes to the next worker.
 Start-to-close timeouts only bound hung calls.

@@ -281,3 +281,35 @@ def test_wait_chains_run_through_delegates_and_a_cycle_is_found() -> None:
     looped = [[link("a", "delegate b"), link("b", "delegate c"), link("c", "delegate a"), link("a", "delegate b")]]
     assert [lk.workflow_id for lk in find_cycle(looped) or []] == ["a", "b", "c", "a"]
     assert wait_chains("a", "running", [], [], None, []) == []
+
+
+async def test_a_cycle_in_the_wait_chains_needs_attention_at_once(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    # Delegates alone cannot wait in a cycle (a delegate's id derives from its parent's), so
+    # the test sends the parent what a delegate would report if one did: the delegate waits
+    # on the parent, which waits on the delegate.
+    model_server.responder = ByGoal(
+        {
+            "plan": Script([step(delegate("hold")), say("went on")]),
+            "hold": Script([step(("run_command", {"command": "sleep 30"}))]),
+        }
+    )
+    handle = await start(client, task_queue, goal="plan", workspace=str(workspace))
+    child_id = (await wait_for(handle, lambda s: s.children and s.children[0].step == 1)).children[0].workflow_id
+    cycle = [
+        {"workflow_id": child_id, "waiting_for": f"delegate {handle.id}"},
+        {"workflow_id": handle.id, "waiting_for": f"delegate {child_id}"},
+    ]
+    report = {"workflow_id": child_id, "seq": 1_000, "state": "running", "step": 1, "usage": {}, "wait_chains": [cycle]}
+    await handle.signal("child_report", report)
+    stalled = await wait_for(handle, lambda s: s.state == "needs_attention")
+    assert stalled.attention is not None and stalled.attention.what_failed == "a cycle of waits (deadlock)"
+    assert f"{handle.id} → {child_id} → {handle.id} → delegate {child_id}" in stalled.attention.last_error
+    await handle.execute_update("resolve", {"action": "skip"})  # cancels the delegate
+    result = await handle.result()
+    assert result.state == "completed" and result.output == "went on"
+    cancelled = await child_result(client, child_id)
+    assert cancelled.state == "cancelled"
+    parent_requests = [r for r in model_server.requests if goal_of(r) == "plan"]
+    assert "cancelled (cancelled)" in tool_results(parent_requests[-1])[-1]

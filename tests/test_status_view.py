@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+from durable_agent import render
 from workflows import compaction
 from workflows.state import Compaction, ContextCounters, ContextStatus, FoldedStep, FoldIndex, StructuredSummary
 from workflows.status_view import details_markdown, start_details
 from workflows.tool_specs import call_summary
-from workflows.types import AgentInput, AgentStatus, AttentionReport, Limits, PendingApproval, Usage
+from workflows.types import (
+    AgentInput,
+    AgentStatus,
+    AttentionReport,
+    ChildRun,
+    Limits,
+    PendingApproval,
+    Usage,
+    WaitLink,
+)
 
 
 def status(**fields: object) -> AgentStatus:
@@ -116,3 +126,27 @@ def test_the_context_shows_its_size_compactions_summary_and_index() -> None:
     assert "- step 20: folded steps 1-14 (size), ~4,100 → ~1,900 tokens; summary by the model" in text
     assert "fix the\\_bug" in text and "- outputs: wrote b.py" in text and "- key decisions: none" in text
     assert "Folded steps 1-20;" in text and "- step 20: run\\_command" in text
+
+
+def test_delegates_and_wait_chains_are_listed_with_the_command_that_unblocks_them() -> None:
+    chain = [
+        WaitLink(workflow_id="p", waiting_for="delegate p/c"),
+        WaitLink(
+            workflow_id="p/c", waiting_for="awaiting approval of call 1:x", command="durable-agent approve p/c 1:x"
+        ),
+    ]
+    child = ChildRun(
+        workflow_id="p/c",
+        goal="check b",
+        limits=Limits(),
+        state="awaiting_approval",
+        step=1,
+        usage=Usage(input_tokens=100, output_tokens=10),
+        wait_chains=[chain[1:]],
+    )
+    text = details_markdown(status(children=[child], wait_chains=[chain]))
+    assert "- `p/c` awaiting\\_approval · step 1 · 110 tokens · $0.0000 · check b" in text
+    assert "- p → p/c → awaiting approval of call 1:x (unblock: durable-agent approve p/c 1:x)" in text
+    lines = render.status_lines("p", status(children=[child], wait_chains=[chain]))
+    assert "delegate p/c: awaiting_approval · step 1 · 110 tokens · $0.0000 · check b" in lines
+    assert "waiting on: p → p/c → awaiting approval of call 1:x (unblock: durable-agent approve p/c 1:x)" in lines

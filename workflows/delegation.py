@@ -293,17 +293,22 @@ class Delegates:
         return still
 
     def _cycle(self, child_id: str) -> list[WaitLink] | None:
+        """A chain through this delegate that comes back to a run already in it (this one included)."""
         child = self.running.get(child_id)
-        return find_cycle(child.wait_chains) if child else None
+        if child is None:
+            return None
+        return find_cycle([[self._waiting_on(child_id), *chain] for chain in child.wait_chains])
+
+    def _waiting_on(self, child_id: str) -> WaitLink:
+        return WaitLink(workflow_id=workflow.info().workflow_id, waiting_for=f"delegate {child_id}")
 
     def _wait_problem(self, child_id: str, stall_s: float) -> tuple[str, str] | None:
         child = self.running[child_id]
-        here = WaitLink(workflow_id=workflow.info().workflow_id, waiting_for=f"delegate {child_id}")
         cycle = self._cycle(child_id)
         if cycle is not None:
-            return "a cycle of waits (deadlock)", chain_text([here, *cycle])
+            return "a cycle of waits (deadlock)", chain_text(cycle)
         if child.wait_chains and _now_s() - self._progress_at[child_id] >= stall_s:
-            chain = [here, *child.wait_chains[0]]
+            chain = [self._waiting_on(child_id), *child.wait_chains[0]]
             return f"delegate {child_id} has made no progress for {stall_s:g} s", chain_text(chain)
         return None
 

@@ -69,8 +69,8 @@ def details_markdown(status: AgentStatus) -> str:
     if status.children:
         lines += ["", "**Delegates** (spend so far, charged to this run when each ends):", ""]
         lines += [
-            f"- `{c.workflow_id}` {c.state} · step {c.step} · {c.usage.tokens:,} tokens · ${c.usage.cost_usd:.4f}"
-            f" · {plain(c.goal[:120])}"
+            f"- `{c.workflow_id}` {plain(c.state)} · step {c.step} · {c.usage.tokens:,} tokens"
+            f" · ${c.usage.cost_usd:.4f} · {plain(c.goal[:120])}"
             for c in status.children
         ]
     if status.wait_chains:

@@ -257,9 +257,12 @@ class Delegates:
     ) -> AgentResult:
         child_id = handle.id
         while True:
+            # Wake when the delegate would have been quiet for stall_s (progress moves it on).
+            quiet_s = _now_s() - self._progress_at[child_id]
+            timeout = timedelta(seconds=stall_s - quiet_s if quiet_s < stall_s else stall_s)
             try:
                 await workflow.wait_condition(
-                    lambda: handle.done() or self._cycle(child_id) is not None, timeout=timedelta(seconds=stall_s)
+                    lambda: handle.done() or self._cycle(child_id) is not None, timeout=timeout
                 )
             except TimeoutError:
                 pass

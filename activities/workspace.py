@@ -1,6 +1,8 @@
-"""Keeps every tool path inside its workspace (DESIGN §5).
+"""Which folders may be workspaces, and keeps every tool path inside its workspace (DESIGN §5, §6).
 
-The model names paths; `Workspace.resolve` turns them into real paths or refuses with a
+A workspace must lie in one of the worker's workspace roots (`DURABLE_AGENT_WORKSPACE_ROOTS`,
+folders separated by `os.pathsep`; default the worker's working directory), and never be
+`/` or a system folder. The model names paths; `Workspace.resolve` turns them into real paths or refuses with a
 message the model can act on. This guards against mistaken and confused models, not
 against a hostile process racing the tools on the same files: a symlink swapped in
 between the check and the use would win.
@@ -14,17 +16,54 @@ from pathlib import Path
 RESERVED_DIR = ".durable-agent"
 """Holds the tool journal and full outputs; the model may read it but never write it."""
 
+ROOTS_ENV = "DURABLE_AGENT_WORKSPACE_ROOTS"
+SYSTEM_FOLDERS = (
+    "/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32",
+    "/proc", "/run", "/sbin", "/sys", "/usr", "/var",
+)  # fmt: skip
+"""Never a workspace, nor anything inside them, whatever the roots say (and never `/`)."""
+
 
 class WorkspaceError(Exception):
     """A path the tools refuse; the message is written for the model."""
 
 
+class WorkspaceRefused(WorkspaceError):
+    """The workspace itself is not allowed on this worker; no tool may run in it."""
+
+
+def workspace_roots() -> list[str]:
+    """The worker's workspace roots, as real paths."""
+    listed = os.environ.get(ROOTS_ENV, "")
+    return [os.path.realpath(r) for r in listed.split(os.pathsep) if r] or [os.path.realpath(os.getcwd())]
+
+
+def check_allowed(folder: str, roots: list[str]) -> None:
+    """Raise WorkspaceRefused unless `folder` resolves inside a root and outside system folders."""
+    real = os.path.realpath(folder)
+    system = [s for s in SYSTEM_FOLDERS if _inside(real, os.path.realpath(s)) or _inside(real, s)]
+    if real == "/" or system:
+        raise WorkspaceRefused(f"workspace {folder} resolves to {real}: a system folder is never a workspace")
+    if not any(_inside(real, root) for root in roots):
+        raise WorkspaceRefused(
+            f"workspace {folder} resolves to {real}, outside the worker's workspace roots {roots}; "
+            f"the worker's operator sets them with {ROOTS_ENV} (separated by {os.pathsep!r})"
+        )
+    reserved = os.path.join(real, RESERVED_DIR)
+    if os.path.islink(reserved) or (os.path.lexists(reserved) and not os.path.isdir(reserved)):
+        raise WorkspaceRefused(
+            f"workspace {folder}: {RESERVED_DIR} is a symlink or a file; durable-agent keeps its journal "
+            "there and refuses this workspace until it is removed"
+        )
+
+
 class Workspace:
     """A workspace folder whose own symlinks are resolved once, up front."""
 
-    def __init__(self, folder: str) -> None:
+    def __init__(self, folder: str, roots: list[str]) -> None:
         self.given = os.path.abspath(folder)
         self.root = os.path.realpath(folder)
+        check_allowed(folder, roots)
         if not os.path.isdir(self.root):
             raise WorkspaceError(f"workspace folder does not exist: {folder}")
 

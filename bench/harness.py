@@ -15,6 +15,7 @@ from pathlib import Path
 from subprocess import Popen
 from typing import Any
 
+from activities.workspace import ROOTS_ENV
 from bench.task import agent_of
 from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
@@ -153,7 +154,9 @@ def bench(script: Any, latency_s: float = 0.0, persistent: bool = True) -> Itera
     home = Path(tempfile.mkdtemp(prefix="durable-agent-bench-"))
     server = start_server(home / "temporal", port=free_port(), ui_port=None, persistent=persistent)
     earlier_address = os.environ.get("TEMPORAL_ADDRESS")
+    earlier_roots = os.environ.get(ROOTS_ENV)
     os.environ["TEMPORAL_ADDRESS"] = server.address
+    os.environ[ROOTS_ENV] = str(home)  # the bench's workspaces (Bench.workspace)
     model = ModelServer(script, latency_s=latency_s).start()
     b = Bench(server=server, model=model, task_queue=f"bench-{uuid.uuid4().hex[:8]}", home=home)
     try:
@@ -167,10 +170,11 @@ def bench(script: Any, latency_s: float = 0.0, persistent: bool = True) -> Itera
         model.stop()
         b.server.stop()  # the one running now: restart_server may have replaced it
         # Put back the caller's server (the test suite's session server, for instance).
-        if earlier_address is None:
-            os.environ.pop("TEMPORAL_ADDRESS", None)
-        else:
-            os.environ["TEMPORAL_ADDRESS"] = earlier_address
+        for name, earlier in (("TEMPORAL_ADDRESS", earlier_address), (ROOTS_ENV, earlier_roots)):
+            if earlier is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = earlier
         if b.keep:
             print(f"benchmark files kept in {home}", flush=True)
         else:

@@ -47,7 +47,7 @@ class PeerAgent:
     @classmethod
     def create(cls, goal: str, workspace: str) -> PeerAgent:
         agent = AgentInput(goal=goal, workspace=workspace)
-        return cls(goal, Workspace(workspace), agent.enabled_tools(), agent.model)
+        return cls(goal, Workspace(workspace, [workspace]), agent.enabled_tools(), agent.model)
 
     def opening(self) -> list[dict[str, Any]]:
         """System prompt and goal, as durable-agent's workflow starts its transcript."""

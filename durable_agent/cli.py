@@ -39,6 +39,7 @@ from durable_agent.console import Console
 from durable_agent.follow import EXIT_CODES, EXIT_FAILED, QUERY_TIMEOUT, failure_text, follow, snapshot_status
 from durable_agent.launch import (
     LaunchError,
+    allow_workspace,
     configured_address,
     connect_client,
     connect_or_start_server,
@@ -484,6 +485,7 @@ async def run_agent(args: argparse.Namespace, console: Console) -> int:
     if demo:
         _prepare_demo_workspace(Path(args.workspace).expanduser())
     agent_input = _agent_input(args, demo)
+    allow_workspace(agent_input.workspace)
     client, address = await connect_or_start_server(console)
     run_id = args.id or f"agent-{uuid.uuid4().hex[:8]}"
     if demo:

@@ -8,6 +8,7 @@ it, so that Ctrl-C on `run` only stops the following, not the work.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 from temporalio.runtime import Runtime
 
+from activities.workspace import ROOTS_ENV
 from durable_agent.connection import connect, connect_config, home
 from durable_agent.console import Console
 from durable_agent.processes import spawn_worker
@@ -116,6 +118,13 @@ async def has_worker(client: Client, queue: str) -> bool:
         and not (me is not None and held_by_dead_neighbour(poller.identity, me))
         for poller in response.pollers
     )
+
+
+def allow_workspace(workspace: str) -> None:
+    """Workers this command starts (background or demo) accept the workspace it was given,
+    besides its working directory, unless the person set the roots themselves."""
+    if ROOTS_ENV not in os.environ:
+        os.environ[ROOTS_ENV] = os.pathsep.join([os.getcwd(), workspace])
 
 
 async def ensure_worker(client: Client, queue: str, address: str, console: Console) -> None:

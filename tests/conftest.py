@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -15,6 +16,9 @@ from temporalio.worker import Worker
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+# Tests keep their workspaces in pytest's tmp_path: every worker of the suite, in process or
+# spawned (they inherit it), accepts workspaces there.
+os.environ["DURABLE_AGENT_WORKSPACE_ROOTS"] = os.path.realpath(tempfile.gettempdir())
 
 from durable_agent.connection import connect  # noqa: E402
 from durable_agent.model_server import ModelServer  # noqa: E402

@@ -84,6 +84,9 @@ def test_start_details_say_what_the_run_was_given() -> None:
     agent = AgentInput(goal="g", workspace="/w", approval={"commands": ["^rm "]}, fallback_model="small")
     text = start_details(agent)
     assert "**Workspace:** /w" in text and "falls back to small" in text and "run\\_command ~ /^rm /" in text
+    assert "**Commands:** sandboxed, network off" in text
+    opened = start_details(AgentInput(goal="g", workspace="/w", sandbox={"network": True}, env_allow=["GIT_NAME"]))
+    assert "network on; environment also passes GIT\\_NAME" in opened
 
 
 def test_summaries_name_what_a_call_touches() -> None:

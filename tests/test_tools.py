@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.journal import Journal
 from activities.tools import INTERRUPTED, ToolActivities
+from activities.tools.sandbox import UNSANDBOXED_CONSENT, UNSANDBOXED_ENV
 from workflows.types import ToolCallInput, ToolOutcome
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +62,13 @@ def live_members(pgid: int) -> list[int]:
             if group == str(pgid) and state != "Z":
                 members.append(int(entry.name))
     return members
+
+
+async def until(condition: Callable[[], bool], within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
 
 
 def pgid_in(text: str) -> int:
@@ -478,24 +487,32 @@ WORKER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
 async def test_worker_killed_mid_command_the_retry_kills_its_group_and_does_not_rerun(
-    workspace: Path,
+    workspace: Path, sandboxed: bool
 ) -> None:
     command = "sleep 300; echo ran >> ledger.txt"
     call = ToolCallInput(
         call_id="call-1", idempotency_key="cmd-3", workspace=str(workspace), arguments={"command": command}
     )
-    worker = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, call.model_dump_json()], cwd=PROJECT_ROOT)
+    env = {**os.environ} if sandboxed else {**os.environ, UNSANDBOXED_ENV: UNSANDBOXED_CONSENT}
+    worker = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, call.model_dump_json()], cwd=PROJECT_ROOT, env=env)
     try:
         pgid = await started_pgid(workspace, "cmd-3")
     finally:
         worker.kill()
         worker.wait()
-    assert live_members(pgid), "the orphaned command should outlive its SIGKILLed worker"
+    if sandboxed:
+        # bubblewrap dies with its parent, and its PID namespace with it.
+        await until(lambda: not live_members(pgid))
+        expected = "it is no longer running"
+    else:
+        assert live_members(pgid), "the orphaned command should outlive its SIGKILLed worker"
+        expected = "it was still running and has now been killed"
 
     retried = await run_tool(workspace, "run_command", key="cmd-3", command=command)
     assert not retried.ok
-    assert retried.error == f"{INTERRUPTED} (it was still running and has now been killed)"
+    assert retried.error == f"{INTERRUPTED} ({expected})"
     assert not live_members(pgid)
     assert not (workspace / "ledger.txt").exists()
     assert await run_tool(workspace, "run_command", key="cmd-3", command=command) == retried

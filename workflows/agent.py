@@ -161,6 +161,8 @@ class AgentWorkflow:
         if self._task_timeout_too_long():
             await workflow.wait_condition(workflow.all_handlers_finished)
             workflow.continue_as_new(self._input_for_next_run(), task_timeout=options.WORKFLOW_TASK_TIMEOUT)
+        if workflow.patched(options.WORKSPACE_CHECK_PATCH):
+            await self._check_workspace()
         self._publish()
         try:
             await self._list_skills()
@@ -190,6 +192,19 @@ class AgentWorkflow:
         """Signals to delegates and to the parent go out before the run closes or continues."""
         await self._delegates.flush()
         await self._reporter.flush()
+
+    async def _check_workspace(self) -> None:
+        """The worker confirms the workspace lies in its roots; a refusal closes the run."""
+        try:
+            await workflow.execute_local_activity(
+                "check_workspace",
+                self._agent.workspace,
+                start_to_close_timeout=options.TOOL_START_TO_CLOSE,
+                retry_policy=options.TOOL_RETRY,
+                summary=f"check_workspace: {self._agent.workspace}"[:120],
+            )
+        except ACTIVITY_FAILED as e:
+            raise ApplicationError(_failure_message(e), type="WorkspaceRefused", non_retryable=True) from None
 
     def _start(self, input: AgentInput) -> None:
         info = workflow.info()
@@ -624,6 +639,8 @@ class AgentWorkflow:
         )
         if call.name == "delegate":
             return await self._delegate(f"{self._carry.step}:{call.id}", key, args)
+        if call.name == "run_command":
+            request = request.model_copy(update={"sandbox": self._agent.sandbox, "env_allow": self._agent.env_allow})
         try:
             if call.name == "recall":
                 return await self._recall(RecallArgs.model_validate(args))

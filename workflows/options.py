@@ -102,6 +102,8 @@ WAITS_NOT_TIMED_PATCH = "waits-not-timed"
 """`workflow.patched` id: time waiting for a person is left out of `elapsed_s`."""
 CLOSED_RUN_STATE_PATCH = "closed-run-state"
 """`workflow.patched` id: a run clears its AgentState before it continues as new."""
+WORKSPACE_CHECK_PATCH = "workspace-roots-check"
+"""`workflow.patched` id: runs recorded before the check replay without it."""
 COMMAND_GRACE = timedelta(seconds=30)
 """run_command's start-to-close is its own timeout plus this, so the tool reports the timeout."""
 TOOL_RETRY = RetryPolicy(

@@ -122,6 +122,9 @@ def start_details(agent: AgentInput) -> str:
         "",
         f"**Needs approval:** {plain(', '.join(gated)) if gated else 'nothing'}",
         "",
+        f"**Commands:** sandboxed, network {'on' if agent.sandbox.network else 'off'}"
+        + (f"; environment also passes {plain(', '.join(agent.env_allow))}" if agent.env_allow else ""),
+        "",
         f"**Limits:** {limits.hard_steps} steps (soft {limits.soft_steps}), {limits.max_tokens:,} tokens, "
         f"${limits.max_cost_usd:g}, {limits.max_duration_s:g} s",
         "",

@@ -194,6 +194,18 @@ class ParentLink(_Strict):
     depth: int = Field(ge=1)
 
 
+class SandboxSettings(_Strict):
+    """How `run_command` is confined (DESIGN §5); the default is the strictest."""
+
+    network: bool = False
+    """Let commands reach the network (and with it any service the worker's host can reach)."""
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RESERVED_ENV_PREFIXES = ("TEMPORAL_", "DURABLE_AGENT_", "OPENAI_")
+"""The worker's own connection settings and secrets: no run may pass them to its commands."""
+
+
 class AgentInput(_Strict):
     """The workflow's single input (DESIGN §4). Everything but goal and workspace has a default."""
 
@@ -215,6 +227,21 @@ class AgentInput(_Strict):
     """Set only by a parent run, for a delegate (the `delegate` tool)."""
     carry: Carry | None = None
     """Set only by the workflow itself when it continues as new."""
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    env_allow: list[str] = Field(default_factory=list)
+    """Names of worker environment variables that commands may see, besides PATH, the locale,
+    TERM, HOME and TMPDIR (which are the sandbox's own)."""
+
+    @field_validator("env_allow")
+    @classmethod
+    def _env_names(cls, names: list[str]) -> list[str]:
+        bad = [n for n in names if not ENV_NAME.fullmatch(n)]
+        if bad:
+            raise ValueError(f"env_allow: not environment variable names: {bad}")
+        reserved = [n for n in names if n.upper().startswith(RESERVED_ENV_PREFIXES)]
+        if reserved:
+            raise ValueError(f"env_allow: {reserved} belong to the worker and are never passed to commands")
+        return names
 
     @field_validator("goal")
     @classmethod
@@ -356,6 +383,9 @@ class ToolCallInput(BaseModel):
     arguments: dict[str, Any]
     """Already parsed and validated against the tool's argument model by the workflow."""
     output_chars: int = 8_000
+    sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    """run_command only, like `env_allow`: copied from the run's input."""
+    env_allow: list[str] = Field(default_factory=list)
 
 
 class ToolOutcome(BaseModel):

@@ -31,7 +31,8 @@ from activities.regular_files import NotRegularFile
 from activities.tools import files, search
 from activities.tools.base import PATH_ERRNOS, ToolCallContext, ToolError, describe_os_error
 from activities.tools.command import INTERRUPTED, CommandRunner
-from activities.workspace import WorkspaceError
+from activities.tools.sandbox import CommandLimits
+from activities.workspace import WorkspaceError, WorkspaceRefused, check_allowed, workspace_roots
 from workflows.tool_specs import ToolArgumentError, validate_arguments
 from workflows.types import ToolCallInput, ToolOutcome
 
@@ -64,13 +65,20 @@ class ToolActivities:
         kill_grace_s: float = 2.0,
         max_list_entries: int = 1_000,
         max_search_matches: int = 200,
+        command_limits: CommandLimits = CommandLimits(),
+        roots: list[str] | None = None,
     ) -> None:
-        self._commands = CommandRunner(command_timeout_s=command_timeout_s, kill_grace_s=kill_grace_s)
+        """`roots`: where workspaces may lie; default `DURABLE_AGENT_WORKSPACE_ROOTS`, else the working directory."""
+        self._commands = CommandRunner(
+            command_timeout_s=command_timeout_s, kill_grace_s=kill_grace_s, limits=command_limits
+        )
+        self._roots = roots if roots is not None else workspace_roots()
         self._max_list_entries = max_list_entries
         self._max_search_matches = max_search_matches
 
-    def all(self) -> list[Callable[[ToolCallInput], Awaitable[ToolOutcome]]]:
+    def all(self) -> list[Callable[..., Awaitable[object]]]:
         return [
+            self.check_workspace,
             self.read_file,
             self.write_file,
             self.edit_file,
@@ -78,6 +86,14 @@ class ToolActivities:
             self.search_files,
             self.run_command,
         ]
+
+    @activity.defn(name="check_workspace")
+    async def check_workspace(self, workspace: str) -> None:
+        """Run by the workflow at a run's start, before any tool: a refused workspace closes the run."""
+        try:
+            await asyncio.to_thread(check_allowed, workspace, self._roots)
+        except WorkspaceRefused as e:
+            raise ApplicationError(str(e), type="WorkspaceRefused", non_retryable=True) from None
 
     @activity.defn(name="read_file")
     async def read_file(self, input: ToolCallInput) -> ToolOutcome:
@@ -113,7 +129,7 @@ class ToolActivities:
             try:
                 # Defence in depth: the workflow validated already, but histories outlive code.
                 args = validate_arguments(name, input.arguments)
-                call = await asyncio.to_thread(ToolCallContext.open, input)
+                call = await asyncio.to_thread(ToolCallContext.open, input, self._roots)
                 return await work(call, args)
             except _EXPECTED as e:
                 return ToolOutcome(ok=False, error=str(e))

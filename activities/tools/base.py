@@ -41,8 +41,8 @@ class ToolCallContext:
     journal: Journal
 
     @classmethod
-    def open(cls, input: ToolCallInput) -> ToolCallContext:
-        workspace = Workspace(input.workspace)
+    def open(cls, input: ToolCallInput, roots: list[str]) -> ToolCallContext:
+        workspace = Workspace(input.workspace, roots)
         return cls(input, workspace, Journal(workspace.root))
 
     def capture(self) -> OutputCapture:

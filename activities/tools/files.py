@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import BinaryIO
 
 from activities.journal import atomic_write
-from activities.regular_files import open_regular, read_regular
+from activities.regular_files import open_regular
 from activities.tools.base import ToolCallContext, ToolError, binary, clip, decode_text, exactly_once, sha256
 from workflows.tool_specs import EditFileArgs, ReadFileArgs, WriteFileArgs
 from workflows.types import ToolOutcome
 
 SNIFF_BYTES = 8_192
+MAX_LINE_READ = 64 * 1024
+"""Bytes of one line read into memory; the rest of a longer line is skipped (it is clipped anyway)."""
+MAX_EDIT_BYTES = 16 * 2**20
+"""edit_file holds the file and its edited copy in memory: larger files are refused."""
 
 
 def read_file(call: ToolCallContext, args: ReadFileArgs) -> ToolOutcome:
@@ -43,7 +48,7 @@ def _number_lines(
     used = 0
     full = False
     total = 0
-    for total, raw in enumerate(f, start=1):
+    for total, raw in enumerate(_lines(f), start=1):
         if full or total < first or (last is not None and total > last):
             continue  # still counted: the model is told how long the file is
         text = decode_text(raw)
@@ -57,6 +62,15 @@ def _number_lines(
         numbered.append(entry)
         used += len(entry) + 1
     return numbered, total
+
+
+def _lines(f: BinaryIO) -> Iterator[bytes]:
+    """The file's lines, each at most MAX_LINE_READ bytes: a huge file never sits in memory whole."""
+    while line := f.readline(MAX_LINE_READ):
+        if len(line) == MAX_LINE_READ and not line.endswith(b"\n"):
+            while (rest := f.readline(MAX_LINE_READ)) and not rest.endswith(b"\n"):
+                pass
+        yield line
 
 
 def write_file(call: ToolCallContext, args: WriteFileArgs) -> ToolOutcome:
@@ -84,7 +98,14 @@ def edit_file(call: ToolCallContext, args: EditFileArgs) -> ToolOutcome:
 
     def act() -> ToolOutcome:
         path = call.workspace.resolve(args.path, for_write=True)
-        data = read_regular(path, args.path)
+        with open_regular(path, args.path) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_EDIT_BYTES:
+                raise ToolError(
+                    f"{args.path} is {size:,} bytes, over edit_file's {MAX_EDIT_BYTES // 2**20} MiB; "
+                    "change it with run_command (sed, a script) instead"
+                )
+            data = f.read()
         earlier = call.journal.started(key)
         if earlier is not None and earlier.get("after") == sha256(data):
             return ToolOutcome.model_validate(earlier["outcome"])

@@ -1,0 +1,86 @@
+"""What the command sandbox costs per command: `python -m bench sandbox [--n 100]`.
+
+Two measurements, each alternating sandboxed and unsandboxed runs of `true` so that both
+see the same machine load:
+* launch: the process alone, `bash -c true` against bubblewrap with the worker's
+  arguments, rlimits and cgroup (`CommandLaunch`), started and awaited as run_command does;
+* tool: the whole `run_command` activity (journal, output capture, process-group checks),
+  with the sandbox and with `DURABLE_AGENT_UNSANDBOXED_COMMANDS=i-understand`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+import uuid
+
+from temporalio.testing import ActivityEnvironment
+
+from activities.tools import ToolActivities
+from activities.tools.sandbox import UNSANDBOXED_CONSENT, UNSANDBOXED_ENV, CommandLaunch, CommandLimits
+from workflows.types import ToolCallInput
+
+
+async def launch_once(workspace: str, unsandboxed: bool) -> float:
+    os.environ.pop(UNSANDBOXED_ENV, None)
+    if unsandboxed:
+        os.environ[UNSANDBOXED_ENV] = UNSANDBOXED_CONSENT
+    started = time.perf_counter()
+    launch = CommandLaunch.prepare(workspace, "true", False, [], CommandLimits())
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *launch.argv, cwd=workspace, env=launch.env, preexec_fn=launch.preexec, start_new_session=True
+        )
+        await process.wait()
+    finally:
+        launch.close()
+    assert process.returncode == 0, process.returncode
+    return time.perf_counter() - started
+
+
+async def tool_once(tools: ToolActivities, workspace: str, unsandboxed: bool) -> float:
+    os.environ.pop(UNSANDBOXED_ENV, None)
+    if unsandboxed:
+        os.environ[UNSANDBOXED_ENV] = UNSANDBOXED_CONSENT
+    call = ToolCallInput(
+        call_id="c", idempotency_key=uuid.uuid4().hex, workspace=workspace, arguments={"command": "true"}
+    )
+    started = time.perf_counter()
+    outcome = await ActivityEnvironment().run(tools.run_command, call)
+    assert outcome.ok, outcome.error
+    return time.perf_counter() - started
+
+
+def summary(name: str, sandboxed: list[float], plain: list[float]) -> str:
+    s, p = statistics.median(sandboxed) * 1000, statistics.median(plain) * 1000
+    return f"{name:<7} sandboxed {s:6.1f} ms   unsandboxed {p:6.1f} ms   sandbox cost {s - p:5.1f} ms (medians)"
+
+
+async def measure(n: int) -> None:
+    tools = ToolActivities(roots=[tempfile.gettempdir()])
+    with tempfile.TemporaryDirectory() as workspace:
+        workspace = os.path.realpath(workspace)
+        await launch_once(workspace, False)  # the first call probes bubblewrap once per worker
+        times: dict[tuple[str, bool], list[float]] = {(k, u): [] for k in ("launch", "tool") for u in (False, True)}
+        for _ in range(n):
+            for unsandboxed in (False, True):
+                times["launch", unsandboxed].append(await launch_once(workspace, unsandboxed))
+                times["tool", unsandboxed].append(await tool_once(tools, workspace, unsandboxed))
+    os.environ.pop(UNSANDBOXED_ENV, None)
+    print(f"{n} runs of `true` each, alternating; load average {os.getloadavg()[0]:.2f}")
+    for kind in ("launch", "tool"):
+        print(summary(kind, times[kind, False], times[kind, True]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=100, help="commands per variant")
+    asyncio.run(measure(parser.parse_args().n))
+
+
+if __name__ == "__main__":
+    main()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 
@@ -51,3 +53,18 @@ async def rejected_update(handle: WorkflowHandle, name: str, payload: object) ->
     except WorkflowUpdateFailedError as e:
         return str(e.cause)
     raise AssertionError(f"update {name} {payload} was accepted")
+
+
+def host_processes_named(marker: str) -> list[int]:
+    """Live host processes whose command line holds `marker` (a sandboxed `$$` is not a host PID)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                cmdline = Path(entry.path, "cmdline").read_bytes()
+                state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if marker.encode() in cmdline and state != "Z":
+                found.append(int(entry.name))
+    return found

@@ -231,10 +231,12 @@ async def test_every_model_call_and_tool_call_is_labelled_for_the_web_ui(
         for e in (await handle.fetch_history()).events
         if e.HasField("user_metadata") and e.user_metadata.HasField("summary")
     ]
-    # The run's own summary is its goal; then the listing of skills, one line per model call
-    # and file tool (local activities: markers) and per command (an activity), as the Web UI lists them.
+    # The run's own summary is its goal; then the workspace check, the listing of skills, one
+    # line per model call and file tool (local activities: markers) and per command (an
+    # activity), as the Web UI lists them.
     assert summaries == [
         "label",
+        f"check_workspace: {workspace}",
         "discover_skills",
         "call_model: gpt-4.1-mini step 1",
         "run_command: echo hi",  # scheduled in the task that records write_file's result

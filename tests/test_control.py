@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from temporalio.worker import Worker
 
 from durable_agent.model_server import Failure, ModelServer, Reply, count_assistant_turns
 from durable_agent.server import EmbeddedServer
-from tests.helpers import rejected_update, run_cli, start, wait_for
+from tests.helpers import host_processes_named, rejected_update, run_cli, start, wait_for
 from tests.scripts import Script, answer, tool_results, tools
 from workflows.types import AgentInput, AgentResult, AgentStatus, Limits, Message
 
@@ -219,25 +220,14 @@ async def test_needs_attention_from_a_livelocked_tool(
 async def test_cancel_ends_cleanly_with_a_result(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
-    model_server.responder = Script(
-        [tools(("run_command", {"command": "echo $$ > pid.tmp; mv pid.tmp pid; sleep 60"}))]
-    )
+    marker = f"cancel-me-{uuid.uuid4().hex[:12]}"
+    model_server.responder = Script([tools(("run_command", {"command": f"touch started; exec -a {marker} sleep 60"}))])
     handle = await start(client, task_queue, goal="x", workspace=str(workspace))
-    await wait_for(handle, lambda s: (workspace / "pid").exists())
-    pid = int((workspace / "pid").read_text())
-    assert process_alive(pid)
+    await wait_for(handle, lambda s: (workspace / "started").exists() and bool(host_processes_named(marker)))
     await handle.cancel()
     result = await handle.result()
     assert result.state == "cancelled" and result.stop_reason == "cancelled" and result.unfinished
-    assert not process_alive(pid)  # the run closes only once the command's process group is killed
-
-
-def process_alive(pid: int) -> bool:
-    """Running and not a zombie (PID 1 in a container may never reap it)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    assert not host_processes_named(marker)  # the run closes only once the command's processes are killed
 
 
 async def test_transcript_by_step(

@@ -36,7 +36,7 @@ from activities.workspace import ROOTS_ENV, workspace_roots
 from durable_agent.model_server import ModelServer
 from durable_agent.runs import start_agent
 from durable_agent.server import EmbeddedServer, temporal_binary
-from tests.helpers import start, wait_for
+from tests.helpers import host_processes_named, start, wait_for
 from tests.scripts import Script, answer, tool_results, tools
 from worker import build_worker
 from workflows.types import AgentInput, ToolCallInput
@@ -55,20 +55,6 @@ async def run_commands(client: Client, queue: str, server: ModelServer, workspac
     handle = await start(client, queue, goal="attack", workspace=str(workspace), **fields)
     result = await handle.result()
     return result, tool_results(server.requests[-1])
-
-
-def host_processes_named(marker: str) -> list[int]:
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                cmdline = Path(entry.path, "cmdline").read_bytes()
-                state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if marker.encode() in cmdline and state != "Z":
-                found.append(int(entry.name))
-    return found
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -113,7 +113,7 @@ async def test_a_dead_workers_command_is_retried_at_once_and_not_run_twice(
         handle = await start(client, task_queue, goal="take me over", workspace=str(workspace))
         await until(lambda: ledger_lines(workspace / "ledger.txt") == ["started"])  # the command runs
         await fresh_heartbeat(handle)
-        kill_hard(worker)  # the command's process group lives on, orphaned
+        kill_hard(worker)  # the command's sandbox dies with it
         # Well inside the 1.5 s heartbeat timeout, which would otherwise retry the call.
         assert await take_over(client, task_queue, worker_identity()) == 1
         worker = spawn_worker(env, tmp_path / "w1.log")
@@ -124,7 +124,7 @@ async def test_a_dead_workers_command_is_retried_at_once_and_not_run_twice(
     assert result.state == "completed"
     assert ledger_lines(workspace / "ledger.txt") == ["started"]  # not run a second time
     [command_result] = tool_results(model_server.requests[-1])
-    assert "killed before it finished" in command_result and "still running and has now been killed" in command_result
+    assert "killed before it finished" in command_result and "it is no longer running" in command_result
     retried = [
         e.activity_task_started_event_attributes
         for e in (await handle.fetch_history()).events

@@ -196,14 +196,15 @@ class AgentWorkflow:
     async def _check_workspace(self) -> None:
         """The worker confirms the workspace lies in its roots; a refusal closes the run."""
         try:
-            await workflow.execute_local_activity(
+            await workflow.execute_activity(
                 "check_workspace",
                 self._agent.workspace,
-                start_to_close_timeout=options.TOOL_START_TO_CLOSE,
+                start_to_close_timeout=options.WORKSPACE_CHECK_TIMEOUT,
                 retry_policy=options.TOOL_RETRY,
                 summary=f"check_workspace: {self._agent.workspace}"[:120],
             )
         except ACTIVITY_FAILED as e:
+            _raise_if_cancelled(e)
             raise ApplicationError(_failure_message(e), type="WorkspaceRefused", non_retryable=True) from None
 
     def _start(self, input: AgentInput) -> None:

@@ -104,6 +104,10 @@ CLOSED_RUN_STATE_PATCH = "closed-run-state"
 """`workflow.patched` id: a run clears its AgentState before it continues as new."""
 WORKSPACE_CHECK_PATCH = "workspace-roots-check"
 """`workflow.patched` id: runs recorded before the check replay without it."""
+WORKSPACE_CHECK_TIMEOUT = timedelta(seconds=10)
+"""`check_workspace` (a `stat` or two) runs once at a run's start, as a regular activity: as
+a local one, the patch markers recorded after it in the same workflow task failed replay
+with a nondeterminism error (the SDK resolves a local activity at another point on replay)."""
 COMMAND_GRACE = timedelta(seconds=30)
 """run_command's start-to-close is its own timeout plus this, so the tool reports the timeout."""
 TOOL_RETRY = RetryPolicy(

@@ -24,7 +24,7 @@ import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.journal import Journal
-from activities.tools import INTERRUPTED, ToolActivities
+from activities.tools import INTERRUPTED, ToolActivities, output
 from activities.tools.sandbox import UNSANDBOXED_CONSENT, UNSANDBOXED_ENV
 from workflows.types import ToolCallInput, ToolOutcome
 
@@ -537,3 +537,30 @@ async def test_edit_file_refuses_a_file_too_large_to_hold(workspace: Path) -> No
         f.truncate(17 * 2**20)
     outcome = await run_tool(workspace, "edit_file", path="big.txt", old_text="a", new_text="b")
     assert not outcome.ok and "over edit_file's 16 MiB" in (outcome.error or "")
+
+
+async def test_a_saved_output_keeps_its_first_bytes_and_says_what_it_did_not_save(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(output, "SAVED_OUTPUT_MAX_BYTES", 100_000)
+    outcome = await run_tool(workspace, "run_command", command="seq 1 100000")  # 588,895 bytes
+    assert outcome.ok and outcome.full_output_ref
+    assert (workspace / outcome.full_output_ref).stat().st_size == 100_000
+    assert "its first 100,000 bytes saved" in outcome.output and "488,895 not saved" in outcome.output
+
+
+async def test_the_oldest_saved_outputs_make_room_and_say_they_were_dropped(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(output, "SAVED_OUTPUT_MAX_BYTES", 100_000)
+    monkeypatch.setattr(output, "OUTPUTS_MAX_BYTES", 250_000)
+    saved = workspace / ".durable-agent" / "outputs"
+    saved.mkdir(parents=True)
+    for age, name in enumerate(["old.txt", "older.txt"]):
+        (saved / name).write_bytes(b"x" * 90_000)
+        os.utime(saved / name, (time.time() - 100 * (age + 1),) * 2)
+    outcome = await run_tool(workspace, "run_command", command="seq 1 20000")
+    assert outcome.full_output_ref
+    assert (saved / "older.txt").read_text().startswith("[dropped: this output held 90,000 bytes")
+    assert (saved / "old.txt").stat().st_size == 90_000
+    assert sum(p.stat().st_size for p in saved.iterdir()) <= 250_000

@@ -15,6 +15,12 @@ from workflows.types import ToolOutcome
 OUTPUTS_DIR = f"{RESERVED_DIR}/outputs"
 MARKER_RESERVE = 200
 """Room left in the output budget for the truncation marker and the exit-code line."""
+SAVED_OUTPUT_MAX_BYTES = 64 * 2**20
+"""What one call's saved output keeps: its first 64 MiB (a command printing without end fills
+no disk)."""
+OUTPUTS_MAX_BYTES = 512 * 2**20
+"""What `outputs/` of one workspace holds at most: before a new output is saved, the oldest
+ones are dropped, each replaced by a line saying so."""
 
 
 class OutputCapture:
@@ -37,6 +43,7 @@ class OutputCapture:
         self._file: BinaryIO | None = None
         self._redactor = StreamRedactor(worker_redactor())
         self.total = 0
+        self._saved = 0
 
     @property
     def truncated(self) -> bool:
@@ -48,8 +55,10 @@ class OutputCapture:
     def _keep(self, data: bytes) -> None:
         if self._file is None and self.total + len(data) > self._head_max + self._tail_max:
             self._spill()
-        if self._file is not None:
-            self._file.write(data)
+        if self._file is not None and self._saved < SAVED_OUTPUT_MAX_BYTES:
+            kept = data[: SAVED_OUTPUT_MAX_BYTES - self._saved]
+            self._file.write(kept)
+            self._saved += len(kept)
         self.total += len(data)
         room = self._head_max - len(self._head)
         self._head += data[:room]
@@ -62,9 +71,12 @@ class OutputCapture:
         head, tail = _whole_lines(bytes(self._head), bytes(self._tail))
         cut = self.total - len(head) - len(tail)
         gap = "" if head.endswith(b"\n") else "\n"
+        saved = f"full output: {self.ref}"
+        if self._saved < self.total:
+            saved = f"its first {self._saved:,} bytes saved in {self.ref}, {self.total - self._saved:,} not saved"
         return (
             f"{head.decode(errors='replace')}{gap}… {self.total:,} bytes total, {cut:,} cut; "
-            f"full output: {self.ref} …\n{tail.decode(errors='replace')}"
+            f"{saved} …\n{tail.decode(errors='replace')}"
         )
 
     def outcome(self, prefix: str = "", *, ok: bool = True) -> ToolOutcome:
@@ -90,8 +102,28 @@ class OutputCapture:
 
     def _spill(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
+        drop_oldest_outputs(self._path.parent, OUTPUTS_MAX_BYTES - SAVED_OUTPUT_MAX_BYTES)
+        self._file = self._path.open("wb")
         self._file = create_regular(self._path)
         self._file.write(self._head + self._tail)  # everything so far: nothing was dropped yet
+        self._saved = len(self._head) + len(self._tail)
+
+
+def drop_oldest_outputs(folder: Path, keep_bytes: int) -> None:
+    """Replace the oldest saved outputs by a line saying so until the folder holds at most `keep_bytes`."""
+    entries = []
+    for entry in os.scandir(folder):
+        if entry.is_file(follow_symlinks=False):
+            stat = entry.stat(follow_symlinks=False)
+            entries.append((stat.st_mtime, stat.st_size, entry.path))
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= keep_bytes:
+            return
+        note = f"[dropped: this output held {size:,} bytes; {OUTPUTS_DIR}/ keeps {OUTPUTS_MAX_BYTES // 2**20} MiB]\n"
+        with open(path, "w") as f:
+            f.write(note)
+        total -= size - len(note)
 
 
 def _whole_lines(head: bytes, tail: bytes) -> tuple[bytes, bytes]:

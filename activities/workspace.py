@@ -60,10 +60,11 @@ def check_allowed(folder: str, roots: list[str]) -> None:
 class Workspace:
     """A workspace folder whose own symlinks are resolved once, up front."""
 
-    def __init__(self, folder: str, roots: list[str]) -> None:
+    def __init__(self, folder: str, roots: list[str] | None = None) -> None:
+        """`roots`: where workspaces may lie; default `workspace_roots()`."""
         self.given = os.path.abspath(folder)
         self.root = os.path.realpath(folder)
-        check_allowed(folder, roots)
+        check_allowed(folder, roots if roots is not None else workspace_roots())
         if not os.path.isdir(self.root):
             raise WorkspaceError(f"workspace folder does not exist: {folder}")
 

@@ -8,7 +8,7 @@ first attempt got. Tools with side effects therefore record, per idempotency key
 
 Every write is atomic and durable (temp file, fsync, rename, fsync of the folder), so a
 reader sees a whole entry or none. The journal lives in the workspace because the
-workspace is what every worker that runs its tools can see (DESIGN §8). Entries are
+workspace is what every worker that runs its tools can see. Entries are
 redacted of secrets (activities/redaction.py) and readable by the worker's user only.
 """
 

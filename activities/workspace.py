@@ -1,4 +1,4 @@
-"""Which folders may be workspaces, and keeps every tool path inside its workspace (DESIGN §5, §6).
+"""Which folders may be workspaces, and keeps every tool path inside its workspace.
 
 A workspace must lie in one of the worker's workspace roots (`DURABLE_AGENT_WORKSPACE_ROOTS`,
 folders separated by `os.pathsep`; default the worker's working directory), and never be

@@ -164,7 +164,7 @@ async def test_started_from_the_temporal_cli_exactly_as_documented(
         [tools(("write_file", {"path": "hello.txt", "content": "hi"})), answer("wrote hello")]
     )
     run_id = f"cli-{uuid.uuid4().hex[:8]}"
-    # Exactly the command of DESIGN §4, plus the test's own task queue and id.
+    # Exactly the README's `temporal workflow start` command, plus the test's own task queue and id.
     started = await run_cli(
         temporal_server.address,
         "workflow",

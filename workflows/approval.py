@@ -1,4 +1,4 @@
-"""Which tool calls wait for a person (DESIGN §4 `approval`)."""
+"""Which tool calls wait for a person (`AgentInput.approval`)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Imported by workflows, activities, the worker, the CLI and the tests; no I/O at import.
 Payloads recorded in history are decoded with the *current* models, so fields are only
-ever added, with defaults (STYLE §15).
+ever added, with defaults (an old history must still decode).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from workflows.summary import StructuredSummary
 TASK_QUEUE = "durable-agent"
 WORKFLOW_TYPE = "AgentWorkflow"
 
-# Tools the product ships (DESIGN §5). The workflow validates names against this list.
+# Tools the product ships. The workflow validates names against this list.
 ALL_TOOLS: tuple[str, ...] = (
     "read_file",
     "write_file",
@@ -207,7 +207,7 @@ RESERVED_ENV_PREFIXES = ("TEMPORAL_", "DURABLE_AGENT_", "OPENAI_")
 
 
 class AgentInput(_Strict):
-    """The workflow's single input (DESIGN §4). Everything but goal and workspace has a default."""
+    """The workflow's single input. Everything but goal and workspace has a default."""
 
     goal: str = Field(min_length=1)
     workspace: str = Field(min_length=1)

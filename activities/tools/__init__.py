@@ -1,4 +1,4 @@
-"""The tool activities: every file and shell operation the model can ask for (DESIGN §5).
+"""The tool activities: every file and shell operation the model can ask for.
 
 One activity per tool, named after it, taking `ToolCallInput` and returning `ToolOutcome`.
 

@@ -1,0 +1,58 @@
+"""The archive of folded steps and `recall` over it, on real files (no server)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from activities.archive import read_archive, recall_text, write_steps
+from tests.test_compaction import step_messages
+from workflows.types import ArchiveWrite, Message, RecallInput
+
+FOLDER = ".durable-agent/archive/run-1"
+
+
+def archive(workspace: Path, first: int, last: int, output: str = "ok") -> list[Message]:
+    messages = [m for step in range(first, last + 1) for m in step_messages(step, 1, f"{output} {step}")]
+    note = Message(role="system", content=f"Compacted ... {output}", step=last, kind="compaction")
+    written = write_steps(
+        ArchiveWrite(
+            workspace=str(workspace), archive_dir=FOLDER, first_step=first, last_step=last, messages=[*messages, note]
+        )
+    )
+    assert written.path == f"{FOLDER}/steps-{first:06d}-{last:06d}.jsonl" and written.messages == len(messages) + 1
+    return messages
+
+
+def recall(workspace: Path, **fields: object) -> str:
+    request = RecallInput(workspace=str(workspace), archive_dir=FOLDER, in_context_from=21, **fields)
+    outcome = recall_text(request)
+    assert outcome.ok
+    return outcome.output
+
+
+def test_archived_steps_read_back_exactly_and_a_rewrite_is_the_same_file(tmp_path: Path) -> None:
+    first = archive(tmp_path, 1, 10)
+    second = archive(tmp_path, 11, 20)
+    archive(tmp_path, 11, 20)  # a retried write: the same file, nothing doubled
+    read = [m for m in read_archive(tmp_path / FOLDER) if m.kind != "compaction"]
+    assert read == first + second
+
+
+def test_recall_returns_steps_verbatim_by_range_and_by_query_but_not_the_notes(tmp_path: Path) -> None:
+    messages = archive(tmp_path, 1, 10, output="needle")
+    text = recall(tmp_path, first_step=3, last_step=4)
+    assert text.startswith("--- step 3 ---") and "--- step 4 ---" in text and "--- step 5 ---" not in text
+    for m in messages[4:8]:  # steps 3 and 4: the call and its result, exactly
+        assert (m.content or m.tool_calls[0].arguments) in text
+    assert "needle 7" in recall(tmp_path, query="NEEDLE 7")
+    assert "Compacted" not in recall(tmp_path, query="needle")  # a note for people, never sent
+    missing = recall(tmp_path, query="nowhere")
+    assert "No folded step matches query 'nowhere'" in missing and "Steps from 21 on" in missing
+
+
+def test_recall_stays_within_its_budget_and_says_what_it_left_out(tmp_path: Path) -> None:
+    archive(tmp_path, 1, 10, output="x" * 300)
+    text = recall(tmp_path, query="x", output_chars=1_000)
+    shown = text.count("--- step ")
+    assert 1 <= shown < 10 and f"... {10 - shown} more matching step(s) ({shown + 1}-10)" in text
+    assert len(text) < 1_000 + 600  # the budget, and at most the closing line past it

@@ -98,3 +98,21 @@ def console_spans(text: str) -> list[dict]:
         span, at = decoder.raw_decode(text, at)
         spans.append(span)
     return spans
+
+
+async def test_export_of_a_running_run_reads_its_queries(
+    client: Client, temporal_server: EmbeddedServer, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([tools(("run_command", {"command": "echo hi"}))], final="said hi")
+    async with build_worker(client, task_queue):
+        handle = await start(
+            client, task_queue, goal="say hi", workspace=str(workspace), approval={"tools": ["run_command"]}
+        )
+        await wait_for(handle, lambda s: bool(s.pending_approvals))
+        report = await durable_agent("export", handle.id, "--format", "markdown", env=cli_env())
+        await handle.cancel()
+    assert report.returncode == 0, report
+    assert "**Goal:** say hi" in report.stdout
+    assert "**State:** awaiting_approval" in report.stdout
+    assert "- `run_command: echo hi` → (no result recorded)" in report.stdout
+    assert "(the run is still running: its decisions are listed once it has closed)" in report.stdout

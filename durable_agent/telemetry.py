@@ -60,7 +60,7 @@ from temporalio.worker import (
 )
 
 from durable_agent import genai
-from workflows.types import ModelCallInput, ModelReply, ToolCallInput, ToolOutcome
+from workflows.types import WORKFLOW_TYPE, ModelCallInput, ModelReply, ToolCallInput, ToolOutcome
 
 TRACER_NAME = "durable_agent"
 CHAIN_HEADER = "_durable-agent-trace"
@@ -268,20 +268,29 @@ class AgentTracing(TracingInterceptor):
 
 
 class _AgentWorkflowInbound(TracingWorkflowInboundInterceptor):
-    """Runs workflow code under the chain's `invoke_agent` span and emits it at the close."""
+    """Runs an agent's workflow code under the chain's `invoke_agent` span and emits it at
+    the close. Other workflow types on the worker are traced as Temporal traces them."""
 
     def init(self, outbound: WorkflowOutboundInterceptor) -> None:
         super().init(_ChainOutbound(outbound, self))
+
+    @staticmethod
+    def is_agent() -> bool:
+        return workflow.info().workflow_type == WORKFLOW_TYPE
 
     def chain(self) -> ChainSpan:
         return chain_span(workflow.info())
 
     def _load_workflow_context_carrier(self) -> dict[str, Any] | None:
+        if not self.is_agent():
+            return super()._load_workflow_context_carrier()
         if not self._workflow_context_carrier:
             self._workflow_context_carrier = self.chain().context_carrier()
         return self._workflow_context_carrier
 
     async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+        if not self.is_agent():
+            return await super().execute_workflow(input)
         try:
             result = await super().execute_workflow(input)
         except workflow.ContinueAsNewError:
@@ -311,8 +320,9 @@ class _ChainOutbound(WorkflowOutboundInterceptor):
         self._root = root
 
     def continue_as_new(self, input: ContinueAsNewInput) -> NoReturn:
-        header = PayloadConverter.default.to_payloads([self._root.chain().to_header()])[0]
-        input.headers = {**input.headers, CHAIN_HEADER: header}
+        if self._root.is_agent():
+            header = PayloadConverter.default.to_payloads([self._root.chain().to_header()])[0]
+            input.headers = {**input.headers, CHAIN_HEADER: header}
         super().continue_as_new(input)
 
 

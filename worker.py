@@ -12,7 +12,7 @@ import sys
 from datetime import timedelta
 
 from temporalio.client import Client
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import Interceptor, UnsandboxedWorkflowRunner, Worker
 
 from activities.archive import ArchiveActivities
 from activities.model import ModelActivities, openai_sdk
@@ -75,23 +75,23 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
             *ArchiveActivities().all(),
             *SkillActivities().all(),
         ],
-        # Innermost of the worker's interceptors: what leaves an activity is redacted first.
-        "interceptors": [MetricsInterceptor(), RedactingInterceptor()],
+        "interceptors": interceptors(settings.model_task_queue if settings.model_queue_is_separate else None),
         "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
         "graceful_shutdown_timeout": timedelta(seconds=5),
         **settings.slots(),
     }
-    if settings.model_queue_is_separate:
-        options["interceptors"] = [
-            MetricsInterceptor(),
-            ModelQueueInterceptor(settings.model_task_queue),
-            RedactingInterceptor(),
-        ]
-    elif settings.model_rps is not None:
+    if not settings.model_queue_is_separate and settings.model_rps is not None:
         options["max_task_queue_activities_per_second"] = settings.model_rps
     options.update(overrides)
     return Worker(client, **options)  # type: ignore[arg-type]
+
+
+def interceptors(model_queue: str | None) -> list[Interceptor]:
+    """Every worker's interceptors. Redaction is innermost, so what leaves an activity for
+    history, metrics or traces is redacted first; `model_queue` routes model calls there."""
+    routing = [ModelQueueInterceptor(model_queue)] if model_queue else []
+    return [MetricsInterceptor(), *routing, RedactingInterceptor()]
 
 
 def build_model_worker(client: Client, queue: str | None = None) -> Worker | None:
@@ -105,7 +105,7 @@ def build_model_worker(client: Client, queue: str | None = None) -> Worker | Non
         task_queue=settings.model_task_queue,
         identity=worker_identity(),
         activities=[ModelActivities().call_model],
-        interceptors=[MetricsInterceptor()],
+        interceptors=interceptors(None),
         max_task_queue_activities_per_second=settings.model_rps,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,
         graceful_shutdown_timeout=timedelta(seconds=5),

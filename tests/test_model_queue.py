@@ -169,3 +169,24 @@ async def first_waiting(handles: list[WorkflowHandle]) -> str:
             if waiting is not None:
                 return waiting
         await asyncio.sleep(0.05)
+
+
+async def test_replies_on_the_model_queue_are_redacted_like_any_other(
+    client: Client,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The model queue's own worker records the replies: it must redact them too.
+    secret = "sk-proj-Zq81xVb3Lm0Pw7Rt5Yu2Io9Kj4Hg6Fd"
+    monkeypatch.setenv("DURABLE_AGENT_MODEL_TASK_QUEUE", f"{task_queue}-model")
+    model_server.responder = Script([], final=f"the key is {secret}")
+    model_worker = build_model_worker(client, task_queue)
+    assert model_worker is not None
+    async with build_worker(client, task_queue), model_worker:
+        handle = await start(client, task_queue, goal="say the key", workspace=str(workspace))
+        result = await asyncio.wait_for(handle.result(), timeout=60)
+    assert secret not in result.output and "[REDACTED:" in result.output
+    history = await handle.fetch_history()
+    assert secret.encode() not in history.to_json().encode()

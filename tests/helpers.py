@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import uuid
@@ -44,6 +45,25 @@ async def run_cli(address: str, *args: str, timeout_s: float = 60) -> subprocess
     )
     out, err = await asyncio.wait_for(process.communicate(), timeout=timeout_s)
     return subprocess.CompletedProcess(list(args), process.returncode or 0, out.decode(), err.decode())
+
+
+async def cli_start_agent(
+    address: str, task_queue: str, workflow_id: str, agent_input: object
+) -> subprocess.CompletedProcess[str]:
+    """`temporal workflow start` exactly as the README shows it, with the test's queue and id."""
+    return await run_cli(
+        address,
+        "workflow",
+        "start",
+        "--type",
+        "AgentWorkflow",
+        "--task-queue",
+        task_queue,
+        "--workflow-id",
+        workflow_id,
+        "--input",
+        json.dumps(agent_input),
+    )
 
 
 async def rejected_update(handle: WorkflowHandle, name: str, payload: object) -> str:

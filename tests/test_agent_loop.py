@@ -13,7 +13,7 @@ from temporalio.worker import Worker
 
 from durable_agent.model_server import ModelServer
 from durable_agent.runs import chain_histories
-from tests.helpers import run_cli, start
+from tests.helpers import cli_start_agent, run_cli, start
 from tests.scripts import Script, answer, tool_results, tools
 from tests.test_replay import replayer
 from workflows.types import AgentInput, AgentResult, AgentStatus, Message
@@ -137,19 +137,7 @@ async def test_bad_input_from_the_cli_closes_the_run_with_a_clear_error(
 ) -> None:
     run_id = f"bad-{uuid.uuid4().hex[:8]}"
     bad = {"goal": "x", "workspace": "relative/path", "limit": {}}
-    started = await run_cli(
-        temporal_server.address,
-        "workflow",
-        "start",
-        "--type",
-        "AgentWorkflow",
-        "--task-queue",
-        task_queue,
-        "--workflow-id",
-        run_id,
-        "--input",
-        json.dumps(bad),
-    )
+    started = await cli_start_agent(temporal_server.address, task_queue, run_id, bad)
     assert started.returncode == 0, started.stderr
     with pytest.raises(WorkflowFailureError) as failure:
         await asyncio.wait_for(client.get_workflow_handle(run_id).result(), timeout=30)
@@ -165,18 +153,8 @@ async def test_started_from_the_temporal_cli_exactly_as_documented(
     )
     run_id = f"cli-{uuid.uuid4().hex[:8]}"
     # Exactly the README's `temporal workflow start` command, plus the test's own task queue and id.
-    started = await run_cli(
-        temporal_server.address,
-        "workflow",
-        "start",
-        "--type",
-        "AgentWorkflow",
-        "--task-queue",
-        task_queue,
-        "--workflow-id",
-        run_id,
-        "--input",
-        json.dumps({"goal": "say hi", "workspace": str(workspace)}),
+    started = await cli_start_agent(
+        temporal_server.address, task_queue, run_id, {"goal": "say hi", "workspace": str(workspace)}
     )
     assert started.returncode == 0, started.stderr
     result = await client.get_workflow_handle(run_id, result_type=AgentResult).result()

@@ -20,7 +20,7 @@ from activities.host import process_gone
 from durable_agent import demo_model
 from durable_agent.model_server import ModelServer
 from durable_agent.server import EmbeddedServer, free_port
-from tests.helpers import run_cli, start, wait_for
+from tests.helpers import cli_start_agent, run_cli, start, wait_for
 from tests.scripts import Script, answer, tools
 from tests.test_cli import LABEL, ROOT, cli_env, durable_agent, one_line_error
 from workflows.types import ALL_TOOLS, LimitsPatch
@@ -184,18 +184,8 @@ async def test_list_names_failed_runs_and_unknown_costs(
     unpriced = await start(client, task_queue, goal="answer", workspace=str(workspace), model="no-price-model")
     assert (await unpriced.result()).usage.cost_known is False
     # A blank goal from the Temporal CLI (no CLI check on this path) closes the run with a clear error.
-    blank = await run_cli(
-        temporal_server.address,
-        "workflow",
-        "start",
-        "--type",
-        "AgentWorkflow",
-        "--task-queue",
-        task_queue,
-        "--workflow-id",
-        f"blank-{task_queue}",
-        "--input",
-        f'{{"goal": " ", "workspace": "{workspace}"}}',
+    blank = await cli_start_agent(
+        temporal_server.address, task_queue, f"blank-{task_queue}", {"goal": " ", "workspace": str(workspace)}
     )
     assert blank.returncode == 0, blank
     with pytest.raises(WorkflowFailureError) as failed:

@@ -21,9 +21,10 @@ BEATS_PER_TIMEOUT = 3
 async def heartbeating(*details: Any) -> AsyncIterator[None]:
     """Heartbeat from a background task for as long as the block runs.
 
-    The work inside must not block the event loop (use `asyncio.to_thread`), or the
-    heartbeats starve and the server times the activity out. A local activity (the file
-    tools) neither beats nor hands its run over: it runs inside the run's workflow task,
+    A callable detail is called at each beat, so a beat sends the latest progress (however
+    often the work updates it). The work inside must not block the event loop (use
+    `asyncio.to_thread`), or the heartbeats starve and the server times the activity out.
+    A local activity (the file tools) neither beats nor hands its run over: it runs inside the run's workflow task,
     which the worker keeps alive itself.
     """
     if activity.info().is_local:
@@ -35,7 +36,7 @@ async def heartbeating(*details: Any) -> AsyncIterator[None]:
 
     async def beat() -> None:
         while True:
-            activity.heartbeat(*details)
+            activity.heartbeat(*(detail() if callable(detail) else detail for detail in details))
             await asyncio.sleep(interval_s)
 
     task = asyncio.create_task(beat())

@@ -2,7 +2,8 @@
 
 A regular activity: while the model answers, no workflow task is held and history does not
 grow; the call heartbeats, so a dead worker's call is retried within seconds and the Web UI
-shows it as pending with its attempt, last failure and heartbeat details. Its input names
+shows it as pending with its attempt, last failure and heartbeat details: the reply is
+streamed (activities/model_stream.py), so the details count what has arrived. Its input names
 the context rather than holding it (activities/model_context.py), so history records the
 reply, not the transcript. Runs recorded while it was a local activity replay as such.
 
@@ -17,6 +18,8 @@ import email.utils
 import importlib
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -26,6 +29,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import model_context
 from activities.heartbeat import heartbeating
+from activities.model_stream import StreamedReply, StreamProgress, bad_reply, stream_chat_completion
 from activities.pricing import price_of
 from activities.redaction import worker_redactor
 from workflows.tool_specs import openai_tool_schemas
@@ -59,10 +63,14 @@ def _new_client() -> AsyncOpenAI:
 
 
 class ModelActivities:
-    """Holds one OpenAI client per worker, created on first use from the worker's env."""
+    """Holds one OpenAI client per worker, created on first use from the worker's env, and
+    whether its calls are streamed (`DURABLE_AGENT_MODEL_STREAM=0` turns that off)."""
 
     def __init__(self, client: AsyncOpenAI | None = None) -> None:
         self._client = client
+        self._stream = os.environ.get("DURABLE_AGENT_MODEL_STREAM", "1") != "0"
+        """Ask for streamed replies; off for good once the endpoint shows it cannot stream
+        with usage."""
 
     async def _openai(self) -> AsyncOpenAI:
         if self._client is not None:
@@ -83,20 +91,58 @@ class ModelActivities:
     @activity.defn(name="call_model")
     async def call_model(self, input: ModelCallInput) -> ModelReply:
         client = await self._openai()
-        openai = openai_sdk()
         progress: dict[str, Any] = {"model": input.model, "phase": "reading the context"}
-        async with heartbeating(progress):
+        streamed = StreamProgress()
+        async with heartbeating(lambda: {**progress, **streamed.details()}):
             messages = input.messages
             if input.context is not None:
                 messages, progress["context_from"] = await model_context.fetch(input.context)
             progress.update(phase="waiting for the model", messages=len(messages))
-            try:
-                response = await post_chat_completion(client, _request(input.model, messages, input.tools))
-            except openai.APIStatusError as e:
-                raise _status_error(e) from e
-            except (openai.APIConnectionError, openai.APITimeoutError) as e:
-                raise ApplicationError(f"model endpoint unreachable: {e}", type="ModelUnavailable") from e
+            request = _request(input.model, messages, input.tools)
+            with _endpoint_errors():
+                if self._stream:
+                    reply = await self._streamed_reply(client, input.model, request, streamed)
+                    if reply is not None:
+                        return reply
+                    streamed = StreamProgress()  # the details describe the call made now
+                response = await post_chat_completion(client, request)
         return _reply(input.model, response)
+
+    async def _streamed_reply(
+        self, client: AsyncOpenAI, model: str, request: dict[str, Any], progress: StreamProgress
+    ) -> ModelReply | None:
+        """The reply, streamed; None when this endpoint cannot stream with exact usage, and
+        from then on this worker does not ask it to."""
+        streamed = StreamedReply(MAX_REPLY_BYTES)
+        try:
+            await stream_chat_completion(client, request, streamed, progress)
+        except openai_sdk().BadRequestError as e:
+            if "stream" not in _error_detail(e).lower():
+                raise
+            return self._stop_streaming(f"it refused a streamed request: {_error_detail(e)}")
+        if streamed.usage is None:
+            if not (streamed.done or streamed.finish_reason):
+                raise ApplicationError(
+                    f"the model's streamed reply ended after {progress.chunks} chunks, before it was complete",
+                    type="ModelStreamBroken",
+                )
+            return self._stop_streaming("its streamed replies carry no usage (stream_options ignored)")
+        usage = streamed.usage
+        return _assembled_reply(
+            model,
+            content="".join(streamed.content) if streamed.content is not None else None,
+            calls=streamed.tool_calls(),
+            usage=(usage.get("prompt_tokens"), usage.get("completion_tokens")),
+            reply_model=streamed.model,
+            finish_reason=streamed.finish_reason,
+        )
+
+    def _stop_streaming(self, why: str) -> None:
+        """Budgets count the endpoint's own usage: without it, calls go unstreamed."""
+        if self._stream:
+            activity.logger.warning("model calls of this worker are no longer streamed: the endpoint %s", why)
+        self._stream = False
+        return None
 
 
 async def post_chat_completion(client: AsyncOpenAI, request: dict[str, Any]) -> Any:
@@ -120,28 +166,46 @@ def _reply(model: str, response: Any) -> ModelReply:
         raise ApplicationError("model response has no choices", type="BadModelResponse")
     choice = response.choices[0]
     message = choice.message
-    calls = [
-        ToolCall(
-            id=_text(c.id or f"call_{i}"),
-            name=_text(c.function.name or ""),
-            arguments=_text(c.function.arguments or ""),
-        )
-        for i, c in enumerate(message.tool_calls or [])
-        if getattr(c, "function", None) is not None
-    ]
     usage = response.usage
-    reply = ModelReply(
-        content=_text(message.content) if message.content is not None else None,
-        tool_calls=calls,
-        input_tokens=_token_count(getattr(usage, "prompt_tokens", 0), "prompt"),
-        output_tokens=_token_count(getattr(usage, "completion_tokens", 0), "completion"),
-        model=_text(getattr(response, "model", None) or model),
+    return _assembled_reply(
+        model,
+        content=message.content,
+        calls=[
+            (c.id or "", c.function.name or "", c.function.arguments or "")
+            for c in message.tool_calls or []
+            if getattr(c, "function", None) is not None
+        ],
+        usage=(getattr(usage, "prompt_tokens", 0), getattr(usage, "completion_tokens", 0)),
+        reply_model=getattr(response, "model", None),
         finish_reason=choice.finish_reason,
+    )
+
+
+def _assembled_reply(
+    model: str,
+    *,
+    content: str | None,
+    calls: list[tuple[str, str, str]],
+    usage: tuple[object, object],
+    reply_model: str | None,
+    finish_reason: str | None,
+) -> ModelReply:
+    """The recorded reply, whether it came whole or streamed; `calls` are (id, name, arguments)."""
+    reply = ModelReply(
+        content=_text(content) if content is not None else None,
+        tool_calls=[
+            ToolCall(id=_text(id or f"call_{i}"), name=_text(name), arguments=_text(arguments))
+            for i, (id, name, arguments) in enumerate(calls)
+        ],
+        input_tokens=_token_count(usage[0], "prompt"),
+        output_tokens=_token_count(usage[1], "completion"),
+        model=_text(reply_model or model),
+        finish_reason=finish_reason,
         price=price_of(model),
     )
     size = len(reply.model_dump_json())
     if size > MAX_REPLY_BYTES:
-        raise _bad_reply(
+        raise bad_reply(
             f"the model's reply is {size:,} bytes, over the {MAX_REPLY_BYTES:,} a step may record; "
             "ask for a shorter reply (add a message), then retry"
         )
@@ -161,16 +225,23 @@ def _text(value: str) -> str:
 def _token_count(value: object, which: str) -> int:
     count = value or 0
     if not isinstance(count, int) or not 0 <= count <= MAX_TOKENS_PER_CALL:
-        raise _bad_reply(
+        raise bad_reply(
             f"the model endpoint reported {count!r} {which} tokens for one call; a count must be 0 to "
             f"{MAX_TOKENS_PER_CALL:,}, so this call's usage cannot be counted against the budget"
         )
     return count
 
 
-def _bad_reply(message: str) -> ApplicationError:
-    # Calling again would cost another reply like it: a person decides (needs_attention).
-    return ApplicationError(message, type="BadModelResponse", non_retryable=True)
+@contextmanager
+def _endpoint_errors() -> Iterator[None]:
+    """The SDK's errors as Temporal sees them: retryable or not, with the endpoint's reason."""
+    openai = openai_sdk()
+    try:
+        yield
+    except openai.APIStatusError as e:
+        raise _status_error(e) from e
+    except (openai.APIConnectionError, openai.APITimeoutError) as e:
+        raise ApplicationError(f"model endpoint unreachable: {e}", type="ModelUnavailable") from e
 
 
 def _status_error(e: APIStatusError) -> ApplicationError:

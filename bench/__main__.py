@@ -1,4 +1,4 @@
-"""`python -m bench <name> [options]`: compare, chaos, history, recovery, replay or sandbox (see bench/README.md)."""
+"""`python -m bench <name> [options]`: one of COMMANDS below (see bench/README.md)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ COMMANDS = {
     "long-run": ("bench.long_run", "1,000 steps in a bounded context: request, carry and history sizes"),
     "replay": ("bench.replay", "a new worker's replay of a run, with and without the SDK's sandbox"),
     "sandbox": ("bench.sandbox", "what run_command's bubblewrap sandbox costs per command"),
+    "stream": ("bench.stream", "CPU per model call, streamed against unstreamed"),
 }
 
 

@@ -162,6 +162,8 @@ environment:
   DURABLE_AGENT_SECRET_ENV  more variables whose values are redacted (names or globs)
   DURABLE_AGENT_MODEL_TASK_QUEUE, DURABLE_AGENT_MODEL_RPS  where model calls run, and
                         their rate across all workers
+  DURABLE_AGENT_MODEL_STREAM=0  model replies unstreamed (default: streamed, the chunks
+                        received so far in the pending call's heartbeat details)
   DURABLE_AGENT_METRICS_PORT  a worker serves Prometheus metrics on this port
   DURABLE_AGENT_MAX_CONCURRENT_ACTIVITIES (..._WORKFLOW_TASKS, ..._LOCAL_ACTIVITIES),
   DURABLE_AGENT_MAX_CACHED_WORKFLOWS  a worker's slots

@@ -3,7 +3,9 @@
 The offline demo model and the tests' scripted stub both sit on it: the function gets
 the decoded request and returns a `Reply` (text and/or tool calls, with usage) or a
 `Failure` (an HTTP error with headers). It speaks just enough of the API for the real
-`openai` SDK: `POST /v1/chat/completions` (and without `/v1`), `GET /v1/models`.
+`openai` SDK: `POST /v1/chat/completions` (and without `/v1`), whole or streamed (`"stream":
+true`: server-sent `data:` events, one per few characters, the usage in a last chunk when
+`stream_options.include_usage` asks for it, then `data: [DONE]`), `GET /v1/models`.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class Reply:
     output_tokens: int | None = None
     call_ids: list[str] | None = None
     """The tool calls' ids as sent; by default unique ones (`call_<turn>_<index>`)."""
+    cut_after_chunks: int | None = None
+    """Streamed, the connection is dropped after this many events, mid-reply."""
 
 
 @dataclass
@@ -38,7 +42,20 @@ class Failure:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class Stream:
+    """A streamed reply's events, as the handler writes them."""
+
+    chunks: list[dict[str, Any]]
+    interval_s: float = 0.0
+    cut_after: int | None = None
+
+
 Responder = Callable[[dict[str, Any]], "Reply | Failure"]
+STREAM_CHUNK_CHARS = 4
+"""About a token: what OpenAI and vLLM send per event."""
+MAX_STREAM_CHUNKS = 1_000
+"""A longer reply is sent in longer pieces, so a 3 MB hostile reply stays cheap to serve."""
 
 
 def count_assistant_turns(request: dict[str, Any]) -> int:
@@ -93,6 +110,10 @@ class ModelServer:
         self.latency_s = latency_s
         self.model_name = model_name
         """The model every reply and `GET /v1/models` name; None echoes the request's."""
+        self.stream_interval_s = 0.0
+        """Streamed replies: the wait between two events, so a test can watch progress."""
+        self.stream_usage = True
+        """Streamed replies: False ignores `stream_options`, like some servers do."""
         self.requests: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._httpd = _QuietServer(("127.0.0.1", port), _handler_for(self))
@@ -118,7 +139,7 @@ class ModelServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def respond(self, request: dict[str, Any]) -> tuple[int, dict[str, str], dict[str, Any]]:
+    def respond(self, request: dict[str, Any]) -> tuple[int, dict[str, str], dict[str, Any] | Stream]:
         with self._lock:
             self.requests.append(request)
         if self.latency_s:
@@ -127,7 +148,11 @@ class ModelServer:
         if isinstance(outcome, Failure):
             body = {"error": {"message": outcome.message, "type": "scripted", "code": outcome.status}}
             return outcome.status, outcome.headers, body
-        return 200, {}, completion_body(request, outcome, self.model_name)
+        body = completion_body(request, outcome, self.model_name)
+        if not request.get("stream"):
+            return 200, {}, body
+        usage = self.stream_usage and bool((request.get("stream_options") or {}).get("include_usage"))
+        return 200, {}, Stream(completion_chunks(body, usage), self.stream_interval_s, outcome.cut_after_chunks)
 
 
 def completion_body(request: dict[str, Any], reply: Reply, model_name: str | None = None) -> dict[str, Any]:
@@ -164,6 +189,36 @@ def completion_body(request: dict[str, Any], reply: Reply, model_name: str | Non
     }
 
 
+def completion_chunks(body: dict[str, Any], usage: bool) -> list[dict[str, Any]]:
+    """`body` (a whole completion) as the events of a streamed one, split the way OpenAI
+    splits it: a role event, content fragments, per tool call an event with its id and name
+    then argument fragments, a finish event, and the usage (when asked) in an event of its own."""
+    choice = body["choices"][0]
+    message = choice["message"]
+    content = message["content"]
+    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": "" if content is not None else None}]
+    deltas += [{"content": piece} for piece in _pieces(content or "")]
+    for index, call in enumerate(message.get("tool_calls", [])):
+        function = call["function"]
+        first = {"index": index, "id": call["id"], "type": "function", "function": {"name": function["name"]}}
+        first["function"]["arguments"] = ""
+        deltas.append({"tool_calls": [first]})
+        deltas += [
+            {"tool_calls": [{"index": index, "function": {"arguments": p}}]} for p in _pieces(function["arguments"])
+        ]
+    head = {"id": body["id"], "object": "chat.completion.chunk", "created": 0, "model": body["model"]}
+    chunks = [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]} for delta in deltas]
+    chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]})
+    if usage:
+        chunks.append({**head, "choices": [], "usage": body["usage"]})
+    return chunks
+
+
+def _pieces(text: str) -> list[str]:
+    size = max(STREAM_CHUNK_CHARS, -(-len(text) // MAX_STREAM_CHUNKS))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
 class _QuietServer(ThreadingHTTPServer):
     request_queue_size = 512
     """http.server listens with a backlog of 5: 50 agents connecting at once would see
@@ -191,7 +246,11 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             except json.JSONDecodeError:
                 self._send(400, {}, {"error": {"message": "request body is not JSON"}})
                 return
-            self._send(*server.respond(request))
+            status, headers, body = server.respond(request)
+            if isinstance(body, Stream):
+                self._stream(body)
+            else:
+                self._send(status, headers, body)
 
         def do_GET(self) -> None:  # noqa: N802
             model = {"id": server.model_name or "stub", "object": "model", "created": 0, "owned_by": "durable-agent"}
@@ -206,6 +265,29 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header(name, value)
             self.end_headers()
             self.wfile.write(data)
+
+        def _stream(self, stream: Stream) -> None:
+            """Server-sent events in chunked transfer encoding; a cut leaves the body unfinished."""
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            events = [b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in stream.chunks]
+            events.append(b"data: [DONE]\n\n")
+            if stream.cut_after is not None:
+                self._write_chunk(b"".join(events[: stream.cut_after]))
+                self.close_connection = True
+                return
+            if stream.interval_s:
+                for event in events:
+                    self._write_chunk(event)
+                    time.sleep(stream.interval_s)
+            else:
+                self._write_chunk(b"".join(events))
+            self.wfile.write(b"0\r\n\r\n")
+
+        def _write_chunk(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # quiet: the CLI and tests print what matters

@@ -96,7 +96,7 @@ async def test_a_broken_reply_needs_attention_after_one_call(
     status = await wait_for(handle, lambda s: s.state == "needs_attention")
     assert status.attention is not None and said in status.attention.last_error, status.attention
     await asyncio.sleep(2)  # no call in the background
-    assert len(model_server.requests) == 1
+    assert len(model_server.requests) == 1 and model_server.requests[0]["stream"]  # streamed, the default
     await handle.execute_update("resolve", {"action": "terminate"})
     result = await handle.result()
     assert (result.state, result.stop_reason) == ("terminated", "terminated")

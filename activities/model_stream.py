@@ -1,0 +1,202 @@
+"""A streamed chat completion, read chunk by chunk so that its progress shows while it comes.
+
+The request asks for `"stream": true` and the usage in a last chunk. The `openai` SDK's
+client sends it (auth, timeouts, its error types for HTTP errors); the body is read as raw
+bytes and each server-sent event's `data:` line is parsed with `json.loads`, not with the
+SDK's pydantic chunk models: this runs for every chunk of every reply of a fleet. The
+pieces are assembled the way the API defines them: content fragments in order, tool calls
+by `index` (id and name from their first delta, argument fragments in order).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from temporalio.exceptions import ApplicationError
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+STREAM_OPTIONS = {"include_usage": True}
+MAX_LINE_BYTES = 8 * 1024 * 1024
+"""One event's line: a whole reply in one chunk fits (escaped JSON of the largest reply a
+step may record), an endless line does not."""
+
+
+class StreamProgress:
+    """What has arrived so far, for the heartbeat details. Chunks are the server's events
+    with text or tool-call arguments in them: one per token on OpenAI and vLLM, but a server
+    may put several tokens in one, so the count is of chunks, not tokens."""
+
+    def __init__(self) -> None:
+        self.requested_at = time.monotonic()
+        self.first_chunk_at: float | None = None
+        self.chunks = 0
+        self.characters = 0
+
+    def received(self, characters: int) -> None:
+        if self.first_chunk_at is None:
+            self.first_chunk_at = time.monotonic()
+        self.chunks += 1
+        self.characters += characters
+
+    def details(self) -> dict[str, Any]:
+        if self.first_chunk_at is None:
+            return {}
+        return {
+            "phase": "receiving the reply",
+            "chunks_received": self.chunks,
+            "characters_received": self.characters,
+            "first_chunk_after_s": round(self.first_chunk_at - self.requested_at, 1),
+            "receiving_for_s": round(time.monotonic() - self.first_chunk_at, 1),
+        }
+
+
+class StreamedReply:
+    """The reply as assembled from its chunks; `usage` is None until a chunk carries it."""
+
+    def __init__(self, max_characters: int) -> None:
+        self.max_characters = max_characters
+        self.characters = 0
+        self.content: list[str] | None = None
+        self.calls: dict[int, list[Any]] = {}
+        """index -> [id, name, argument fragments]"""
+        self.finish_reason: str | None = None
+        self.model: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.done = False
+        """The server sent `data: [DONE]`."""
+
+    def add(self, chunk: Any) -> int:
+        """Takes one decoded chunk; returns how many characters of reply it held."""
+        try:
+            added = self._add(chunk)
+        except (AttributeError, TypeError) as e:
+            raise bad_reply(f"the model endpoint streamed a malformed chunk ({e}): {str(chunk)[:200]}") from None
+        self.characters += added
+        if self.characters > self.max_characters:
+            raise bad_reply(
+                f"the model's reply is over {self.max_characters:,} bytes, the most a step may record "
+                "(reading stopped there); ask for a shorter reply (add a message), then retry"
+            )
+        return added
+
+    def tool_calls(self) -> list[tuple[str, str, str]]:
+        """(id, name, arguments) in index order."""
+        return [(c[0], c[1], "".join(c[2])) for _, c in sorted(self.calls.items())]
+
+    def _add(self, chunk: dict[str, Any]) -> int:
+        if "error" in chunk:
+            # A server that fails after it has started answering (OpenAI does) says so in an event.
+            detail = str(chunk["error"])[:300]
+            raise ApplicationError(f"the model endpoint failed mid-reply: {detail}", type="ModelStreamError")
+        self.model = chunk.get("model") or self.model
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+            if not isinstance(self.usage, dict):
+                raise TypeError(f"usage is a {type(self.usage).__name__}")
+        added = 0
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+            delta = choice.get("delta") or {}
+            text = delta.get("content")
+            if text is not None:
+                self.content = self.content or []
+                self.content.append(_string(text))
+                added += len(text)
+            for call in delta.get("tool_calls") or ():
+                added += self._add_call(call)
+        return added
+
+    def _add_call(self, delta: dict[str, Any]) -> int:
+        index = delta.get("index")
+        if not isinstance(index, int):  # some servers leave it out: a new id starts a new call
+            index = len(self.calls) - (0 if delta.get("id") or not self.calls else 1)
+        call = self.calls.setdefault(index, ["", "", []])
+        call[0] = call[0] or _string(delta.get("id") or "")
+        function = delta.get("function") or {}
+        call[1] = call[1] or _string(function.get("name") or "")
+        arguments = _string(function.get("arguments") or "")
+        if arguments:
+            call[2].append(arguments)
+        return len(arguments)
+
+
+async def stream_chat_completion(
+    client: AsyncOpenAI, request: dict[str, Any], reply: StreamedReply, progress: StreamProgress
+) -> None:
+    """POST the request with streaming on and read its events into `reply`, stopping early
+    when the reply grows over its cap. A connection that breaks mid-way is retryable."""
+    response = await client.post(
+        "/chat/completions",
+        body={**request, "stream": True, "stream_options": STREAM_OPTIONS},
+        cast_to=object,
+        options={"headers": {"X-Stainless-Raw-Response": "stream"}},
+    )
+    http = _http_module(response.http_response)
+    try:
+        await _read_events(response, reply, progress)
+    except http.TransportError as e:
+        raise ApplicationError(
+            f"the model's streamed reply broke off after {progress.chunks} chunks: {e!r}", type="ModelStreamBroken"
+        ) from e
+    finally:
+        await response.close()
+
+
+async def _read_events(response: Any, reply: StreamedReply, progress: StreamProgress) -> None:
+    pending = bytearray()
+    async for data in response.iter_bytes():
+        pending += data
+        if b"\n" not in data:
+            if len(pending) > MAX_LINE_BYTES:
+                raise bad_reply(f"the model endpoint streamed a line over {MAX_LINE_BYTES:,} bytes")
+            continue
+        cut = pending.rfind(b"\n")
+        lines = pending[:cut].split(b"\n")
+        del pending[: cut + 1]
+        for line in lines:
+            if line.startswith(b"data:") and _event(bytes(line[5:]), reply, progress):
+                return
+    if pending.startswith(b"data:"):
+        _event(bytes(pending[5:]), reply, progress)
+
+
+def _event(data: bytes, reply: StreamedReply, progress: StreamProgress) -> bool:
+    """Takes one `data:` payload; True at the stream's end marker."""
+    data = data.strip()
+    if data == b"[DONE]":
+        reply.done = True
+        return True
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        raise bad_reply(f"the model endpoint streamed a chunk that is not JSON: {data[:200]!r}") from None
+    if not isinstance(chunk, dict):
+        raise bad_reply(f"the model endpoint streamed a chunk that is not a JSON object: {data[:200]!r}")
+    characters = reply.add(chunk)
+    if characters:
+        progress.received(characters)
+    return False
+
+
+def _string(value: object) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _http_module(response: object) -> ModuleType:
+    """The HTTP library the installed SDK sends with (httpx, or httpx2 in newer releases)."""
+    return sys.modules[type(response).__module__.partition(".")[0]]
+
+
+def bad_reply(message: str) -> ApplicationError:
+    # Calling again would cost another reply like it: a person decides (needs_attention).
+    return ApplicationError(message, type="BadModelResponse", non_retryable=True)

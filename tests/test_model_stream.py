@@ -1,0 +1,164 @@
+"""Streamed model replies: the same reply and usage as unstreamed ones, progress in the
+heartbeat details while they come, and an unstreamed call where an endpoint cannot stream
+with exact usage. Real worker, real `openai` SDK over HTTP to the scripted stub."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from temporalio.api.enums.v1 import PendingActivityState
+from temporalio.client import Client
+from temporalio.converter import DataConverter
+from temporalio.worker import Worker
+
+from durable_agent.model_server import Failure, ModelServer, Reply
+from tests.helpers import start, wait_for
+from tests.scripts import Script, answer
+from tests.test_hostile_replies import REPLY_CASES
+from tests.test_model_queue import pending_model_call
+from tests.test_model_retries import Sequence
+from worker import build_worker
+from workflows.types import AgentResult, Message
+
+TOOLS_AND_TEXT = Reply(
+    # A surrogate pair that the stub's 4-character events split in two: it must arrive whole.
+    content="Writing both files \ud83d\ude00 now.",
+    tool_calls=[
+        ("write_file", {"path": "a.txt", "content": "alpha " * 40}),
+        ("write_file", {"path": "b.txt", "content": "beta"}),
+    ],
+    input_tokens=321,
+    output_tokens=123,
+)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def unstreamed_worker(
+    client: Client, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Worker, str]]:
+    """A worker with `DURABLE_AGENT_MODEL_STREAM=0`, on a queue of its own."""
+    monkeypatch.setenv("DURABLE_AGENT_MODEL_STREAM", "0")
+    queue = "unstreamed-" + str(id(monkeypatch))
+    async with build_worker(client, queue) as running:
+        yield running, queue
+
+
+async def run_to_end(client: Client, queue: str, workspace: Path) -> tuple[AgentResult, list[Message]]:
+    handle = await start(client, queue, goal="x", workspace=str(workspace))
+    result = await asyncio.wait_for(handle.result(), 60)
+    return result, await handle.query("transcript", result_type=list[Message])
+
+
+async def test_a_streamed_reply_is_recorded_as_the_same_reply_as_an_unstreamed_one(
+    client: Client,
+    worker: Worker,
+    unstreamed_worker: tuple[Worker, str],
+    task_queue: str,
+    model_server: ModelServer,
+    tmp_path: Path,
+) -> None:
+    model_server.responder = Script([TOOLS_AND_TEXT, answer("both written", input_tokens=400, output_tokens=7)])
+    runs = {}
+    for name, queue in {"streamed": task_queue, "unstreamed": unstreamed_worker[1]}.items():
+        model_server.requests.clear()
+        (tmp_path / name).mkdir()
+        runs[name] = await run_to_end(client, queue, tmp_path / name)
+        assert [bool(r.get("stream")) for r in model_server.requests] == [name == "streamed"] * 2
+        assert (tmp_path / name / "a.txt").read_text() == "alpha " * 40
+    (streamed, streamed_messages), (unstreamed, unstreamed_messages) = runs["streamed"], runs["unstreamed"]
+    assert streamed.output == unstreamed.output == "both written"
+    assert (streamed.usage.input_tokens, streamed.usage.output_tokens) == (721, 130)
+    assert streamed.usage.model_dump(exclude={"elapsed_s"}) == unstreamed.usage.model_dump(exclude={"elapsed_s"})
+    replies = [[m.content, m.tool_calls] for m in streamed_messages if m.role == "assistant"]
+    assert replies == [[m.content, m.tool_calls] for m in unstreamed_messages if m.role == "assistant"]
+    assert replies[0][0] == "Writing both files \U0001f600 now."
+    assert [(c.id, c.name) for c in replies[0][1]] == [("call_0_0", "write_file"), ("call_0_1", "write_file")]
+
+
+async def test_the_pending_call_shows_the_chunks_received_so_far(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.stream_interval_s = 0.05  # 200 events of 4 characters: about 10 s
+    model_server.responder = Script([], final="word " * 160)
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    seen: list[dict[str, Any]] = []
+    while len({d["chunks_received"] for d in seen}) < 3:
+        pending = await pending_model_call(handle)
+        assert pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED and pending.attempt == 1
+        [details] = await DataConverter.default.decode(pending.heartbeat_details.payloads)
+        if "chunks_received" in details:
+            seen.append(details)
+        await asyncio.sleep(0.2)
+    counts = [d["chunks_received"] for d in seen]
+    assert counts == sorted(counts) and counts[-1] < 200, counts
+    last = seen[-1]
+    assert last["phase"] == "receiving the reply" and last["characters_received"] == 4 * (last["chunks_received"])
+    assert last["receiving_for_s"] > 0
+    result = await asyncio.wait_for(handle.result(), 60)
+    assert result.output == "word " * 160 and len(model_server.requests) == 1
+
+
+def refuses_streaming(reply: Reply):
+    def respond(request: dict[str, Any]) -> Reply | Failure:
+        if request.get("stream"):
+            return Failure(400, "stream_options: streaming is not supported by this server")
+        return reply
+
+    return respond
+
+
+@pytest.mark.parametrize("endpoint", ["ignores stream_options", "refuses streaming"])
+async def test_an_endpoint_that_cannot_stream_with_usage_gets_unstreamed_calls_with_exact_usage(
+    endpoint: str, client: Client, worker: Worker, task_queue: str, model_server: ModelServer, tmp_path: Path
+) -> None:
+    first, last = TOOLS_AND_TEXT, answer("both written", input_tokens=400, output_tokens=7)
+    if endpoint == "ignores stream_options":
+        model_server.stream_usage = False
+        model_server.responder = Script([first, last])
+    else:
+        model_server.responder = Script([refuses_streaming(first), refuses_streaming(last)])
+    for run in ("first", "second"):  # the worker remembers: the second run never streams
+        model_server.requests.clear()
+        (tmp_path / run).mkdir()
+        result, _ = await run_to_end(client, task_queue, tmp_path / run)
+        assert result.output == "both written"
+        assert (result.usage.input_tokens, result.usage.output_tokens, result.usage.model_calls) == (721, 130, 2)
+        streamed = [bool(r.get("stream")) for r in model_server.requests]
+        assert streamed == ([True, False, False] if run == "first" else [False, False])
+
+
+async def test_a_stream_cut_mid_reply_is_retried(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    whole = answer("a reply that arrives whole the second time", input_tokens=50, output_tokens=10)
+    cut = Reply(content=whole.content, input_tokens=50, output_tokens=10, cut_after_chunks=4)
+    model_server.responder = script = Sequence(cut, whole)
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    result = await asyncio.wait_for(handle.result(), 60)
+    assert result.output == whole.content and len(script.arrivals) == 2
+    assert (result.usage.input_tokens, result.usage.output_tokens, result.usage.model_calls) == (50, 10, 1)
+
+
+@pytest.mark.parametrize("case", list(REPLY_CASES))
+async def test_a_broken_reply_unstreamed_needs_attention_after_one_call(
+    case: str,
+    client: Client,
+    unstreamed_worker: tuple[Worker, str],
+    model_server: ModelServer,
+    workspace: Path,
+) -> None:
+    """test_hostile_replies checks these replies streamed (the default); here unstreamed."""
+    reply, said = REPLY_CASES[case]
+    model_server.responder = lambda request: reply
+    handle = await start(client, unstreamed_worker[1], goal="x", workspace=str(workspace))
+    status = await wait_for(handle, lambda s: s.state == "needs_attention")
+    assert status.attention is not None and said in status.attention.last_error, status.attention
+    assert [bool(r.get("stream")) for r in model_server.requests] == [False]
+    await handle.execute_update("resolve", {"action": "terminate"})
+    await handle.result()
+    assert len(model_server.requests) == 1

@@ -159,23 +159,27 @@ async def _read_events(response: Any, reply: StreamedReply, progress: StreamProg
                 raise bad_reply(f"the model endpoint streamed a line over {MAX_LINE_BYTES:,} bytes")
             continue
         cut = pending.rfind(b"\n")
-        lines = pending[:cut].split(b"\n")
+        lines = pending[:cut].decode(errors="replace").split("\n")  # one decode per read, not per event
         del pending[: cut + 1]
         for line in lines:
-            if line.startswith(b"data:") and _event(bytes(line[5:]), reply, progress):
+            if line.startswith("data:") and _event(line[5:], reply, progress):
                 return
-    if pending.startswith(b"data:"):
-        _event(bytes(pending[5:]), reply, progress)
+    tail = pending.decode(errors="replace")
+    if tail.startswith("data:"):
+        _event(tail[5:], reply, progress)
 
 
-def _event(data: bytes, reply: StreamedReply, progress: StreamProgress) -> bool:
+_decode_json = json.JSONDecoder().decode
+
+
+def _event(data: str, reply: StreamedReply, progress: StreamProgress) -> bool:
     """Takes one `data:` payload; True at the stream's end marker."""
     data = data.strip()
-    if data == b"[DONE]":
+    if data == "[DONE]":
         reply.done = True
         return True
     try:
-        chunk = json.loads(data)
+        chunk = _decode_json(data)
     except ValueError:
         raise bad_reply(f"the model endpoint streamed a chunk that is not JSON: {data[:200]!r}") from None
     if not isinstance(chunk, dict):

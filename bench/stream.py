@@ -6,7 +6,8 @@
 alternating modes round by round; CPU is `time.process_time()` of this process. Replies:
 a typical agent turn (a sentence and a tool call with ~500 characters of arguments) and a
 long one (4,000 characters of text), sent in events of 4 characters, as OpenAI sends ~1
-token per event.
+token per event: all in one write by default, or one write per event `--interval-ms` apart
+(as a model produces them, so the worker reads them one by one).
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ CONTEXT = [{"role": "system", "content": "You are a careful engineer. " * 20}] +
 ]
 
 
-def serve(reply: str) -> None:
+def serve(reply: str, interval_ms: float) -> None:
     """The child process: the stub, answering every call with REPLIES[reply]."""
     with ModelServer(lambda request: REPLIES[reply]) as server:
+        server.stream_interval_s = interval_ms / 1000
         print(server.base_url, flush=True)
         sys.stdin.read()
 
@@ -57,9 +59,9 @@ async def calls(client: Any, streamed: bool, count: int) -> float:
     return time.process_time() - started
 
 
-async def measure(reply: str, count: int, rounds: int) -> dict[str, list[float]]:
+async def measure(reply: str, count: int, rounds: int, interval_ms: float) -> dict[str, list[float]]:
     child = subprocess.Popen(
-        [sys.executable, "-m", "bench", "stream", "--serve", reply],
+        [sys.executable, "-m", "bench", "stream", "--serve", reply, "--interval-ms", str(interval_ms)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -84,14 +86,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=200, help="calls per round and mode")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--interval-ms", type=float, default=0.0, help="the stub's wait between events (0: one write per reply)"
+    )
     parser.add_argument("--serve", choices=list(REPLIES), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.serve)
+        serve(args.serve, args.interval_ms)
         return
     rows = {}
     for reply in REPLIES:
-        ms = asyncio.run(measure(reply, args.calls, args.rounds))
+        ms = asyncio.run(measure(reply, args.calls, args.rounds, args.interval_ms))
         plain, streamed = statistics.median(ms["unstreamed"]), statistics.median(ms["streamed"])
         rows[reply] = {
             "unstreamed_ms": round(plain, 3),

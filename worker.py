@@ -15,6 +15,7 @@ from temporalio.client import Client
 from temporalio.worker import Interceptor, UnsandboxedWorkflowRunner, Worker
 
 from activities.archive import ArchiveActivities
+from activities.cleanup import CleanupActivities
 from activities.model import ModelActivities, openai_sdk
 from activities.redaction import RedactingInterceptor
 from activities.skills import SkillActivities
@@ -74,6 +75,7 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
             *ToolActivities().all(),
             *ArchiveActivities().all(),
             *SkillActivities().all(),
+            *CleanupActivities().all(),
         ],
         "interceptors": interceptors(settings.model_task_queue if settings.model_queue_is_separate else None),
         "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,

@@ -2,6 +2,10 @@
 
     <workspace>/.durable-agent/archive/<run>/steps-<first>-<last>.jsonl   one Message a line
 
+A chain's archive holds at most `DURABLE_AGENT_ARCHIVE_MAX_BYTES` (activities/run_files.py);
+steps folded past it are not archived, and a `steps-<first>-<last>.not-archived.txt` note,
+the run's transcript and `recall` say so.
+
 A file per compaction, written atomically and named by its steps, so a retried write
 writes the same file again. It lives in the workspace, like the tool journal, because
 that is what every worker that runs the run's tools can see; it is not in Temporal's
@@ -19,24 +23,65 @@ from pydantic import TypeAdapter, ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities import run_files
 from activities.journal import atomic_write
+from activities.run_files import HostileLayout, RunFileCaps, run_file_caps
 from activities.workspace import Workspace, WorkspaceError
+from workflows.compaction import ARCHIVE_ROOT
 from workflows.context import RECORD_ONLY_KINDS
 from workflows.types import ArchiveWrite, ArchiveWritten, Message, RecallInput, ToolOutcome
 
 _MESSAGES = TypeAdapter(list[Message])
+NOT_ARCHIVED_SUFFIX = ".not-archived.txt"
 
 
 def archive_file(first_step: int, last_step: int) -> str:
     return f"steps-{first_step:06d}-{last_step:06d}.jsonl"
 
 
-def write_steps(request: ArchiveWrite) -> ArchiveWritten:
-    folder = Path(Workspace(request.workspace).root) / request.archive_dir
-    path = folder / archive_file(request.first_step, request.last_step)
+def write_steps(request: ArchiveWrite, max_bytes: int = RunFileCaps().archive_max_bytes) -> ArchiveWritten:
+    """Write the steps, unless that takes the chain's archive over `max_bytes`: then the steps
+    are folded without being archived, a small note file says so, and so does the result."""
+    root = Workspace(request.workspace).root
+    folder = _chain_folder(root, request.archive_dir)
+    name = archive_file(request.first_step, request.last_step)
     data = b"".join(m.model_dump_json(exclude_defaults=True).encode() + b"\n" for m in request.messages)
-    atomic_write(path, data)
-    return ArchiveWritten(path=f"{request.archive_dir}/{path.name}", messages=len(request.messages), bytes=len(data))
+    held = _archived_bytes(folder, name)
+    if held + len(data) > max_bytes:
+        return _not_archived(request, folder, name, held, len(data), max_bytes)
+    atomic_write(folder / name, data)
+    return ArchiveWritten(path=f"{request.archive_dir}/{name}", messages=len(request.messages), bytes=len(data))
+
+
+def _chain_folder(root: str, archive_dir: str) -> Path:
+    chain = archive_dir.rsplit("/", 1)[-1]
+    if archive_dir != f"{ARCHIVE_ROOT}/{chain}":  # not a folder this project names
+        return Path(root) / archive_dir
+    workflow_id = activity.info().workflow_id if activity.in_activity() else ""
+    return run_files.chain_folder(root, "archive", chain, workflow_id)
+
+
+def _archived_bytes(folder: Path, except_name: str) -> int:
+    """The archive's bytes, leaving out the file about to be (re)written."""
+    return sum(p.lstat().st_size for p in folder.glob("steps-*.jsonl") if p.name != except_name)
+
+
+def _not_archived(
+    request: ArchiveWrite, folder: Path, name: str, held: int, size: int, max_bytes: int
+) -> ArchiveWritten:
+    note = (
+        f"steps {request.first_step}-{request.last_step} ({size:,} bytes) were folded without being archived: "
+        f"the run's archive holds {held:,} bytes and its cap is {max_bytes:,} (DURABLE_AGENT_ARCHIVE_MAX_BYTES); "
+        "`recall` and `export` cannot return them"
+    )
+    atomic_write(folder / f"{name.removesuffix('.jsonl')}{NOT_ARCHIVED_SUFFIX}", note.encode() + b"\n")
+    run_files.logger().warning("archive %s: %s", folder, note)
+    return ArchiveWritten(path="", messages=len(request.messages), bytes=0, not_archived=note)
+
+
+def not_archived_notes(folder: Path) -> list[str]:
+    """What the notes left at the archive's cap say, in step order."""
+    return [p.read_text().strip() for p in sorted(folder.glob(f"steps-*{NOT_ARCHIVED_SUFFIX}")) if p.is_file()]
 
 
 def read_archive(folder: Path) -> list[Message]:
@@ -64,10 +109,11 @@ def recall_text(request: RecallInput) -> ToolOutcome:
     steps = _selected(by_step, request)
     if not steps:
         asked = f"query {request.query!r}" if request.query else f"steps {request.first_step}-{request.last_step}"
+        lost = "".join(f" Note: {note}." for note in not_archived_notes(folder))
         return ToolOutcome(
             ok=True,
             output=f"No folded step matches {asked}. Steps from {request.in_context_from} on are "
-            "still in your context, verbatim.",
+            f"still in your context, verbatim.{lost}",
         )
     parts: list[str] = []
     used = 0
@@ -111,14 +157,18 @@ def _step_text(step: int, messages: list[Message]) -> str:
 class ArchiveActivities:
     """`archive_steps` and the `recall` tool; the workflow runs both as local activities."""
 
+    def __init__(self, caps: RunFileCaps | None = None) -> None:
+        """`caps`: what one chain's archive holds; default from the environment."""
+        self._caps = caps if caps is not None else run_file_caps()
+
     def all(self) -> list[Any]:
         return [self.archive_steps, self.recall]
 
     @activity.defn(name="archive_steps")
     async def archive_steps(self, request: ArchiveWrite) -> ArchiveWritten:
         try:
-            return await asyncio.to_thread(write_steps, request)
-        except WorkspaceError as e:
+            return await asyncio.to_thread(write_steps, request, self._caps.archive_max_bytes)
+        except (WorkspaceError, HostileLayout) as e:
             raise ApplicationError(str(e), type="WorkspaceError", non_retryable=True) from e
         except OSError as e:
             raise ApplicationError(f"archive_steps could not write: {e}", type="ArchiveWriteFailed") from e

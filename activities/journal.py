@@ -38,9 +38,32 @@ def key_digest(idempotency_key: str) -> str:
     return hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
 
 
+class JournalFull(Exception):
+    """The current step's entries fill the run's journal cap; the message is written for the model."""
+
+
 class Journal:
-    def __init__(self, workspace_root: str | Path) -> None:
-        self.folder = Path(workspace_root) / JOURNAL_DIR
+    def __init__(self, workspace_root: str | Path, folder: Path | None = None, max_bytes: int | None = None) -> None:
+        """`folder`: the run's current step folder (activities/run_files.py); default the
+        workspace's shared `journal/` of calls recorded before per-chain folders, uncapped."""
+        self.folder = folder if folder is not None else Path(workspace_root) / JOURNAL_DIR
+        self.max_bytes = max_bytes
+
+    def ensure_room(self) -> None:
+        """Called before a call acts: a step whose entries fill the cap runs no more calls
+        with side effects (each would act without a record for its retry)."""
+        if self.max_bytes is None:
+            return
+        try:
+            held = sum(e.stat(follow_symlinks=False).st_size for e in os.scandir(self.folder))
+        except FileNotFoundError:
+            return
+        if held >= self.max_bytes:
+            raise JournalFull(
+                f"not run: this step's tool journal holds {held:,} bytes, the run's cap is {self.max_bytes:,} "
+                "(DURABLE_AGENT_JOURNAL_MAX_BYTES); calls that change files or run commands can be recorded "
+                "again from the next step: ask for fewer calls in one reply"
+            )
 
     def completed(self, key: str) -> ToolOutcome | None:
         entry = self._load(self._path(key, "done"))

@@ -68,6 +68,8 @@ with workflow.unsafe.imports_passed_through():
         PendingApproval,
         RecallInput,
         Resolution,
+        RunFilesCleaned,
+        RunFilesCleanup,
         RunState,
         StopReason,
         ToolCall,
@@ -173,9 +175,31 @@ class AgentWorkflow:
             result = self._finish("cancelled", "cancelled")
         else:
             await self._archive_rest()
+        await self._clean_up_files(result)
         await workflow.wait_condition(workflow.all_handlers_finished)
         await self._flush_signals()
         return result
+
+    async def _clean_up_files(self, result: AgentResult) -> None:
+        """The chain closes: its journal goes (activities/cleanup.py). A failure is only reported."""
+        if not workflow.patched(options.RUN_FILES_PATCH):
+            return
+        request = RunFilesCleanup(workspace=self._agent.workspace, run_folder=self._run_folder())
+        try:
+            cleaned = await workflow.execute_activity(
+                "clean_up_run",
+                request,
+                result_type=RunFilesCleaned,
+                start_to_close_timeout=options.CLEANUP_TIMEOUT,
+                retry_policy=options.CLEANUP_RETRY,
+                summary=f"clean_up_run: {request.run_folder}"[:120],
+            )
+            result.files = cleaned.note
+        except ACTIVITY_FAILED as e:
+            result.files = f"cleaning up the run's files failed: {_failure_message(e)}; `durable-agent gc` can retry"
+
+    def _run_folder(self) -> str:
+        return compaction.run_folder(workflow.info().workflow_id, self._carry.first_run_id)
 
     def _task_timeout_too_long(self) -> bool:
         """A run started without `start_agent`'s task timeout (e.g. a plain `temporal workflow
@@ -449,6 +473,8 @@ class AgentWorkflow:
             self._degrade("compaction", f"not folded: the archive could not be written ({_failure_message(e)})")
             return False
         self._carry.archived_through = max(self._carry.archived_through, last_step)
+        if written.not_archived:
+            self._degrade("compaction", written.not_archived)
         return written.messages == len(messages)
 
     async def _archive_rest(self) -> None:
@@ -638,6 +664,8 @@ class AgentWorkflow:
             arguments=args,
             output_chars=self._agent.context.tool_output_chars,
         )
+        if workflow.patched(options.RUN_FILES_PATCH):
+            request = request.model_copy(update={"run_folder": self._run_folder(), "step": self._carry.step})
         if call.name == "delegate":
             return await self._delegate(f"{self._carry.step}:{call.id}", key, args)
         if call.name == "run_command":

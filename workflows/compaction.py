@@ -64,10 +64,16 @@ TARGET_FILL = 0.7
 the request fits in this share of `max_context_tokens`: room for the steps that follow."""
 
 
-def archive_dir(workflow_id: str, first_run_id: str) -> str:
-    """The chain's archive folder, from ids that stay the same across continue-as-new."""
+def run_folder(workflow_id: str, first_run_id: str) -> str:
+    """The name of a run chain's folders under `.durable-agent/` (archive, journal, outputs),
+    from ids that stay the same across continue-as-new."""
     safe = re.sub(r"[^A-Za-z0-9._-]", "_", workflow_id)[:100]
-    return f"{ARCHIVE_ROOT}/{safe}-{first_run_id}"
+    return f"{safe}-{first_run_id}"
+
+
+def archive_dir(workflow_id: str, first_run_id: str) -> str:
+    """The chain's archive folder."""
+    return f"{ARCHIVE_ROOT}/{run_folder(workflow_id, first_run_id)}"
 
 
 def command_exit_code(result: str) -> int | None:

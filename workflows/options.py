@@ -108,6 +108,18 @@ WORKSPACE_CHECK_TIMEOUT = timedelta(seconds=10)
 """`check_workspace` (a `stat` or two) runs once at a run's start, as a regular activity: as
 a local one, the patch markers recorded after it in the same workflow task failed replay
 with a nondeterminism error (the SDK resolves a local activity at another point on replay)."""
+RUN_FILES_PATCH = "run-files"
+"""`workflow.patched` id: runs recorded before per-chain journal and output folders replay
+with the shared ones, and close without `clean_up_run`."""
+CLEANUP_TIMEOUT = timedelta(seconds=60)
+CLEANUP_RETRY = RetryPolicy(
+    initial_interval=RETRY_FIRST,
+    backoff_coefficient=RETRY_GROWTH,
+    maximum_interval=timedelta(seconds=5),
+    maximum_attempts=3,
+    non_retryable_error_types=["HostileLayout", "WorkspaceError"],
+)
+"""A cleanup that keeps failing is reported in the result; `durable-agent gc` finishes it."""
 COMMAND_GRACE = timedelta(seconds=30)
 """run_command's start-to-close is its own timeout plus this, so the tool reports the timeout."""
 TOOL_RETRY = RetryPolicy(

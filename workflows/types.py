@@ -386,6 +386,11 @@ class ToolCallInput(BaseModel):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     """run_command only, like `env_allow`: copied from the run's input."""
     env_allow: list[str] = Field(default_factory=list)
+    run_folder: str = Field(default="", pattern=r"^([A-Za-z0-9_-][A-Za-z0-9._-]*)?$")
+    """The chain's folder name under `.durable-agent/journal/` and `outputs/`; empty (calls
+    recorded before per-chain folders): the journal and outputs lie directly in those folders."""
+    step: int = Field(default=0, ge=0)
+    """The step the call belongs to: the journal keeps only the current step's entries."""
 
 
 class ToolOutcome(BaseModel):
@@ -418,6 +423,8 @@ class ArchiveWritten(BaseModel):
     """Workspace-relative path of the file written."""
     messages: int
     bytes: int
+    not_archived: str | None = None
+    """Set when the chain's archive is at its cap: the steps were folded but not archived."""
 
 
 class RecallInput(BaseModel):
@@ -431,6 +438,25 @@ class RecallInput(BaseModel):
     in_context_from: int
     """The first step still in the model's context, verbatim (not in the archive yet)."""
     output_chars: int = 8_000
+
+
+# --- run files ---------------------------------------------------------------------
+
+
+class RunFilesCleanup(BaseModel):
+    """Input of `clean_up_run`, run once when a run chain closes."""
+
+    workspace: str
+    run_folder: str = Field(pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
+
+
+class RunFilesCleaned(BaseModel):
+    removed_files: int = 0
+    removed_bytes: int = 0
+    kept_files: int = 0
+    kept_bytes: int = 0
+    note: str
+    """One line for people: what was removed, what was kept and why."""
 
 
 # --- status and result -------------------------------------------------------------
@@ -460,6 +486,8 @@ class AgentResult(BaseModel):
     unfinished: list[str] = Field(default_factory=list)
     summary: StructuredSummary | None = None
     """What the run did, in five fields; what a delegate's parent receives with its output."""
+    files: str | None = None
+    """What closing the run removed from, and kept in, its workspace's `.durable-agent/`."""
 
 
 PACKED_MESSAGES = "zlib+base64:"

@@ -27,7 +27,9 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
+from activities.journal import JournalFull
 from activities.regular_files import NotRegularFile
+from activities.run_files import HostileLayout, RunFileCaps, run_file_caps
 from activities.tools import files, search
 from activities.tools.base import PATH_ERRNOS, ToolCallContext, ToolError, describe_os_error
 from activities.tools.command import INTERRUPTED, CommandRunner
@@ -38,7 +40,7 @@ from workflows.types import ToolCallInput, ToolOutcome
 
 __all__ = ["INTERRUPTED", "ToolActivities"]
 
-_EXPECTED = (ToolError, WorkspaceError, ToolArgumentError, NotRegularFile)
+_EXPECTED = (ToolError, WorkspaceError, ToolArgumentError, NotRegularFile, JournalFull, HostileLayout)
 
 Work = Callable[[ToolCallContext, Any], Awaitable[ToolOutcome]]
 _T = TypeVar("_T")
@@ -67,12 +69,15 @@ class ToolActivities:
         max_search_matches: int = 200,
         command_limits: CommandLimits = CommandLimits(),
         roots: list[str] | None = None,
+        caps: RunFileCaps | None = None,
     ) -> None:
-        """`roots`: where workspaces may lie; default `DURABLE_AGENT_WORKSPACE_ROOTS`, else the working directory."""
+        """`roots`: where workspaces may lie; default `DURABLE_AGENT_WORKSPACE_ROOTS`, else the working directory.
+        `caps`: what one run chain's journal and saved outputs hold; default from the environment."""
         self._commands = CommandRunner(
             command_timeout_s=command_timeout_s, kill_grace_s=kill_grace_s, limits=command_limits
         )
         self._roots = roots if roots is not None else workspace_roots()
+        self._caps = caps if caps is not None else run_file_caps()
         self._max_list_entries = max_list_entries
         self._max_search_matches = max_search_matches
 
@@ -129,7 +134,7 @@ class ToolActivities:
             try:
                 # Defence in depth: the workflow validated already, but histories outlive code.
                 args = validate_arguments(name, input.arguments)
-                call = await asyncio.to_thread(ToolCallContext.open, input, self._roots)
+                call = await asyncio.to_thread(ToolCallContext.open, input, self._roots, self._caps)
                 return await work(call, args)
             except _EXPECTED as e:
                 return ToolOutcome(ok=False, error=str(e))

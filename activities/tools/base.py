@@ -8,7 +8,11 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from temporalio import activity
+
+from activities import run_files
 from activities.journal import Journal, key_digest
+from activities.run_files import RunFileCaps
 from activities.tools.output import OutputCapture
 from activities.workspace import Workspace
 from workflows.types import ToolCallInput, ToolOutcome
@@ -40,13 +44,31 @@ class ToolCallContext:
     workspace: Workspace
     journal: Journal
 
+    caps: RunFileCaps
+
     @classmethod
-    def open(cls, input: ToolCallInput, roots: list[str]) -> ToolCallContext:
+    def open(cls, input: ToolCallInput, roots: list[str], caps: RunFileCaps) -> ToolCallContext:
         workspace = Workspace(input.workspace, roots)
-        return cls(input, workspace, Journal(workspace.root))
+        if not input.run_folder:  # recorded before per-chain folders: the shared ones, as then
+            return cls(input, workspace, Journal(workspace.root), caps)
+        folder = run_files.step_journal(workspace.root, input.run_folder, input.step, _workflow_id())
+        return cls(input, workspace, Journal(workspace.root, folder, caps.journal_max_bytes), caps)
 
     def capture(self) -> OutputCapture:
-        return OutputCapture(self.input.output_chars, self.workspace.root, key_digest(self.input.idempotency_key))
+        digest = key_digest(self.input.idempotency_key)
+        if not self.input.run_folder:
+            return OutputCapture(self.input.output_chars, self.workspace.root, digest)
+        return OutputCapture(
+            self.input.output_chars,
+            self.workspace.root,
+            digest,
+            chain=(self.input.run_folder, _workflow_id()),
+            max_bytes=self.caps.outputs_max_bytes,
+        )
+
+
+def _workflow_id() -> str:
+    return activity.info().workflow_id if activity.in_activity() else ""
 
 
 def exactly_once(call: ToolCallContext, act: Callable[[], ToolOutcome]) -> ToolOutcome:
@@ -55,6 +77,7 @@ def exactly_once(call: ToolCallContext, act: Callable[[], ToolOutcome]) -> ToolO
     recorded = call.journal.completed(key)
     if recorded is not None:
         return recorded
+    call.journal.ensure_room()
     outcome = act()
     call.journal.complete(key, outcome)
     return outcome

@@ -52,6 +52,8 @@ class CommandRunner:
         if recorded is not None:
             return recorded
         leftover = await asyncio.to_thread(journal.started, key)
+        if leftover is None:
+            await asyncio.to_thread(journal.ensure_room)
         try:
             if leftover is not None:
                 note = await asyncio.to_thread(_stop_leftover, leftover, self._kill_grace_s)

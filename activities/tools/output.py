@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
+from activities import run_files
 from activities.redaction import StreamRedactor, worker_redactor
 from activities.regular_files import create_regular
 from activities.workspace import RESERVED_DIR
@@ -32,12 +33,27 @@ class OutputCapture:
     The stream is redacted of secrets (activities/redaction.py) before it is kept or saved.
     """
 
-    def __init__(self, budget_chars: int, workspace_root: str, digest: str) -> None:
+    def __init__(
+        self,
+        budget_chars: int,
+        workspace_root: str,
+        digest: str,
+        chain: tuple[str, str] | None = None,
+        max_bytes: int | None = None,
+    ) -> None:
+        """`chain`: the run chain's folder name and workflow id: the output goes to the
+        chain's own folder, which holds at most `max_bytes`; None: the shared folder."""
         keep = max(budget_chars - MARKER_RESERVE, 64)
         self._head_max = keep // 2
         self._tail_max = keep - self._head_max
-        self.ref = f"{OUTPUTS_DIR}/{digest}.txt"
+        self._workspace_root = workspace_root
+        self._chain = chain
+        self._max_bytes = max_bytes if max_bytes is not None else OUTPUTS_MAX_BYTES
+        self._save_max = min(SAVED_OUTPUT_MAX_BYTES, self._max_bytes // 4)
+        self.ref = f"{OUTPUTS_DIR}/{chain[0]}/{digest}.txt" if chain else f"{OUTPUTS_DIR}/{digest}.txt"
         self._path = Path(workspace_root) / self.ref
+        self.dropped: list[tuple[str, int]] = []
+        """Earlier saved outputs of the folder replaced by a note to make room: (name, bytes)."""
         self._head = bytearray()
         self._tail = bytearray()
         self._file: BinaryIO | None = None
@@ -55,8 +71,8 @@ class OutputCapture:
     def _keep(self, data: bytes) -> None:
         if self._file is None and self.total + len(data) > self._head_max + self._tail_max:
             self._spill()
-        if self._file is not None and self._saved < SAVED_OUTPUT_MAX_BYTES:
-            kept = data[: SAVED_OUTPUT_MAX_BYTES - self._saved]
+        if self._file is not None and self._saved < self._save_max:
+            kept = data[: self._save_max - self._saved]
             self._file.write(kept)
             self._saved += len(kept)
         self.total += len(data)
@@ -76,7 +92,17 @@ class OutputCapture:
             saved = f"its first {self._saved:,} bytes saved in {self.ref}, {self.total - self._saved:,} not saved"
         return (
             f"{head.decode(errors='replace')}{gap}… {self.total:,} bytes total, {cut:,} cut; "
-            f"{saved} …\n{tail.decode(errors='replace')}"
+            f"{saved} …\n{tail.decode(errors='replace')}{self._dropped_note()}"
+        )
+
+    def _dropped_note(self) -> str:
+        if not self.dropped:
+            return ""
+        names = ", ".join(name for name, _ in self.dropped[:5]) + (", …" if len(self.dropped) > 5 else "")
+        held = sum(size for _, size in self.dropped)
+        return (
+            f"\n[to keep this run's saved outputs within {self._max_bytes:,} bytes, {len(self.dropped)} earlier "
+            f"saved output(s) ({held:,} bytes) were replaced by a note: {names}]"
         )
 
     def outcome(self, prefix: str = "", *, ok: bool = True) -> ToolOutcome:
@@ -101,28 +127,44 @@ class OutputCapture:
         self.close()
 
     def _spill(self) -> None:
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        drop_oldest_outputs(self._path.parent, OUTPUTS_MAX_BYTES - SAVED_OUTPUT_MAX_BYTES)
+        if self._chain is None:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+        else:
+            run_files.chain_folder(self._workspace_root, "outputs", *self._chain)
+        self.dropped = drop_oldest_outputs(self._path.parent, self._max_bytes - self._save_max)
+        if self.dropped:
+            run_files.logger().warning(
+                "%s over its cap of %d bytes: replaced %d saved output(s) (%d bytes) by a note: %s",
+                self._path.parent,
+                self._max_bytes,
+                len(self.dropped),
+                sum(size for _, size in self.dropped),
+                ", ".join(name for name, _ in self.dropped),
+            )
         self._file = create_regular(self._path)
         self._file.write(self._head + self._tail)  # everything so far: nothing was dropped yet
         self._saved = len(self._head) + len(self._tail)
 
 
-def drop_oldest_outputs(folder: Path, keep_bytes: int) -> None:
-    """Replace the oldest saved outputs by a line saying so until the folder holds at most `keep_bytes`."""
+def drop_oldest_outputs(folder: Path, keep_bytes: int) -> list[tuple[str, int]]:
+    """Replace the oldest saved outputs by a line saying so until the folder holds at most
+    `keep_bytes`; returns what was replaced: (file name, bytes it held)."""
     entries = []
     for entry in os.scandir(folder):
-        if entry.is_file(follow_symlinks=False):
+        if entry.is_file(follow_symlinks=False) and entry.name != run_files.IDENTITY_FILE:
             stat = entry.stat(follow_symlinks=False)
             entries.append((stat.st_mtime, stat.st_size, entry.path))
     total = sum(size for _, size, _ in entries)
+    dropped: list[tuple[str, int]] = []
     for _, size, path in sorted(entries):
         if total <= keep_bytes:
-            return
-        note = f"[dropped: this output held {size:,} bytes; {OUTPUTS_DIR}/ keeps {OUTPUTS_MAX_BYTES // 2**20} MiB]\n"
-        with open(path, "w") as f:
-            f.write(note)
+            break
+        note = f"[dropped: this output held {size:,} bytes; the folder keeps {keep_bytes:,} bytes of older outputs]\n"
+        with create_regular(path) as f:
+            f.write(note.encode())
+        dropped.append((os.path.basename(path), size))
         total -= size - len(note)
+    return dropped
 
 
 def _whole_lines(head: bytes, tail: bytes) -> tuple[bytes, bytes]:

@@ -16,6 +16,7 @@ from durable_agent.runs import chain_histories
 from tests.helpers import cli_start_agent, run_cli, start
 from tests.scripts import Script, answer, tool_results, tools
 from tests.test_replay import replayer
+from workflows.compaction import run_folder
 from workflows.types import AgentInput, AgentResult, AgentStatus, Message
 
 
@@ -211,7 +212,7 @@ async def test_every_model_call_and_tool_call_is_labelled_for_the_web_ui(
     ]
     # The run's own summary is its goal; then the workspace check, the listing of skills, one
     # line per model call and file tool (local activities: markers) and per command (an
-    # activity), as the Web UI lists them.
+    # activity), and the cleanup at the close, as the Web UI lists them.
     assert summaries == [
         "label",
         f"check_workspace: {workspace}",
@@ -220,4 +221,5 @@ async def test_every_model_call_and_tool_call_is_labelled_for_the_web_ui(
         "run_command: echo hi",  # scheduled in the task that records write_file's result
         "write_file: a.txt",
         "call_model: gpt-4.1-mini step 2",
+        f"clean_up_run: {run_folder(handle.id, handle.first_execution_run_id or '')}",
     ]

@@ -56,3 +56,23 @@ def test_recall_stays_within_its_budget_and_says_what_it_left_out(tmp_path: Path
     shown = text.count("--- step ")
     assert 1 <= shown < 10 and f"... {10 - shown} more matching step(s) ({shown + 1}-10)" in text
     assert len(text) < 1_000 + 600  # the budget, and at most the closing line past it
+
+
+def test_steps_past_the_archive_cap_are_folded_unarchived_and_recall_says_so(tmp_path: Path) -> None:
+    archive(tmp_path, 1, 10)
+    held = sum(p.stat().st_size for p in (tmp_path / FOLDER).glob("steps-*.jsonl"))
+    messages = [m for step in range(11, 21) for m in step_messages(step, 1, f"late {step}")]
+    request = ArchiveWrite(workspace=str(tmp_path), archive_dir=FOLDER, first_step=11, last_step=20, messages=messages)
+    written = write_steps(request, max_bytes=held + 100)
+    assert written.messages == len(messages) and written.bytes == 0 and written.path == ""
+    assert written.not_archived and "steps 11-20" in written.not_archived
+    assert "DURABLE_AGENT_ARCHIVE_MAX_BYTES" in written.not_archived
+    assert sorted(p.name for p in (tmp_path / FOLDER).iterdir()) == [
+        "chain.json",
+        "steps-000001-000010.jsonl",
+        "steps-000011-000020.not-archived.txt",
+    ]
+    text = recall_text(
+        RecallInput(workspace=str(tmp_path), archive_dir=FOLDER, in_context_from=21, first_step=11, last_step=20)
+    ).output
+    assert "were folded without being archived" in text, text

@@ -19,7 +19,7 @@ from activities.redaction import Redactor, StreamRedactor, secret_env, worker_re
 from activities.tools.output import OUTPUTS_DIR
 from durable_agent.model_server import Failure, ModelServer, Reply
 from tests.helpers import start, wait_for
-from tests.scripts import Script, answer
+from tests.scripts import Script, answer, tools
 from tests.test_cli import cli_env, durable_agent
 from worker import build_worker
 from workflows.types import Message
@@ -173,19 +173,31 @@ async def test_secrets_in_every_channel_stay_out_of_history_and_files(
             ],
         )
 
-    model_server.responder = Script([first_turn, answer(planted.text)])
+    # A gated step after the tools holds the run open: its journal is removed at the close.
+    model_server.responder = Script([first_turn, tools(("list_files", {})), answer(planted.text)])
     async with build_worker(client, task_queue):
         handle = await start(
-            client, task_queue, goal="read the secrets", workspace=str(workspace), context={"tool_output_chars": 1_500}
+            client,
+            task_queue,
+            goal="read the secrets",
+            workspace=str(workspace),
+            context={"tool_output_chars": 1_500},
+            approval={"tools": ["list_files"]},
         )
         status = await wait_for(handle, lambda s: s.state == "needs_attention")
         planted.assert_redacted("attention report", status.attention.last_error)
         await handle.execute_update("resolve", {"action": "retry"})
+        gated = await wait_for(handle, lambda s: len(s.pending_approvals) == 1)
+        entries = [p for p in (workspace / JOURNAL_DIR).rglob("*") if p.is_file()]
+        assert len(entries) == 3  # write_file's and run_command's outcomes, the chain's id
+        assert [path for path in entries if path.stat().st_mode & 0o777 != 0o600] == []
+        planted.assert_redacted("journal", "".join(path.read_text() for path in entries))
+        await handle.execute_update("approve", {"call_id": gated.pending_approvals[0].call_id, "approved": True})
         result = await handle.result()
         transcript = await handle.query("transcript", result_type=list[Message])
     planted.assert_redacted("final answer", result.output)
     tool_messages = {m.tool_call_id: m.content or "" for m in transcript if m.role == "tool"}
-    assert len(tool_messages) == 3
+    assert len(tool_messages) == 4
     for call_id, content in list(tool_messages.items())[:2]:  # run_command, read_file
         planted.assert_redacted(f"tool result {call_id}", content)
     planted.assert_redacted("the model's arguments, as the tool got them", (workspace / "echo.txt").read_text())
@@ -193,13 +205,11 @@ async def test_secrets_in_every_channel_stay_out_of_history_and_files(
     history = await handle.fetch_history()
     planted.assert_redacted("history", b"".join(e.SerializeToString() for e in history.events).decode(errors="replace"))
 
-    saved = list((workspace / OUTPUTS_DIR).iterdir())
+    saved = list((workspace / OUTPUTS_DIR).rglob("*.txt"))
     assert len(saved) == 1  # the command's output, cut for the model (read_file pages instead)
     for path in saved:
         planted.assert_redacted(str(path), path.read_text())
-    entries = list((workspace / JOURNAL_DIR).iterdir())
-    assert [path for path in entries if path.stat().st_mode & 0o777 != 0o600] == []
-    planted.assert_redacted("journal", "".join(path.read_text() for path in entries))
+    assert [p for p in (workspace / JOURNAL_DIR).rglob("*") if p.is_file()] == []  # removed at the close
 
 
 async def test_export_redacts_a_run_recorded_without_redaction(

@@ -22,9 +22,11 @@ from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
 from tests.helpers import start, wait_for
 from tests.scripts import Script, answer, tool_results, tools
+from tests.test_context import command_turns, is_summary_request
 from tests.test_crash import ledger_lines, until, worker_env
 from worker import build_worker
 from workflows.compaction import run_folder
+from workflows.types import Message
 
 RESERVED = ".durable-agent"
 LONG_OUTPUT = {"command": "seq 1 30000"}  # 168,894 bytes: cut for the model, saved whole
@@ -57,9 +59,7 @@ async def test_the_journal_holds_the_current_step_while_open_and_is_removed_at_c
             answer("done"),
         ]
     )
-    handle = await start(
-        client, task_queue, goal="x", workspace=str(workspace), approval={"commands": ["^echo two$"]}
-    )
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace), approval={"commands": ["^echo two$"]})
     chain = chain_of(handle)
     journal = workspace / RESERVED / "journal" / chain
     status = await wait_for(handle, lambda s: len(s.pending_approvals) == 1)
@@ -219,3 +219,31 @@ async def test_the_journal_is_removed_at_close_after_a_worker_sigkill_mid_comman
     assert not journal.exists() and bytes_at_rest(workspace / RESERVED / "journal") == 0
     assert result.files and "removed the tool journal" in result.files
     assert os.listdir(workspace / RESERVED / "journal") == []
+
+
+async def test_steps_folded_past_the_archive_cap_are_said_in_the_transcript_and_by_recall(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DURABLE_AGENT_ARCHIVE_MAX_BYTES", "1")  # no fold fits
+    steps = 10
+    model_server.responder = Script(
+        [*command_turns(steps, fact_at=2), tools(("recall", {"steps": "2"}), output_tokens=20)], final="done"
+    )
+    async with build_worker(client, task_queue):
+        handle = await start(
+            client,
+            task_queue,
+            goal="print things",
+            workspace=str(workspace),
+            context={"max_context_tokens": 1_200, "keep_recent_steps": 2},
+        )
+        result = await handle.result()
+        transcript = await handle.query("transcript", result_type=list[Message])
+    assert result.state == "completed"
+    archive = workspace / RESERVED / "archive" / chain_of(handle)
+    assert list(archive.glob("steps-*.jsonl")) == [] and list(archive.glob("steps-*.not-archived.txt"))
+    degradations = [m.content or "" for m in transcript if m.kind == "degradation"]
+    said = [text for text in degradations if "without being archived" in text]
+    assert said and "DURABLE_AGENT_ARCHIVE_MAX_BYTES" in said[0], said
+    recalled = [r for r in model_server.requests if not is_summary_request(r)][-1]
+    assert "were folded without being archived" in tool_results(recalled)[-1]

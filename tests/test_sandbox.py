@@ -221,20 +221,27 @@ async def test_the_journal_cannot_be_forged_or_replaced(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     forge = (
-        "for f in .durable-agent/journal/*; do echo forged > $f; done; "
+        "for f in $(find .durable-agent/journal -type f); do echo forged > $f; done; "
         "echo forged > .durable-agent/journal/new.done.json; mkdir -p .durable-agent/outputs/x; "
         f"mv .durable-agent gone; rm -rf .durable-agent; ln -sfn {elsewhere} .durable-agent; echo tried"
     )
-    result, outputs = await run_commands(
-        client, task_queue, model_server, workspace, command("echo first"), command(forge), command("echo after")
+    model_server.responder = Script([tools(command("echo first")), tools(command(forge)), tools(command("echo after"))])
+    handle = await start(
+        client, task_queue, goal="attack", workspace=str(workspace), approval={"commands": ["^echo after$"]}
     )
-    assert result.state == "completed"
+    # Held before the third command: the journal holds the forging step's entry and chain.json
+    # (it is removed when the run closes).
+    pending = (await wait_for(handle, lambda s: len(s.pending_approvals) == 1)).pending_approvals[0]
     journal = workspace / ".durable-agent" / "journal"
     assert (workspace / ".durable-agent").is_dir() and not (workspace / ".durable-agent").is_symlink()
     assert not (workspace / "gone").exists() and list(elsewhere.iterdir()) == []
-    contents = [p.read_text() for p in journal.iterdir()]
-    assert contents and not any("forged" in c for c in contents)
-    assert "after" in outputs[2]
+    contents = [p.read_text() for p in journal.rglob("*") if p.is_file()]
+    assert len(contents) == 2 and not any("forged" in c for c in contents), contents
+    assert not (journal / "new.done.json").exists() and not (workspace / ".durable-agent" / "outputs" / "x").exists()
+    await handle.execute_update("approve", {"call_id": pending.call_id, "approved": True})
+    result = await handle.result()
+    assert result.state == "completed"
+    assert "after" in tool_results(model_server.requests[-1])[2]
 
 
 async def test_a_durable_agent_symlink_closes_the_run_at_its_start(

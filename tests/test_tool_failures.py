@@ -21,6 +21,7 @@ from activities.journal import JOURNAL_DIR, key_digest
 from durable_agent.model_server import ModelServer, Reply
 from tests.helpers import start, wait_for
 from tests.scripts import Script, answer, tool_results, tools
+from workflows.compaction import run_folder
 from workflows.types import ToolCallInput
 
 
@@ -40,7 +41,7 @@ async def test_a_corrupt_journal_entry_reaches_the_model_as_a_tool_error(
     )
     status = await wait_for(handle, lambda s: len(s.pending_approvals) == 2)
     run_id = (await handle.describe()).run_id
-    journal = workspace / JOURNAL_DIR
+    journal = workspace / JOURNAL_DIR / run_folder(handle.id, run_id) / "step-000001"
     journal.mkdir(parents=True)
     for pending in status.pending_approvals:
         call_id = pending.call_id.split(":", 1)[1]

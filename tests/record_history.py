@@ -132,6 +132,7 @@ async def main(kind: str) -> None:
     from worker import build_worker
 
     home = Path(tempfile.mkdtemp())
+    os.environ["DURABLE_AGENT_WORKSPACE_ROOTS"] = str(home)  # the worker's check accepts the workspace
     server = start_server(home, port=free_port(), ui_port=None, persistent=False)
     try:
         with ModelServer(Script([])) as model:

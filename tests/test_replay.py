@@ -33,7 +33,8 @@ async def replay_failure(history: WorkflowHistory) -> Exception | None:
 async def test_committed_histories_replay(path: Path) -> None:
     # agent_run.json is today's scenario; agent_run_local_model_call.json was recorded
     # while call_model was a local activity (and the file tools regular ones);
-    # agent_run_compaction.json has compactions, recall and the archive written at the end.
+    # agent_run_compaction.json has compactions, recall and the archive written at the end;
+    # agent_run_files.json has per-run journal folders and `clean_up_run` at the close.
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     assert await replay_failure(history) is None
 

@@ -89,6 +89,8 @@ def result_lines(result: AgentResult) -> list[str]:
         textwrap.indent(result.output.strip() or "(empty)", "  "),
     ]
     lines += [f"unfinished: {item}" for item in result.unfinished]
+    if result.files:
+        lines.append(f"files: {result.files}")
     return lines
 
 

@@ -191,15 +191,14 @@ class ChainFiles(BaseModel):
 
 def scan(workspace_root: str) -> list[ChainFiles]:
     """Every chain's files in the workspace, per kind. Raises HostileLayout for a planted link,
-    FIFO or device anywhere in our folders, FileNotFoundError if there is no reserved folder."""
+    FIFO or device anywhere in our folders."""
     found: list[ChainFiles] = []
-    with _opened(workspace_root, None, workspace_root) as root_fd, _opened(RESERVED_DIR, root_fd, workspace_root) as fd:
-        for kind in KINDS:
-            try:
-                with _opened(kind, fd, f"{workspace_root}/{RESERVED_DIR}") as kind_fd:
-                    found += _scan_kind(workspace_root, kind, kind_fd)
-            except FileNotFoundError:
-                continue
+    for kind in KINDS:
+        try:
+            with _kind_folder(workspace_root, kind) as kind_fd:
+                found += _scan_kind(workspace_root, kind, kind_fd)
+        except FileNotFoundError:
+            continue  # no such folder: nothing of this kind
     return found
 
 
@@ -228,12 +227,7 @@ def measure_chain(workspace_root: str, kind: str, chain: str) -> ChainFiles:
     measured = ChainFiles(workspace=workspace_root, kind=kind, chain=chain)
     shown = f"{workspace_root}/{RESERVED_DIR}/{kind}"
     try:
-        with (
-            _opened(workspace_root, None, workspace_root) as root_fd,
-            _opened(RESERVED_DIR, root_fd, workspace_root) as fd,
-            _opened(kind, fd, shown) as kind_fd,
-            _opened(chain, kind_fd, shown) as chain_fd,
-        ):
+        with _kind_folder(workspace_root, kind) as kind_fd, _opened(chain, kind_fd, shown) as chain_fd:
             _walk(chain_fd, f"{shown}/{chain}", _MAX_DEPTH - 1, lambda _n, st: _count(measured, st))
     except FileNotFoundError:
         pass
@@ -246,11 +240,7 @@ def remove_chain(workspace_root: str, kind: str, chain: str) -> ChainFiles:
     removed = ChainFiles(workspace=workspace_root, kind=kind, chain=chain)
     shown = f"{workspace_root}/{RESERVED_DIR}/{kind}"
     try:
-        with (
-            _opened(workspace_root, None, workspace_root) as root_fd,
-            _opened(RESERVED_DIR, root_fd, workspace_root) as fd,
-            _opened(kind, fd, shown) as kind_fd,
-        ):
+        with _kind_folder(workspace_root, kind) as kind_fd:
             if chain == LEGACY:
                 _remove_loose_files(kind_fd, shown, removed)
             else:
@@ -258,6 +248,17 @@ def remove_chain(workspace_root: str, kind: str, chain: str) -> ChainFiles:
     except FileNotFoundError:
         pass  # nothing there (any more): removing is idempotent
     return removed
+
+
+@contextmanager
+def _kind_folder(workspace_root: str, kind: str) -> Iterator[int]:
+    """`.durable-agent/<kind>` of the workspace, opened without following a link at either level."""
+    with (
+        _opened(workspace_root, None, workspace_root) as root_fd,
+        _opened(RESERVED_DIR, root_fd, workspace_root) as fd,
+        _opened(kind, fd, f"{workspace_root}/{RESERVED_DIR}") as kind_fd,
+    ):
+        yield kind_fd
 
 
 def remove_folder(parent_fd: int, name: str, shown: str, removed: ChainFiles) -> None:
@@ -269,12 +270,15 @@ def remove_folder(parent_fd: int, name: str, shown: str, removed: ChainFiles) ->
 
 
 def _remove_loose_files(kind_fd: int, shown: str, removed: ChainFiles) -> None:
+    loose: list[tuple[str, os.stat_result]] = []
     for entry in os.scandir(kind_fd):
         st = entry.stat(follow_symlinks=False)
         if stat.S_ISREG(st.st_mode):
-            _unlink((kind_fd, entry.name), st, removed)
+            loose.append((entry.name, st))
         elif not stat.S_ISDIR(st.st_mode):
             raise _hostile(f"{shown}/{entry.name}", st.st_mode)
+    for name, st in loose:
+        _unlink((kind_fd, name), st, removed)
 
 
 Visit = Callable[[tuple[int, str], os.stat_result], None]

@@ -781,6 +781,7 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
 
 
 async def collect_garbage(args: argparse.Namespace, console: Console) -> int:
+    from activities import run_files
     from activities.run_files import HostileLayout
     from durable_agent import gc
 
@@ -792,7 +793,7 @@ async def collect_garbage(args: argparse.Namespace, console: Console) -> int:
     for path in paths:
         for workspace in gc.find_workspaces(path):
             try:
-                found = gc.scan(workspace)
+                found = run_files.scan(workspace)
             except (HostileLayout, OSError) as e:
                 console.line(f"refused       {workspace}: {e}")
                 refused += 1

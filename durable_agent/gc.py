@@ -108,7 +108,7 @@ def _unknown(text: str) -> ChainState:
 def judge(files: ChainFiles, state: ChainState, policy: GcPolicy, now: float) -> Verdict:
     """Whether the chain's folder of this kind goes now, and why."""
     if not state.closed:
-        return Verdict(files=files, state=state, remove=False, reason="kept while the run is open")
+        return Verdict(files=files, state=state, remove=False, reason="kept")
     grace = _grace(files.kind, state, policy)
     if grace is None:
         return Verdict(files=files, state=state, remove=False, reason="archives go only with --archives")
@@ -131,14 +131,6 @@ def _grace(kind: str, state: ChainState, policy: GcPolicy) -> float | None:
 
 def remove(verdict: Verdict) -> ChainFiles:
     return run_files.remove_chain(verdict.files.workspace, verdict.files.kind, verdict.files.chain)
-
-
-def scan(workspace: str) -> list[ChainFiles]:
-    """The workspace's chain folders; HostileLayout or OSError when they cannot be read safely."""
-    try:
-        return run_files.scan(workspace)
-    except FileNotFoundError:
-        return []
 
 
 def _age(seconds: float) -> str:

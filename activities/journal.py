@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +44,26 @@ class JournalFull(Exception):
 
 
 class Journal:
-    def __init__(self, workspace_root: str | Path, folder: Path | None = None, max_bytes: int | None = None) -> None:
-        """`folder`: the run's current step folder (activities/run_files.py); default the
-        workspace's shared `journal/` of calls recorded before per-chain folders, uncapped."""
+    def __init__(
+        self,
+        workspace_root: str | Path,
+        folder: Path | None = None,
+        max_bytes: int | None = None,
+        make_folder: Callable[[], object] | None = None,
+    ) -> None:
+        """`folder`: the run's current step folder (activities/run_files.py), made by
+        `make_folder` before the first entry is written (a run that only reads leaves no
+        folder); default the workspace's shared `journal/` of calls recorded before
+        per-chain folders, uncapped."""
         self.folder = folder if folder is not None else Path(workspace_root) / JOURNAL_DIR
         self.max_bytes = max_bytes
+        self._make_folder = make_folder
 
     def ensure_room(self) -> None:
         """Called before a call acts: a step whose entries fill the cap runs no more calls
-        with side effects (each would act without a record for its retry)."""
+        with side effects (each would act without a record for its retry). Makes the folder
+        first: one that cannot be made safely refuses the call before it acts."""
+        self._ensure_folder()
         if self.max_bytes is None:
             return
         try:
@@ -80,15 +92,22 @@ class Journal:
 
     def start(self, key: str, record: dict[str, Any]) -> None:
         """Note (or update) what an attempt is about to do or is doing."""
+        self._ensure_folder()
         atomic_write(self._path(key, "started"), _dumps({"key": key, **record}), ENTRY_MODE)
 
     def complete(self, key: str, outcome: ToolOutcome) -> None:
+        self._ensure_folder()
         atomic_write(self._path(key, "done"), _dumps({"key": key, "outcome": outcome.model_dump()}), ENTRY_MODE)
         self._path(key, "started").unlink(missing_ok=True)
 
     def forget_start(self, key: str) -> None:
         """Drop a start record for an attempt that provably did nothing."""
         self._path(key, "started").unlink(missing_ok=True)
+
+    def _ensure_folder(self) -> None:
+        if self._make_folder is not None:
+            self._make_folder()
+            self._make_folder = None
 
     def _path(self, key: str, stage: str) -> Path:
         return self.folder / f"{key_digest(key)}.{stage}.json"

@@ -104,12 +104,16 @@ def chain_folder(workspace_root: str, kind: str, chain: str, workflow_id: str) -
     return path
 
 
-def step_journal(workspace_root: str, chain: str, step: int, workflow_id: str) -> Path:
-    """The journal folder of the chain's current step. At a step's first call the folders of
-    earlier steps go: every call of theirs is over and its result is in history (the
-    workflow starts a step once the last one's calls have all closed), so no retry reads them."""
+def step_journal_path(workspace_root: str, chain: str, step: int) -> Path:
+    return Path(workspace_root) / RESERVED_DIR / "journal" / chain / f"{STEP_PREFIX}{step:06d}"
+
+
+def make_step_journal(workspace_root: str, chain: str, step: int, workflow_id: str) -> Path:
+    """Create the journal folder of the chain's current step. At a step's first entry the
+    folders of earlier steps go: every call of theirs is over and its result is in history
+    (the workflow starts a step once the last one's calls have all closed), so no retry reads them."""
     chain_path = chain_folder(workspace_root, "journal", chain, workflow_id)
-    folder = chain_path / f"{STEP_PREFIX}{step:06d}"
+    folder = step_journal_path(workspace_root, chain, step)
     if not os.path.lexists(folder):
         _prune_steps(chain_path, step)
     _ensure_folder(folder)

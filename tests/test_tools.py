@@ -557,10 +557,12 @@ async def test_the_oldest_saved_outputs_make_room_and_say_they_were_dropped(
     saved = workspace / ".durable-agent" / "outputs"
     saved.mkdir(parents=True)
     for age, name in enumerate(["old.txt", "older.txt"]):
-        (saved / name).write_bytes(b"x" * 90_000)
+        (saved / name).write_bytes(b"x" * 100_000)
         os.utime(saved / name, (time.time() - 100 * (age + 1),) * 2)
+    # A new output may save a quarter of the folder's 250,000 bytes: 200,000 held leave too little room.
     outcome = await run_tool(workspace, "run_command", command="seq 1 20000")
     assert outcome.full_output_ref
-    assert (saved / "older.txt").read_text().startswith("[dropped: this output held 90,000 bytes")
-    assert (saved / "old.txt").stat().st_size == 90_000
+    assert (saved / "older.txt").read_text().startswith("[dropped: this output held 100,000 bytes")
+    assert (saved / "old.txt").stat().st_size == 100_000
+    assert "1 earlier saved output(s) (100,000 bytes) were replaced by a note: older.txt" in outcome.output
     assert sum(p.stat().st_size for p in saved.iterdir()) <= 250_000

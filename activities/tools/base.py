@@ -7,6 +7,7 @@ import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from temporalio import activity
 
@@ -51,8 +52,9 @@ class ToolCallContext:
         workspace = Workspace(input.workspace, roots)
         if not input.run_folder:  # recorded before per-chain folders: the shared ones, as then
             return cls(input, workspace, Journal(workspace.root), caps)
-        folder = run_files.step_journal(workspace.root, input.run_folder, input.step, _workflow_id())
-        return cls(input, workspace, Journal(workspace.root, folder, caps.journal_max_bytes), caps)
+        folder = run_files.step_journal_path(workspace.root, input.run_folder, input.step)
+        make = partial(run_files.make_step_journal, workspace.root, input.run_folder, input.step, _workflow_id())
+        return cls(input, workspace, Journal(workspace.root, folder, caps.journal_max_bytes, make), caps)
 
     def capture(self) -> OutputCapture:
         digest = key_digest(self.input.idempotency_key)

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import statistics
 import sys
@@ -211,10 +212,12 @@ async def outcome(client: Client, workflow_id: str, deadline: float) -> AgentRes
 
 def comparable(result: AgentResult) -> dict[str, Any]:
     """What must match an uninterrupted run: everything but wall-clock time (cost in
-    micro-dollars, so that adding it up in another order cannot tell runs apart)."""
+    micro-dollars, so that adding it up in another order cannot tell runs apart) and the
+    byte counts of the files the close removed (journal entries hold the run's id)."""
     usage = result.usage.model_dump(exclude={"elapsed_s"})
     usage["cost_usd"] = round(usage["cost_usd"] * 1e6)
-    return {**result.model_dump(exclude={"usage"}), "usage": usage}
+    files = re.sub(r"[\d,]+ bytes", "N bytes", result.files or "")
+    return {**result.model_dump(exclude={"usage", "files"}), "usage": usage, "files": files}
 
 
 def expected_result(reference: AgentResult, script: RecheckingScript, goal: str, steps: int) -> dict[str, Any]:

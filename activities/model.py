@@ -234,14 +234,19 @@ def _token_count(value: object, which: str) -> int:
 
 @contextmanager
 def _endpoint_errors() -> Iterator[None]:
-    """The SDK's errors as Temporal sees them: retryable or not, with the endpoint's reason."""
+    """The SDK's errors as Temporal sees them: retryable or not, with the endpoint's reason.
+
+    Raised without the SDK's exception chain: the server keeps a retried call's last failure
+    (the Web UI's "Last Failure") only up to a few KB, and the chain's stack traces (SDK,
+    httpx, httpcore) made it "Failure exceeds size limit." with the reason buried below."""
     openai = openai_sdk()
     try:
         yield
     except openai.APIStatusError as e:
-        raise _status_error(e) from e
+        raise _status_error(e) from None
     except (openai.APIConnectionError, openai.APITimeoutError) as e:
-        raise ApplicationError(f"model endpoint unreachable: {e}", type="ModelUnavailable") from e
+        cause = f" ({e.__cause__!r})" if e.__cause__ else ""
+        raise ApplicationError(f"model endpoint unreachable: {e}{cause}", type="ModelUnavailable") from None
 
 
 def _status_error(e: APIStatusError) -> ApplicationError:

@@ -145,7 +145,7 @@ async def stream_chat_completion(
     except http.TransportError as e:
         raise ApplicationError(
             f"the model's streamed reply broke off after {progress.chunks} chunks: {e!r}", type="ModelStreamBroken"
-        ) from e
+        ) from None  # see activities/model.py, _endpoint_errors
     finally:
         await response.close()
 

@@ -138,7 +138,14 @@ async def test_a_stream_cut_mid_reply_is_retried(
     whole = answer("a reply that arrives whole the second time", input_tokens=50, output_tokens=10)
     cut = Reply(content=whole.content, input_tokens=50, output_tokens=10, cut_after_chunks=4)
     model_server.responder = script = Sequence(cut, whole)
+    model_server.stream_interval_s = 0.2  # the second attempt streams for ~3 s: watch it pending
     handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    pending = await pending_model_call(handle)
+    while pending.attempt < 2:
+        pending = await pending_model_call(handle)
+    # The Web UI's "Last Failure": the reason itself, not the server's "Failure exceeds size limit."
+    assert pending.last_failure.message.startswith("the model's streamed reply broke off after 3 chunks")
+    assert pending.last_failure.application_failure_info.type == "ModelStreamBroken"
     result = await asyncio.wait_for(handle.result(), 60)
     assert result.output == whole.content and len(script.arrivals) == 2
     assert (result.usage.input_tokens, result.usage.output_tokens, result.usage.model_calls) == (50, 10, 1)

@@ -22,6 +22,7 @@ from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
 from tests.helpers import start, wait_for
 from tests.scripts import Script, answer, tool_results, tools
+from tests.test_cli import cli_env, durable_agent, one_line_error
 from tests.test_context import command_turns, is_summary_request
 from tests.test_crash import ledger_lines, until, worker_env
 from worker import build_worker
@@ -222,9 +223,15 @@ async def test_the_journal_is_removed_at_close_after_a_worker_sigkill_mid_comman
 
 
 async def test_steps_folded_past_the_archive_cap_are_said_in_the_transcript_and_by_recall(
-    client: Client, task_queue: str, model_server: ModelServer, workspace: Path, monkeypatch: pytest.MonkeyPatch
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setenv("DURABLE_AGENT_ARCHIVE_MAX_BYTES", "1")  # no fold fits
+    caplog.set_level(logging.WARNING)
     steps = 10
     model_server.responder = Script(
         [*command_turns(steps, fact_at=2), tools(("recall", {"steps": "2"}), output_tokens=20)], final="done"
@@ -247,3 +254,9 @@ async def test_steps_folded_past_the_archive_cap_are_said_in_the_transcript_and_
     assert said and "DURABLE_AGENT_ARCHIVE_MAX_BYTES" in said[0], said
     recalled = [r for r in model_server.requests if not is_summary_request(r)][-1]
     assert "were folded without being archived" in tool_results(recalled)[-1]
+    assert any("without being archived" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_cap_that_is_not_a_size_stops_the_worker_with_one_line(temporal_server: EmbeddedServer) -> None:
+    env = cli_env(DURABLE_AGENT_OUTPUTS_MAX_BYTES="lots")
+    one_line_error(await durable_agent("worker", env=env), 2, "DURABLE_AGENT_OUTPUTS_MAX_BYTES='lots' is not a size")

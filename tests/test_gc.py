@@ -107,6 +107,7 @@ async def test_gc_refuses_hostile_layouts_and_touches_nothing_outside(temporal_s
     os.mkfifo(fifo_chain / "pipe.done.json")
     (root / "walk-into-outside").symlink_to(outside)  # a folder link: never entered
     healthy = plant_chain(root / "healthy", "outputs")
+    fresh = plant_chain(root / "fresh", "journal", age_days=0)  # unknown to Temporal, but recent
     before = snapshot(outside)
 
     result = await durable_agent("gc", str(root), "--outputs-older-than", "1d", env=cli_env(), timeout_s=60)
@@ -119,6 +120,7 @@ async def test_gc_refuses_hostile_layouts_and_touches_nothing_outside(temporal_s
     assert snapshot(outside) == before and secret.read_text() == "keep me"
     assert os.path.islink(swapped / "old.txt") and fifo_chain.is_dir()
     assert not healthy.exists()  # the rest of the tree is still collected
+    assert fresh.exists() and f"kept          {fresh}: " in result.stdout and "last written 0m ago" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr
 
 

@@ -373,6 +373,16 @@ class ModelReply(BaseModel):
 # --- tool calls --------------------------------------------------------------------
 
 
+RUN_FOLDER_CHARS = r"^[A-Za-z0-9._-]*$"
+
+
+def one_folder_name(value: str) -> str:
+    """A run folder's name names one folder: never `.` or `..`."""
+    if value in (".", ".."):
+        raise ValueError(f"{value!r} is not a run folder's name")
+    return value
+
+
 class ToolCallInput(BaseModel):
     """Input of every tool activity (activity type = tool name)."""
 
@@ -386,11 +396,16 @@ class ToolCallInput(BaseModel):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     """run_command only, like `env_allow`: copied from the run's input."""
     env_allow: list[str] = Field(default_factory=list)
-    run_folder: str = Field(default="", pattern=r"^([A-Za-z0-9_-][A-Za-z0-9._-]*)?$")
+    run_folder: str = Field(default="", pattern=RUN_FOLDER_CHARS)
     """The chain's folder name under `.durable-agent/journal/` and `outputs/`; empty (calls
     recorded before per-chain folders): the journal and outputs lie directly in those folders."""
     step: int = Field(default=0, ge=0)
     """The step the call belongs to: the journal keeps only the current step's entries."""
+
+    @field_validator("run_folder")
+    @classmethod
+    def _one_folder(cls, value: str) -> str:
+        return one_folder_name(value)
 
 
 class ToolOutcome(BaseModel):
@@ -447,7 +462,12 @@ class RunFilesCleanup(BaseModel):
     """Input of `clean_up_run`, run once when a run chain closes."""
 
     workspace: str
-    run_folder: str = Field(pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*$")
+    run_folder: str = Field(min_length=1, pattern=RUN_FOLDER_CHARS)
+
+    @field_validator("run_folder")
+    @classmethod
+    def _one_folder(cls, value: str) -> str:
+        return one_folder_name(value)
 
 
 class RunFilesCleaned(BaseModel):

@@ -44,7 +44,6 @@ class ToolCallContext:
     input: ToolCallInput
     workspace: Workspace
     journal: Journal
-
     caps: RunFileCaps
 
     @classmethod

@@ -13,8 +13,9 @@ from temporalio.api.workflowservice.v1 import ResetStickyTaskQueueRequest
 from temporalio.service import RPCError
 
 BEATS_PER_TIMEOUT = 3
-"""A beat every third of the call's heartbeat timeout: every 0.5 s for a command (1.5 s), every
-~1.7 s for a model call (5 s); the worker sends at most one per 0.5 s."""
+"""A beat every third of the call's heartbeat timeout, the first one a third after the start:
+every 0.5 s for a command (1.5 s), every ~3.3 s for a model call (10 s); the worker sends
+at most one per 0.5 s."""
 
 
 @asynccontextmanager
@@ -35,9 +36,11 @@ async def heartbeating(*details: Any) -> AsyncIterator[None]:
     interval_s = timeout.total_seconds() / BEATS_PER_TIMEOUT if timeout else 1.0
 
     async def beat() -> None:
+        # The first beat waits an interval: a call that ends sooner (most commands) costs the
+        # server no heartbeat at all, and the server's heartbeat timeout covers the gap.
         while True:
-            activity.heartbeat(*(detail() if callable(detail) else detail for detail in details))
             await asyncio.sleep(interval_s)
+            activity.heartbeat(*(detail() if callable(detail) else detail for detail in details))
 
     task = asyncio.create_task(beat())
     try:

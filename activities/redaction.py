@@ -137,13 +137,14 @@ def secret_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 def worker_redactor() -> Redactor:
-    """The redactor for this process's environment as it is now."""
-    return _redactor(frozenset(secret_env(os.environ).items()))
+    """The redactor for this process's environment as it is now (keyed by the raw environment,
+    which is cheaper to compare than to scan for secrets on every activity)."""
+    return _redactor(frozenset(os.environ._data.items()))  # type: ignore[attr-defined]
 
 
 @functools.lru_cache(maxsize=8)
-def _redactor(secrets: frozenset[tuple[str, str]]) -> Redactor:
-    return Redactor(dict(sorted(secrets)))
+def _redactor(_raw_environment: frozenset[tuple[bytes, bytes]]) -> Redactor:
+    return Redactor(dict(sorted(secret_env(os.environ).items())))
 
 
 class StreamRedactor:

@@ -10,6 +10,7 @@ between the check and the use would win.
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -41,7 +42,7 @@ def workspace_roots() -> list[str]:
 def check_allowed(folder: str, roots: list[str]) -> None:
     """Raise WorkspaceRefused unless `folder` resolves inside a root and outside system folders."""
     real = os.path.realpath(folder)
-    system = [s for s in SYSTEM_FOLDERS if _inside(real, os.path.realpath(s)) or _inside(real, s)]
+    system = [s for s in _system_folders() if _inside(real, s)]
     if real == "/" or system:
         raise WorkspaceRefused(f"workspace {folder} resolves to {real}: a system folder is never a workspace")
     if not any(_inside(real, root) for root in roots):
@@ -55,6 +56,13 @@ def check_allowed(folder: str, roots: list[str]) -> None:
             f"workspace {folder}: {RESERVED_DIR} is a symlink or a file; durable-agent keeps its journal "
             "there and refuses this workspace until it is removed"
         )
+
+
+@functools.cache
+def _system_folders() -> tuple[str, ...]:
+    """SYSTEM_FOLDERS as named and as resolved (`/lib` may be a link to `/usr/lib`); once per
+    process, since every tool call checks its workspace."""
+    return tuple(dict.fromkeys([*SYSTEM_FOLDERS, *map(os.path.realpath, SYSTEM_FOLDERS)]))
 
 
 class Workspace:

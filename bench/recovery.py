@@ -38,7 +38,6 @@ from durable_agent.connection import connect
 from durable_agent.runs import chain_histories, start_agent
 from durable_agent.server import temporal_binary
 from durable_agent.takeover import WORKER_GONE
-from workflows.agent import AGENT_STEP
 from workflows.types import WORKFLOW_TYPE, AgentResult
 
 START_PATHS = ("start_agent", "run", "temporal")
@@ -46,12 +45,20 @@ RUN_ID = "recovery"
 
 
 async def recorded_step(handle: WorkflowHandle) -> int:
-    """The step the run's history has reached: the `AgentStep` search attribute, written by
-    a completed workflow task. A `status` query would not do: it answers from the worker's
-    memory, which runs ahead of history while a task is in flight, and a kill timed on it
-    can land before the previous recovery was recorded, so that two recoveries overlap."""
-    description = await handle.describe()
-    return description.typed_search_attributes.get(AGENT_STEP) or 0
+    """The steps the run's history has recorded: its completed `call_model` activities. A
+    `status` query would not do: it answers from the worker's memory, which runs ahead of
+    history while a task is in flight, and a kill timed on it can land before the previous
+    recovery was recorded, so that two recoveries overlap. (The `AgentStep` search attribute
+    is refreshed at most every 10 s.) The bench's runs stay within one run of their chain."""
+    model_calls: set[int] = set()
+    completed = 0
+    async for event in handle.fetch_history_events():
+        if event.HasField("activity_task_scheduled_event_attributes"):
+            if event.activity_task_scheduled_event_attributes.activity_type.name == "call_model":
+                model_calls.add(event.event_id)
+        elif event.HasField("activity_task_completed_event_attributes"):
+            completed += event.activity_task_completed_event_attributes.scheduled_event_id in model_calls
+    return completed
 
 
 async def wait_progress(handle: WorkflowHandle, beyond: int) -> None:

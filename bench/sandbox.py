@@ -33,7 +33,7 @@ async def launch_once(workspace: str, unsandboxed: bool) -> float:
     launch = CommandLaunch.prepare(workspace, "true", False, [], CommandLimits())
     try:
         process = await asyncio.create_subprocess_exec(
-            *launch.argv, cwd=workspace, env=launch.env, preexec_fn=launch.preexec, start_new_session=True
+            *launch.argv, cwd=workspace, env=launch.env, start_new_session=True
         )
         await process.wait()
     finally:

@@ -132,6 +132,7 @@ class AgentWorkflow:
         self._doing = "starting"
         self._result: AgentResult | None = None
         self._published: tuple[Any, ...] = ()
+        self._published_at: datetime | None = None
         self._wire = WireContext()
         self._metrics = RunMetrics()
         self._in_flight: ModelContext | None = None
@@ -141,6 +142,7 @@ class AgentWorkflow:
         are in the archive only."""
         self._delegates = Delegates()
         self._reporter = ParentReporter(None)
+        self._baseline: bool | None = None
         try:
             self._start(_parse_input(raw_input))
         except ApplicationError as e:
@@ -151,6 +153,16 @@ class AgentWorkflow:
         if self._input is None:  # handlers and queries check _input first; this never fires
             raise ApplicationError("the run has no input yet", non_retryable=True)
         return self._input
+
+    def _patched(self, patch: str) -> bool:
+        """`workflow.patched(patch)`, except that a run recorded with today's baseline patch has
+        every patch of `options.BASELINE_PATCHES` without a marker of its own (see there)."""
+        if patch in options.BASELINE_PATCHES:
+            if self._baseline is None:
+                self._baseline = workflow.patched(options.BASELINE_PATCH)
+            if self._baseline:
+                return True
+        return workflow.patched(patch)
 
     # --- run ---------------------------------------------------------------------------
 
@@ -163,7 +175,7 @@ class AgentWorkflow:
         if self._task_timeout_too_long():
             await workflow.wait_condition(workflow.all_handlers_finished)
             workflow.continue_as_new(self._input_for_next_run(), task_timeout=options.WORKFLOW_TASK_TIMEOUT)
-        if workflow.patched(options.WORKSPACE_CHECK_PATCH):
+        if self._patched(options.WORKSPACE_CHECK_PATCH):
             await self._check_workspace()
         self._publish()
         try:
@@ -209,7 +221,7 @@ class AgentWorkflow:
         return (
             self._agent.carry is None
             and (timeout is None or timeout > options.WORKFLOW_TASK_TIMEOUT)
-            and workflow.patched(options.TASK_TIMEOUT_PATCH)
+            and self._patched(options.TASK_TIMEOUT_PATCH)
         )
 
     async def _flush_signals(self) -> None:
@@ -220,16 +232,40 @@ class AgentWorkflow:
     async def _check_workspace(self) -> None:
         """The worker confirms the workspace lies in its roots; a refusal closes the run."""
         try:
-            await workflow.execute_activity(
+            await self._start_up_activity(
                 "check_workspace",
                 self._agent.workspace,
-                start_to_close_timeout=options.WORKSPACE_CHECK_TIMEOUT,
-                retry_policy=options.TOOL_RETRY,
-                summary=f"check_workspace: {self._agent.workspace}"[:120],
+                None,
+                options.WORKSPACE_CHECK_TIMEOUT,
+                f"check_workspace: {self._agent.workspace}"[:120],
             )
         except ACTIVITY_FAILED as e:
             _raise_if_cancelled(e)
             raise ApplicationError(_failure_message(e), type="WorkspaceRefused", non_retryable=True) from None
+
+    async def _start_up_activity(
+        self, name: str, arg: Any, result_type: type | None, timeout: timedelta, summary: str
+    ) -> Any:
+        """A run's start-up reads (a `stat`, a skills folder): local activities in the run's
+        first workflow task, or regular ones in runs recorded before (see options.py)."""
+        if self._patched(options.LOCAL_START_UP_PATCH):
+            return await workflow.execute_local_activity(
+                name,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=timeout,
+                retry_policy=options.TOOL_RETRY,
+                local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
+                summary=summary,
+            )
+        return await workflow.execute_activity(
+            name,
+            arg,
+            result_type=result_type,
+            start_to_close_timeout=timeout,
+            retry_policy=options.TOOL_RETRY,
+            summary=summary,
+        )
 
     def _start(self, input: AgentInput) -> None:
         info = workflow.info()
@@ -265,7 +301,7 @@ class AgentWorkflow:
             self._end_step()
             if self._should_continue_as_new():
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                if workflow.patched(options.CLOSED_RUN_STATE_PATCH):
+                if self._patched(options.CLOSED_RUN_STATE_PATCH):
                     # The closed run holds no AgentState: the chain's next run holds it.
                     workflow.upsert_search_attributes([AGENT_STATE.value_unset()])
                 await self._flush_signals()
@@ -275,17 +311,16 @@ class AgentWorkflow:
         """Once per chain: the skills the model may load, as a system message."""
         if self._carry.skills_listed or "load_skill" not in self._agent.enabled_tools():
             return
-        if not workflow.patched(options.SKILLS_PATCH):
+        if not self._patched(options.SKILLS_PATCH):
             return
         self._doing = "listing skills"
         try:
-            catalog = await workflow.execute_activity(
+            catalog = await self._start_up_activity(
                 "discover_skills",
                 SkillCatalogRequest(workspace=self._agent.workspace),
-                result_type=SkillCatalog,
-                start_to_close_timeout=options.SKILLS_TIMEOUT,
-                retry_policy=options.TOOL_RETRY,
-                summary="discover_skills",
+                SkillCatalog,
+                options.SKILLS_TIMEOUT,
+                "discover_skills",
             )
         except ACTIVITY_FAILED as e:
             _raise_if_cancelled(e)
@@ -314,7 +349,7 @@ class AgentWorkflow:
     @contextmanager
     def _waiting_for_a_person(self) -> Iterator[None]:
         # Histories recorded before this change counted waits: they replay as recorded.
-        if not workflow.patched(options.WAITS_NOT_TIMED_PATCH):
+        if not self._patched(options.WAITS_NOT_TIMED_PATCH):
             yield
             return
         if self._waiting == 0:
@@ -482,7 +517,7 @@ class AgentWorkflow:
         it then holds the whole transcript past the session layer, whatever retention later
         deletes. A run that never folded has its whole transcript in its last history."""
         rest = [m for m in self._carry.view.messages if m.step > self._carry.archived_through]
-        if not self._carry.archived_through or not rest or not workflow.patched(compaction.ARCHIVE_AT_END_PATCH):
+        if not self._carry.archived_through or not rest or not self._patched(options.ARCHIVE_AT_END_PATCH):
             return
         await self._archive(rest[0].step, self._carry.step, rest)
 
@@ -554,7 +589,7 @@ class AgentWorkflow:
         """One `call_model`: an agent step's (its wire messages chosen by compaction), or a
         compaction's summarising call."""
         summary = f"call_model: {self._carry.model} {summary}"[:120]
-        if not workflow.patched(options.MODEL_ACTIVITY_PATCH):
+        if not self._patched(options.MODEL_ACTIVITY_PATCH):
             return await workflow.execute_local_activity(
                 "call_model",
                 ModelCallInput(messages=messages, tools=tools, model=self._carry.model),
@@ -673,7 +708,7 @@ class AgentWorkflow:
         try:
             if call.name == "recall":
                 return await self._recall(RecallArgs.model_validate(args))
-            if call.name in options.LOCAL_TOOLS and workflow.patched(options.LOCAL_TOOLS_PATCH):
+            if call.name in options.LOCAL_TOOLS and self._patched(options.LOCAL_TOOLS_PATCH):
                 return await workflow.execute_local_activity(
                     call.name,
                     request,
@@ -1038,8 +1073,9 @@ class AgentWorkflow:
             return
         usage = self._result.usage if self._result else self._carry.usage
         snapshot = (self._state(), self._carry.step, usage.tokens, round(usage.cost_usd, 6))
-        if snapshot != self._published:
+        if snapshot != self._published and self._search_attributes_due(snapshot[0]):
             self._published = snapshot
+            self._published_at = workflow.now()
             workflow.upsert_search_attributes(
                 [
                     AGENT_STATE.value_set(snapshot[0]),
@@ -1053,6 +1089,15 @@ class AgentWorkflow:
         self._metrics.observe(status)  # replay-safe: workflow.metric_meter() (workflows/run_metrics.py)
         workflow.set_current_details(details_markdown(status))
         self._reporter.report(status, status.wait_chains)
+
+    def _search_attributes_due(self, state: RunState) -> bool:
+        """A new state is written at once; step, tokens and cost at most every
+        `options.SEARCH_ATTRIBUTES_REFRESH` (each write is a visibility-store update)."""
+        if not self._published or state != self._published[0] or self._published_at is None:
+            return True
+        if not self._patched(options.SEARCH_ATTRIBUTES_REFRESH_PATCH):
+            return True
+        return workflow.now() - self._published_at >= options.SEARCH_ATTRIBUTES_REFRESH
 
     def _finish(
         self, state: RunState, reason: StopReason, output: str | None = None, open_calls: list[ToolCall] = ()

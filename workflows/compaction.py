@@ -57,8 +57,6 @@ _EXIT_CODE = re.compile(r"^exit code: (-?\d+)")
 FILE_TOOLS = frozenset({"read_file", "write_file", "edit_file"})
 ARCHIVE_ROOT = ".durable-agent/archive"
 """Under the workspace's reserved folder (activities/sandbox.py), which tools never write."""
-ARCHIVE_AT_END_PATCH = "archive-at-end"
-"""`workflow.patched` id: runs recorded before the archive existed end without writing it."""
 TARGET_FILL = 0.7
 """When the last `keep_recent_steps` alone would not fit, fewer are kept, down to one, until
 the request fits in this share of `max_context_tokens`: room for the steps that follow."""

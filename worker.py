@@ -9,8 +9,11 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
+from temporalio import activity
 from temporalio.client import Client
 from temporalio.worker import Interceptor, UnsandboxedWorkflowRunner, Worker
 
@@ -70,13 +73,7 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
         "identity": worker_identity(),
         "workflows": [AgentWorkflow],
         "workflow_runner": WORKFLOW_RUNNER,
-        "activities": [
-            ModelActivities().call_model,
-            *ToolActivities().all(),
-            *ArchiveActivities().all(),
-            *SkillActivities().all(),
-            *CleanupActivities().all(),
-        ],
+        "activities": [ModelActivities().call_model, *workflow_activities()],
         "interceptors": interceptors(settings.model_task_queue if settings.model_queue_is_separate else None),
         "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
@@ -86,7 +83,31 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
     if not settings.model_queue_is_separate and settings.model_rps is not None:
         options["max_task_queue_activities_per_second"] = settings.model_rps
     options.update(overrides)
+    options["activities"] = _with_workflow_activities(options["activities"])  # type: ignore[arg-type]
     return Worker(client, **options)  # type: ignore[arg-type]
+
+
+def workflow_activities() -> list[Callable[..., Any]]:
+    """The tools, the archive, the skills and the run's cleanup: some run as local activities,
+    which only the worker running the workflow can run."""
+    return [
+        *ToolActivities().all(),
+        *ArchiveActivities().all(),
+        *SkillActivities().all(),
+        *CleanupActivities().all(),
+    ]
+
+
+def _with_workflow_activities(activities: list[Callable[..., Any]]) -> list[Callable[..., Any]]:
+    """`activities`, plus any of `workflow_activities()` it lacks by name: a worker given its own
+    list (a test's model, other tool limits) must still run the workflow's local activities,
+    or a run would fail its workflow task on every attempt."""
+    names = {_activity_name(a) for a in activities}
+    return [*activities, *(a for a in workflow_activities() if _activity_name(a) not in names)]
+
+
+def _activity_name(function: Callable[..., Any]) -> str:
+    return activity._Definition.must_from_callable(function).name  # the SDK's own name lookup
 
 
 def interceptors(model_queue: str | None) -> list[Interceptor]:

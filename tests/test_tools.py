@@ -437,11 +437,23 @@ async def test_run_command_caps_huge_output_and_saves_it_whole(workspace: Path) 
 
 
 async def test_run_command_heartbeats_while_running(workspace: Path) -> None:
+    # Without a heartbeat timeout (as here) a call beats every second, the first after one.
     env = ActivityEnvironment()
     beats: list[float] = []
     env.on_heartbeat = lambda *details: beats.append(time.monotonic())
-    await run_tool(workspace, "run_command", env=env, command="sleep 1.6")
+    started = time.monotonic()
+    await run_tool(workspace, "run_command", env=env, command="sleep 2.4")
     assert len(beats) >= 2
+    assert beats[0] - started >= 0.9
+
+
+async def test_a_command_over_before_its_first_beat_sends_no_heartbeat(workspace: Path) -> None:
+    env = ActivityEnvironment()
+    beats: list[float] = []
+    env.on_heartbeat = lambda *details: beats.append(time.monotonic())
+    outcome = await run_tool(workspace, "run_command", env=env, command="true")
+    assert outcome.ok
+    assert beats == []
 
 
 async def test_cancellation_kills_the_process_group(workspace: Path) -> None:

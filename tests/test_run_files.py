@@ -7,6 +7,7 @@ Real dev server, real worker (in process, or a `python worker.py` SIGKILLed), sc
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from pathlib import Path
@@ -43,11 +44,18 @@ def bytes_at_rest(path: Path) -> int:
 
 
 def scheduled_activities(history: Any) -> list[str]:
-    return [
-        e.activity_task_scheduled_event_attributes.activity_type.name
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-    ]
+    """The activities the run ran, regular (scheduled events) and local (their markers)."""
+    names = []
+    for e in history.events:
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            names.append(e.activity_task_scheduled_event_attributes.activity_type.name)
+        elif (
+            e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+            and "data" in e.marker_recorded_event_attributes.details
+        ):
+            data = e.marker_recorded_event_attributes.details["data"].payloads[0].data
+            names.append(json.loads(data).get("activity_type", "") if data.startswith(b"{") else "")
+    return names
 
 
 async def test_the_journal_holds_the_current_step_while_open_and_is_removed_at_close(

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from temporalio import workflow
-from temporalio.common import RawValue, SearchAttributeKey
+from temporalio.common import RawValue, RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError, is_cancelled_exception
 from temporalio.exceptions import TimeoutError as TemporalTimeoutError
 
@@ -194,17 +194,18 @@ class AgentWorkflow:
 
     async def _clean_up_files(self, result: AgentResult) -> None:
         """The chain closes: its journal goes (activities/cleanup.py). A failure is only reported."""
-        if not workflow.patched(options.RUN_FILES_PATCH):
+        if not self._patched(options.RUN_FILES_PATCH):
             return
         request = RunFilesCleanup(workspace=self._agent.workspace, run_folder=self._run_folder())
         try:
-            cleaned = await workflow.execute_activity(
+            cleaned = await self._local_or_regular(
+                options.LOCAL_CLEAN_UP_PATCH,
                 "clean_up_run",
                 request,
-                result_type=RunFilesCleaned,
-                start_to_close_timeout=options.CLEANUP_TIMEOUT,
-                retry_policy=options.CLEANUP_RETRY,
-                summary=f"clean_up_run: {request.run_folder}"[:120],
+                RunFilesCleaned,
+                options.CLEANUP_TIMEOUT,
+                f"clean_up_run: {request.run_folder}"[:120],
+                options.CLEANUP_RETRY,
             )
             result.files = cleaned.note
         except ACTIVITY_FAILED as e:
@@ -232,7 +233,8 @@ class AgentWorkflow:
     async def _check_workspace(self) -> None:
         """The worker confirms the workspace lies in its roots; a refusal closes the run."""
         try:
-            await self._start_up_activity(
+            await self._local_or_regular(
+                options.LOCAL_START_UP_PATCH,
                 "check_workspace",
                 self._agent.workspace,
                 None,
@@ -243,28 +245,30 @@ class AgentWorkflow:
             _raise_if_cancelled(e)
             raise ApplicationError(_failure_message(e), type="WorkspaceRefused", non_retryable=True) from None
 
-    async def _start_up_activity(
-        self, name: str, arg: Any, result_type: type | None, timeout: timedelta, summary: str
+    async def _local_or_regular(
+        self,
+        patch: str,
+        name: str,
+        arg: Any,
+        result_type: type | None,
+        timeout: timedelta,
+        summary: str,
+        retry: RetryPolicy = options.TOOL_RETRY,
     ) -> Any:
-        """A run's start-up reads (a `stat`, a skills folder): local activities in the run's
-        first workflow task, or regular ones in runs recorded before (see options.py)."""
-        if self._patched(options.LOCAL_START_UP_PATCH):
+        """A short read or cleanup at a run's start or close: a local activity, in a workflow
+        task the run has anyway, or a regular one in runs recorded before `patch`."""
+        if self._patched(patch):
             return await workflow.execute_local_activity(
                 name,
                 arg,
                 result_type=result_type,
                 start_to_close_timeout=timeout,
-                retry_policy=options.TOOL_RETRY,
+                retry_policy=retry,
                 local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
                 summary=summary,
             )
         return await workflow.execute_activity(
-            name,
-            arg,
-            result_type=result_type,
-            start_to_close_timeout=timeout,
-            retry_policy=options.TOOL_RETRY,
-            summary=summary,
+            name, arg, result_type=result_type, start_to_close_timeout=timeout, retry_policy=retry, summary=summary
         )
 
     def _start(self, input: AgentInput) -> None:
@@ -315,7 +319,8 @@ class AgentWorkflow:
             return
         self._doing = "listing skills"
         try:
-            catalog = await self._start_up_activity(
+            catalog = await self._local_or_regular(
+                options.LOCAL_START_UP_PATCH,
                 "discover_skills",
                 SkillCatalogRequest(workspace=self._agent.workspace),
                 SkillCatalog,
@@ -699,7 +704,7 @@ class AgentWorkflow:
             arguments=args,
             output_chars=self._agent.context.tool_output_chars,
         )
-        if workflow.patched(options.RUN_FILES_PATCH):
+        if self._patched(options.RUN_FILES_PATCH):
             request = request.model_copy(update={"run_folder": self._run_folder(), "step": self._carry.step})
         if call.name == "delegate":
             return await self._delegate(f"{self._carry.step}:{call.id}", key, args)

@@ -160,6 +160,11 @@ earlier workflow task than the commands after it, and a `workflow.patched` among
 then read differently on replay (a nondeterminism error). A run on the baseline patch
 calls `workflow.patched` once, before them, and never after."""
 
+LOCAL_CLEAN_UP_PATCH = "local-clean-up"
+"""`workflow.patched` id: runs recorded before it removed their files at the close with a
+regular activity. A local one (in the run's last workflow task) saves that task's round
+trip; removing a run's journal takes milliseconds."""
+
 BASELINE_PATCH = "baseline-1"
 """`workflow.patched` id that stands for every patch in `BASELINE_PATCHES` at once.
 
@@ -167,8 +172,8 @@ The SDK records each patch a run goes through as a marker and, with it, an upser
 `TemporalChangeVersion` search attribute: a write to the visibility store, one per patch
 per run (four at every run's start before this). A run started on this code records this
 one patch and then takes every listed behaviour; runs recorded with the individual patches
-(and none) replay through them as before. A patch added later is checked on its own until
-a new baseline id lists it too."""
+(and none) replay through them as before. The list of a released baseline never changes: a
+patch added later is checked on its own until a new baseline id lists it too."""
 BASELINE_PATCHES = frozenset(
     {
         TASK_TIMEOUT_PATCH,
@@ -181,5 +186,7 @@ BASELINE_PATCHES = frozenset(
         ARCHIVE_AT_END_PATCH,
         SEARCH_ATTRIBUTES_REFRESH_PATCH,
         LOCAL_START_UP_PATCH,
+        RUN_FILES_PATCH,
+        LOCAL_CLEAN_UP_PATCH,
     }
 )

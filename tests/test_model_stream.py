@@ -83,7 +83,8 @@ async def test_a_streamed_reply_is_recorded_as_the_same_reply_as_an_unstreamed_o
 async def test_the_pending_call_shows_the_chunks_received_so_far(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
-    model_server.stream_interval_s = 0.05  # 200 events of 4 characters: about 10 s
+    # 200 events of 4 characters: about 16 s, past the first few beats (one every ~3.3 s).
+    model_server.stream_interval_s = 0.08
     model_server.responder = Script([], final="word " * 160)
     handle = await start(client, task_queue, goal="x", workspace=str(workspace))
     seen: list[dict[str, Any]] = []
@@ -138,7 +139,8 @@ async def test_a_stream_cut_mid_reply_is_retried(
     whole = answer("a reply that arrives whole the second time", input_tokens=50, output_tokens=10)
     cut = Reply(content=whole.content, input_tokens=50, output_tokens=10, cut_after_chunks=4)
     model_server.responder = script = Sequence(cut, whole)
-    model_server.stream_interval_s = 0.2  # the second attempt streams for ~3 s: watch it pending
+    # The second attempt streams for ~7 s, past its first beat (~3.3 s in): watch it pending.
+    model_server.stream_interval_s = 0.5
     handle = await start(client, task_queue, goal="x", workspace=str(workspace))
     pending = await pending_model_call(handle)
     while pending.attempt < 2:

@@ -11,9 +11,14 @@ import asyncio
 import json
 import os
 import shlex
+import shutil
 import subprocess
+import sys
+import textwrap
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
@@ -22,7 +27,9 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
+from activities.archive import ArchiveActivities
 from activities.model import ModelActivities
+from activities.skills import SkillActivities
 from activities.tools import ToolActivities
 from activities.tools.sandbox import (
     BWRAP_ENV,
@@ -38,48 +45,166 @@ from durable_agent.runs import start_agent
 from durable_agent.server import EmbeddedServer, temporal_binary
 from tests.helpers import host_processes_named, start, wait_for
 from tests.scripts import Script, answer, tool_results, tools
+from tests.unprivileged import (
+    NOBODY,
+    PROJECT,
+    nobody_folder,
+    owned_by_nobody,
+    unprivileged_argv,
+    unprivileged_unavailable,
+)
 from worker import build_worker
 from workflows.types import AgentInput, ToolCallInput
 
 SMALL_LIMITS = CommandLimits(memory_bytes=256 * 2**20, address_space_bytes=2**30, processes=64)
 """The bombs run against small caps: the mechanism is the same, the machine is shared."""
 
+WORKER_SECRET = f"worker-secret-{uuid.uuid4().hex}"
+WORKER_ENV = {"SOME_API_TOKEN": WORKER_SECRET, "ALLOWED_SETTING": "passed-on"}
+"""In the attacked worker's environment: a secret no command may see, and one `env_allow` passes on."""
+
+NOBODY_WORKER = textwrap.dedent(
+    """
+    import asyncio, json, os, signal, sys
+    from activities.tools.sandbox import CommandLimits
+    from durable_agent.connection import connect
+    from tests.test_sandbox import activities_under
+    from worker import build_worker
+
+    async def serve(queue, limits):
+        client = await connect()
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        async with build_worker(client, queue, activities=activities_under(limits)):
+            print(f"worker polling {queue} as uid {os.getuid()}", flush=True)
+            await stop.wait()
+
+    asyncio.run(serve(sys.argv[1], CommandLimits(**json.loads(sys.argv[2]))))
+    sys.stdout.flush()
+    os._exit(0)  # the core bridge can abort at interpreter exit; the worker is shut down
+    """
+)
+
 
 def command(text: str, timeout_s: float | None = None) -> tuple[str, dict[str, object]]:
     return ("run_command", {"command": text} | ({"timeout_s": timeout_s} if timeout_s else {}))
 
 
-async def run_commands(client: Client, queue: str, server: ModelServer, workspace: Path, *commands, **fields):
-    """One step per command, then an answer; the finished run's result and the tool results."""
-    server.responder = Script([tools(c) for c in commands] + [answer("done")])
-    handle = await start(client, queue, goal="attack", workspace=str(workspace), **fields)
-    result = await handle.result()
-    return result, tool_results(server.requests[-1])
+def activities_under(limits: CommandLimits) -> list[object]:
+    """A worker's activities (worker.py's list), its commands under `limits`."""
+    tools = ToolActivities(command_limits=limits)
+    return [ModelActivities().call_model, *tools.all(), *ArchiveActivities().all(), *SkillActivities().all()]
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def small_worker(client: Client, task_queue: str, model_server: ModelServer) -> AsyncIterator[Worker]:
-    activities = [ModelActivities().call_model, *ToolActivities(command_limits=SMALL_LIMITS).all()]
-    async with build_worker(client, task_queue, activities=activities) as running:
+    async with build_worker(client, task_queue, activities=activities_under(SMALL_LIMITS)) as running:
         yield running
 
 
-async def test_another_workspace_and_the_host_are_neither_read_nor_written(
-    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, tmp_path: Path, workspace: Path
-) -> None:
-    other = tmp_path / "other-run"
-    other.mkdir()
+@dataclass
+class NobodyWorker:
+    """A worker process running as nobody, with its own model stub and workspace root."""
+
+    process: subprocess.Popen[bytes]
+    task_queue: str
+    model_server: ModelServer
+    root: Path
+
+
+@pytest.fixture(scope="module")
+def nobody_worker(temporal_server: EmbeddedServer) -> Iterator[NobodyWorker]:
+    reason = unprivileged_unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    home = nobody_folder()
+    root = owned_by_nobody(home / "workspaces")
+    queue = f"nobody-{uuid.uuid4().hex[:12]}"
+    argv = unprivileged_argv([sys.executable, "-c", NOBODY_WORKER, queue, json.dumps(asdict(SMALL_LIMITS))], home)
+    log = home / "worker.log"
+    with ModelServer(Script([])) as model_server, log.open("wb") as output:
+        env = {
+            **os.environ,
+            **WORKER_ENV,
+            "OPENAI_BASE_URL": model_server.base_url,
+            "OPENAI_API_KEY": "test-key",
+            ROOTS_ENV: str(root),
+            "HOME": str(root),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        process = subprocess.Popen(argv, cwd=PROJECT, env=env, stdout=output, stderr=subprocess.STDOUT)
+        try:
+            ready = f"worker polling {queue} as uid {NOBODY}"
+            deadline = time.monotonic() + 60
+            while ready not in log.read_text() and process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert ready in log.read_text(), log.read_text()
+            yield NobodyWorker(process, queue, model_server, root)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+            shutil.rmtree(home, ignore_errors=True)
+
+
+@dataclass
+class Attacked:
+    """The worker the attacks go to, running as `user`, and where its runs work."""
+
+    user: str
+    task_queue: str
+    model_server: ModelServer
+    workspace: Path
+    scratch: Path
+    """Other workspaces and other targets, owned by the worker's user."""
+    worker_pid: int
+
+    def folder(self, name: str) -> Path:
+        folder = self.scratch / name
+        folder.mkdir()
+        return owned_by_nobody(folder) if self.user == "nobody" else folder
+
+
+@pytest.fixture(params=["root", "nobody"])
+def attacked(request: pytest.FixtureRequest, task_queue: str, tmp_path: Path) -> Attacked:
+    """The same attack against a worker running as root (in this process) and as nobody
+    (a worker process started with setpriv), each with SMALL_LIMITS and WORKER_ENV."""
+    if request.param == "root":
+        monkeypatch: pytest.MonkeyPatch = request.getfixturevalue("monkeypatch")
+        for name, value in WORKER_ENV.items():
+            monkeypatch.setenv(name, value)
+        model_server: ModelServer = request.getfixturevalue("model_server")
+        request.getfixturevalue("small_worker")
+        workspace = tmp_path / "ws"
+        workspace.mkdir()
+        return Attacked("root", task_queue, model_server, workspace, tmp_path, os.getpid())
+    nobody: NobodyWorker = request.getfixturevalue("nobody_worker")
+    assert nobody.process.poll() is None, "the worker running as nobody has died"
+    scratch = owned_by_nobody(nobody.root / uuid.uuid4().hex[:12])
+    workspace = owned_by_nobody(scratch / "ws")
+    return Attacked("nobody", nobody.task_queue, nobody.model_server, workspace, scratch, nobody.process.pid)
+
+
+async def attack(client: Client, attacked: Attacked, *commands, **fields):
+    """One step per command, then an answer; the finished run's result and the tool results."""
+    server = attacked.model_server
+    server.responder = Script([tools(c) for c in commands] + [answer("done")])
+    handle = await start(client, attacked.task_queue, goal="attack", workspace=str(attacked.workspace), **fields)
+    result = await asyncio.wait_for(handle.result(), timeout=120)  # a worker killed by an attack fails here
+    return result, tool_results(server.requests[-1])
+
+
+async def test_another_workspace_and_the_host_are_neither_read_nor_written(client: Client, attacked: Attacked) -> None:
+    other = attacked.folder("other-run")
     (other / "secret.txt").write_text("other-secret\n")
     host_tmp = Path("/tmp") / f"escape-{uuid.uuid4().hex}"
-    result, outputs = await run_commands(
+    result, outputs = await attack(
         client,
-        task_queue,
-        model_server,
-        workspace,
+        attacked,
         command(f"cat {other}/secret.txt > stolen.txt; echo pwned > {other}/written.txt; echo x > {host_tmp}"),
         command("ls -a / /root /home /work > listing.txt 2>&1; cat /etc/shadow >> listing.txt 2>&1; echo ok"),
     )
     assert result.state == "completed"
+    workspace = attacked.workspace
     assert "other-secret" not in (workspace / "stolen.txt").read_text()
     assert not (other / "written.txt").exists() and not host_tmp.exists()
     listing = (workspace / "listing.txt").read_text()
@@ -88,26 +213,16 @@ async def test_another_workspace_and_the_host_are_neither_read_nor_written(
     assert sorted(os.listdir(other)) == ["secret.txt"]
 
 
-async def test_the_worker_and_other_processes_keep_their_environment(
-    client: Client,
-    worker: Worker,
-    task_queue: str,
-    model_server: ModelServer,
-    workspace: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    marker = f"worker-secret-{uuid.uuid4().hex}"
-    monkeypatch.setenv("SOME_API_TOKEN", marker)
-    monkeypatch.setenv("ALLOWED_SETTING", "passed-on")
-    bystander = subprocess.Popen(["sleep", "60"], env={"BYSTANDER_SECRET": marker})
+async def test_the_worker_and_other_processes_keep_their_environment(client: Client, attacked: Attacked) -> None:
+    # A bystander of the worker's user: its /proc/<pid>/environ is readable to that user outside a sandbox.
+    user = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if attacked.user == "nobody" else {}
+    bystander = subprocess.Popen(["sleep", "60"], env={"BYSTANDER_SECRET": WORKER_SECRET}, **user)
     try:
-        result, _ = await run_commands(
+        result, _ = await attack(
             client,
-            task_queue,
-            model_server,
-            workspace,
+            attacked,
             command(
-                f"env > env.txt; cat /proc/$PPID/environ /proc/1/environ /proc/{os.getpid()}/environ "
+                f"env > env.txt; cat /proc/$PPID/environ /proc/1/environ /proc/{attacked.worker_pid}/environ "
                 f"/proc/{bystander.pid}/environ /proc/*/environ >> env.txt 2>&1; echo $ALLOWED_SETTING > allowed.txt"
             ),
             env_allow=["ALLOWED_SETTING"],
@@ -116,10 +231,10 @@ async def test_the_worker_and_other_processes_keep_their_environment(
         bystander.kill()
         bystander.wait()
     assert result.state == "completed"
-    seen = (workspace / "env.txt").read_text(errors="replace")
-    assert marker not in seen and "test-key" not in seen  # test-key: the worker's OPENAI_API_KEY
+    seen = (attacked.workspace / "env.txt").read_text(errors="replace")
+    assert WORKER_SECRET not in seen and "test-key" not in seen  # test-key: the worker's OPENAI_API_KEY
     assert "HOME=/tmp/home" in seen and "PATH=/usr/local/sbin" in seen
-    assert (workspace / "allowed.txt").read_text() == "passed-on\n"
+    assert (attacked.workspace / "allowed.txt").read_text() == "passed-on\n"
 
 
 async def test_the_worker_connection_settings_cannot_be_allowed() -> None:
@@ -129,46 +244,50 @@ async def test_the_worker_connection_settings_cannot_be_allowed() -> None:
 
 @pytest.mark.parametrize("network", [False, True], ids=["default", "network-allowed"])
 async def test_the_temporal_frontend_is_unreachable_without_network(
-    client: Client,
-    worker: Worker,
-    task_queue: str,
-    model_server: ModelServer,
-    workspace: Path,
-    temporal_server: EmbeddedServer,
-    network: bool,
+    client: Client, attacked: Attacked, temporal_server: EmbeddedServer, network: bool
 ) -> None:
     host, port = temporal_server.address.rsplit(":", 1)
     connect = f"import socket; socket.create_connection(({host!r}, {port}), timeout=3); print('connected')"
-    result, _ = await run_commands(
-        client,
-        task_queue,
-        model_server,
-        workspace,
-        command(f"python3 -c {shlex.quote(connect)} > net.txt"),
-        sandbox={"network": network},
+    result, _ = await attack(
+        client, attacked, command(f"python3 -c {shlex.quote(connect)} > net.txt"), sandbox={"network": network}
     )
     assert result.state == "completed"
-    assert ("connected" in (workspace / "net.txt").read_text()) is network
+    assert ("connected" in (attacked.workspace / "net.txt").read_text()) is network
 
 
-async def test_an_orphaned_setsid_process_is_gone_after_the_call(
-    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
-) -> None:
+async def test_an_orphaned_setsid_process_is_gone_after_the_call(client: Client, attacked: Attacked) -> None:
     marker = f"orphan-{uuid.uuid4().hex[:12]}"
-    result, _ = await run_commands(
+    result, _ = await attack(
         client,
-        task_queue,
-        model_server,
-        workspace,
+        attacked,
         command(f"setsid bash -c 'exec -a {marker} sleep 300' & nohup setsid sleep 1 & sleep 0.5; echo started"),
     )
     assert result.state == "completed"
     assert host_processes_named(marker) == []
 
 
-def bombs_capped() -> bool:
+@pytest.mark.parametrize("attacked", ["nobody"], indirect=True)  # as root, `kill -1` would reach the whole machine
+async def test_a_command_cannot_signal_the_worker_of_its_own_user(client: Client, attacked: Attacked) -> None:
+    user = {"user": NOBODY, "group": NOBODY, "extra_groups": []}
+    bystander = subprocess.Popen(["sleep", "60"], **user)
+    try:
+        result, outputs = await attack(
+            client,
+            attacked,
+            command(f"kill -KILL {attacked.worker_pid} {bystander.pid} $PPID; kill -KILL -1; echo tried"),
+            command("echo alive > alive.txt"),
+        )
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert result.state == "completed"
+    assert (attacked.workspace / "alive.txt").read_text() == "alive\n"
+
+
+def bombs_capped(user: str) -> bool:
     """Root is exempt from RLIMIT_NPROC: its commands need a cgroup to cap processes."""
-    if os.getuid() != 0:
+    if user != "root" or os.getuid() != 0:
         return True
     cgroup = CommandCgroup.create(SMALL_LIMITS)
     if cgroup is None:
@@ -177,57 +296,49 @@ def bombs_capped() -> bool:
     return True
 
 
-@pytest.mark.skipif(not bombs_capped(), reason="root without a writable cgroup: nothing caps a fork bomb")
-async def test_a_fork_bomb_ends_as_a_tool_error_and_the_worker_goes_on(
-    client: Client, small_worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
-) -> None:
-    before = len(os.listdir("/proc"))
-    result, outputs = await run_commands(
-        client,
-        task_queue,
-        model_server,
-        workspace,
-        command(":(){ :|:& };:; sleep 60", timeout_s=5),
-        command("echo alive > alive.txt"),
-    )
+async def test_a_fork_bomb_ends_as_a_tool_error_and_the_worker_goes_on(client: Client, attacked: Attacked) -> None:
+    if not bombs_capped(attacked.user):
+        pytest.skip("root without a writable cgroup: nothing caps a fork bomb")
+    marker = f"bomb-{uuid.uuid4().hex[:12]}"  # in the command line of every process of the bomb
+    bomb = command(f": {marker}; :(){{ :|:& }};:; sleep 60", timeout_s=5)
+    result, outputs = await attack(client, attacked, bomb, command("echo alive > alive.txt"))
     assert result.state == "completed"
     assert outputs[0].startswith("ERROR: command timed out after 5 s")
     assert "fork: retry: Resource temporarily unavailable" in outputs[0]  # the kernel capped it
-    assert (workspace / "alive.txt").read_text() == "alive\n"
-    assert len(os.listdir("/proc")) < before + 20  # nothing of the bomb is left on the host
+    assert (attacked.workspace / "alive.txt").read_text() == "alive\n"
+    assert host_processes_named(marker) == []  # nothing of the bomb is left on the host
 
 
-@pytest.mark.skipif(not bombs_capped(), reason="root without a writable cgroup: memory is capped per process only")
-async def test_a_memory_bomb_ends_as_a_tool_error_and_the_worker_goes_on(
-    client: Client, small_worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
-) -> None:
+async def test_a_memory_bomb_ends_as_a_tool_error_and_the_worker_goes_on(client: Client, attacked: Attacked) -> None:
+    if not bombs_capped(attacked.user):
+        pytest.skip("root without a writable cgroup: memory is capped per process only")
     bomb = "x = []\nwhile True: x.append(bytearray(2**24))"
-    result, outputs = await run_commands(
+    result, outputs = await attack(
         client,
-        task_queue,
-        model_server,
-        workspace,
+        attacked,
         command(f"python3 -c {shlex.quote(bomb)}; echo exit $? > bomb.txt", timeout_s=60),
         command("echo alive > alive.txt"),
     )
     assert result.state == "completed"
     assert "MemoryError" in outputs[0] or "memory limit" in outputs[0], outputs[0]
-    assert (workspace / "alive.txt").read_text() == "alive\n"
+    assert (attacked.workspace / "alive.txt").read_text() == "alive\n"
 
 
-async def test_the_journal_cannot_be_forged_or_replaced(
-    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path, tmp_path: Path
-) -> None:
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
+async def test_the_journal_cannot_be_forged_or_replaced(client: Client, attacked: Attacked) -> None:
+    elsewhere = attacked.folder("elsewhere")
     forge = (
         "for f in $(find .durable-agent/journal -type f); do echo forged > $f; done; "
         "echo forged > .durable-agent/journal/new.done.json; mkdir -p .durable-agent/outputs/x; "
-        f"mv .durable-agent gone; rm -rf .durable-agent; ln -sfn {elsewhere} .durable-agent; echo tried"
+        f"mv .durable-agent gone; rm -rf .durable-agent; ln -sfn {elsewhere} .durable-agent; "
+        # A user namespace of its own: root there, but the read-only mount is locked by the kernel.
+        "unshare -Urm sh -c 'umount .durable-agent; mount -o remount,rw,bind .durable-agent; "
+        "echo forged > .durable-agent/journal/nested.done.json'; echo tried"
     )
-    model_server.responder = Script([tools(command("echo first")), tools(command(forge)), tools(command("echo after"))])
+    server = attacked.model_server
+    server.responder = Script([tools(command("echo first")), tools(command(forge)), tools(command("echo after"))])
+    workspace = attacked.workspace
     handle = await start(
-        client, task_queue, goal="attack", workspace=str(workspace), approval={"commands": ["^echo after$"]}
+        client, attacked.task_queue, goal="attack", workspace=str(workspace), approval={"commands": ["^echo after$"]}
     )
     # Held before the third command: the journal holds the forging step's entry and chain.json
     # (it is removed when the run closes).
@@ -238,10 +349,11 @@ async def test_the_journal_cannot_be_forged_or_replaced(
     contents = [p.read_text() for p in journal.rglob("*") if p.is_file()]
     assert len(contents) == 2 and not any("forged" in c for c in contents), contents
     assert not (journal / "new.done.json").exists() and not (workspace / ".durable-agent" / "outputs" / "x").exists()
+    assert not (journal / "nested.done.json").exists()
     await handle.execute_update("approve", {"call_id": pending.call_id, "approved": True})
     result = await handle.result()
     assert result.state == "completed"
-    assert "after" in tool_results(model_server.requests[-1])[2]
+    assert "after" in tool_results(server.requests[-1])[2]
 
 
 async def test_a_durable_agent_symlink_closes_the_run_at_its_start(

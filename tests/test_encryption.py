@@ -6,11 +6,9 @@ the Web UI (headless Chromium) print, never by the codec's own words.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +29,7 @@ from durable_agent.codecs import ENCRYPTED, KEY_ENV, KEY_ID, CodecError, Encrypt
 from durable_agent.connection import connect, data_converter
 from durable_agent.model_server import Failure, ModelServer, Reply
 from durable_agent.server import EmbeddedServer, free_port, port_open
+from tests.browser import CHROMIUM, Browser
 from tests.helpers import run_cli, start, wait_for
 from tests.scripts import Script, answer
 from tests.test_cli import cli_env, durable_agent, one_line_error
@@ -312,36 +311,6 @@ def test_the_codec_server_speaks_temporals_protocol_with_cors_and_a_bearer_token
 # --- the Web UI, in headless Chromium -------------------------------------------------------
 
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-async def rendered_page(url: str) -> str:
-    """The page's DOM once its scripts have run (and fetched from the codec server)."""
-    process = await asyncio.create_subprocess_exec(
-        CHROMIUM or "chromium",
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--virtual-time-budget=15000",
-        "--dump-dom",
-        url,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
-    out, _ = await asyncio.wait_for(process.communicate(), timeout=120)
-    return out.decode(errors="replace")
-
-
-async def page_showing(url: str, text: str, attempts: int = 5) -> str:
-    """The rendered page once it shows `text`: on a loaded machine the UI's data can still be
-    loading when the browser's time budget ends, so it is rendered again, up to `attempts`."""
-    for _ in range(attempts):
-        page = await rendered_page(url)
-        if text in page:
-            return page
-    raise AssertionError(f"{url} never showed {text!r}; last render:\n{page[-2000:]}")
-
-
 def ui_settings(ui_port: int, timeout_s: float = 30) -> dict[str, Any]:
     """The Web UI's settings, once its HTTP server answers (it starts after the frontend)."""
     deadline = time.monotonic() + timeout_s
@@ -357,7 +326,8 @@ def ui_settings(ui_port: int, timeout_s: float = 30) -> dict[str, Any]:
 
 @pytest.mark.skipif(
     CHROMIUM is None,
-    reason="chromium is not installed (Debian: apt-get install -y chromium): the Web UI check needs a browser",
+    reason="chromium is not installed (Debian: apt-get install -y --no-install-recommends chromium, which .ci/run "
+    "does as root): the Web UI check needs a browser",
 )
 async def test_durable_agent_server_makes_the_web_ui_decrypt_through_its_codec_server(
     tmp_path: Path, model_server: ModelServer, workspace: Path
@@ -388,11 +358,15 @@ async def test_durable_agent_server_makes_the_web_ui_decrypt_through_its_codec_s
                 f"http://127.0.0.1:{ui_port}/namespaces/default/workflows/{handle.id}/{handle.result_run_id}/history"
             )
 
-        page = await page_showing(runs[shown], f"reply {shown}")
-        assert f"goal {shown}" in page
-        # The control page rendered its history, but nothing of what it could not decode.
-        control = await page_showing(runs[hidden], "Workflow Execution Completed")
-        assert hidden not in control
+        browser = Browser()
+        try:
+            page = await browser.page_showing(runs[shown], f"reply {shown}")
+            assert f"goal {shown}" in page
+            # The control page rendered its history, but nothing of what it could not decode.
+            control = await browser.page_showing(runs[hidden], "Workflow Execution Completed")
+            assert hidden not in control
+        finally:
+            browser.close()
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)

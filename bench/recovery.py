@@ -91,8 +91,11 @@ async def chain_events(client: Client, workflow_id: str) -> list[Event]:
 
 
 def step_began(event: Event) -> bool:
-    # The search-attribute upsert that publishes the new step number before its model call.
-    return event.kind == "UPSERT_WORKFLOW_SEARCH_ATTRIBUTES"
+    # A step begins with its model call scheduled.
+    return (
+        event.kind == "ACTIVITY_TASK_SCHEDULED"
+        and event.raw.activity_task_scheduled_event_attributes.activity_type.name == "call_model"
+    )
 
 
 def interrupted(events: list[Event], killed_at: float, recovered_at: float) -> str:

@@ -23,6 +23,7 @@ from activities.model import ModelActivities, openai_sdk
 from activities.redaction import RedactingInterceptor
 from activities.skills import SkillActivities
 from activities.tools import ToolActivities
+from activities.tools.sandbox import remove_stale_cgroups
 from durable_agent import telemetry
 from durable_agent.connection import connect
 from durable_agent.metrics import (
@@ -184,6 +185,8 @@ async def run_worker(client: Client | None = None, queue: str | None = None) -> 
         print(f"model calls on task queue {settings.model_task_queue!r}", flush=True)
     # openai is imported once the worker polls, so that a replacement worker polls sooner.
     await asyncio.to_thread(openai_sdk)
+    if stale := await asyncio.to_thread(remove_stale_cgroups):
+        print(f"removed {stale} command cgroup(s) left by dead workers", flush=True)
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
     takeover.cancel()

@@ -3,6 +3,7 @@ attempt's command again and by the worker that takes over a dead worker's calls.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 
@@ -37,3 +38,11 @@ def process_gone(pid: int) -> bool:
     A pid reused by a new process reads as alive: callers must only act on "gone"."""
     fields = proc_stat(pid)
     return fields is None or fields[0] in ("Z", "X")
+
+
+def machine_tag() -> str | None:
+    """Short and stable for one boot and one pid namespace; None where /proc cannot tell."""
+    boot, namespace = boot_id(), pid_namespace()
+    if boot is None or namespace is None:
+        return None
+    return hashlib.sha256(f"{boot} {namespace}".encode()).hexdigest()[:8]

@@ -17,7 +17,6 @@ the timeout takes over as before. Everything here is best effort and never stops
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import socket
@@ -29,7 +28,7 @@ from temporalio.client import Client, WorkflowExecution
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from activities.host import boot_id, pid_namespace, process_gone
+from activities.host import machine_tag, process_gone
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +43,6 @@ class Holder:
     pid: int
     host: str
     tag: str
-
-
-def machine_tag() -> str | None:
-    """Short and stable for one boot and one pid namespace; None where /proc cannot tell."""
-    boot, namespace = boot_id(), pid_namespace()
-    if boot is None or namespace is None:
-        return None
-    return hashlib.sha256(f"{boot} {namespace}".encode()).hexdigest()[:8]
 
 
 def worker_identity() -> str:

@@ -28,16 +28,20 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
 from activities.archive import ArchiveActivities
+from activities.host import machine_tag
 from activities.model import ModelActivities
 from activities.skills import SkillActivities
 from activities.tools import ToolActivities
 from activities.tools.sandbox import (
     BWRAP_ENV,
+    CGROUP_PREFIX,
     UNSANDBOXED_CONSENT,
     UNSANDBOXED_ENV,
     CommandCgroup,
     CommandLimits,
+    _cgroup_parents,
     bwrap_binary,
+    remove_stale_cgroups,
 )
 from activities.workspace import ROOTS_ENV, workspace_roots
 from durable_agent.model_server import ModelServer
@@ -476,3 +480,35 @@ async def test_without_a_sandbox_commands_are_refused_unless_the_operator_says_s
         assert allowed.ok and (workspace / "x").exists()
     finally:
         bwrap_binary.cache_clear()
+
+
+def cgroups_available() -> bool:
+    cgroup = CommandCgroup.create(SMALL_LIMITS)
+    if cgroup is not None:
+        cgroup.remove()
+    return cgroup is not None and machine_tag() is not None
+
+
+@pytest.mark.skipif(not cgroups_available(), reason="the worker may not create cgroups here")
+def test_a_dead_workers_command_cgroups_are_removed_and_no_one_elses() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    sleeper = subprocess.Popen(["sleep", "60"])
+    parent = _cgroup_parents()[0]
+    tag = machine_tag()
+    left_by_dead = parent / f"{CGROUP_PREFIX}{tag}-{dead.pid}-{uuid.uuid4().hex[:12]}"
+    live_worker = parent / f"{CGROUP_PREFIX}{tag}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    other_machine = parent / f"{CGROUP_PREFIX}0000beef-{dead.pid}-{uuid.uuid4().hex[:12]}"
+    try:
+        for folder in (left_by_dead, live_worker, other_machine):
+            folder.mkdir()
+        (left_by_dead / "cgroup.procs").write_text(str(sleeper.pid))  # a leftover process of the dead one
+        remove_stale_cgroups()
+        assert not left_by_dead.exists()
+        assert sleeper.wait(timeout=5) == -9
+        assert live_worker.exists() and other_machine.exists()
+    finally:
+        sleeper.kill()
+        for folder in (left_by_dead, live_worker, other_machine):
+            if folder.exists():
+                folder.rmdir()

@@ -20,6 +20,7 @@ from temporalio.api.enums.v1 import EventType, PendingActivityState
 from temporalio.api.workflow.v1 import PendingActivityInfo
 from temporalio.client import Client, WorkflowHandle
 
+from activities.host import machine_tag
 from durable_agent.model_server import ModelServer
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
@@ -28,7 +29,6 @@ from durable_agent.takeover import (
     Holder,
     abandoned,
     held_by_dead_neighbour,
-    machine_tag,
     parse_identity,
     take_over,
     worker_identity,

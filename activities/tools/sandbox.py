@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from activities.host import machine_tag, process_gone
 from activities.workspace import RESERVED_DIR
 from workflows.types import RESERVED_ENV_PREFIXES
 
@@ -46,6 +47,7 @@ UNSANDBOXED_ENV = "DURABLE_AGENT_UNSANDBOXED_COMMANDS"
 UNSANDBOXED_CONSENT = "i-understand"
 BWRAP_ENV = "DURABLE_AGENT_BWRAP"
 
+CGROUP_PREFIX = "durable-agent-"
 SANDBOX_TMP = "/tmp"
 SANDBOX_HOME = "/tmp/home"
 COMMAND_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -169,7 +171,8 @@ class CommandCgroup:
 
     @classmethod
     def create(cls, limits: CommandLimits) -> CommandCgroup | None:
-        name = f"durable-agent-{uuid.uuid4().hex[:12]}"
+        # Named by worker (machine tag and pid), so that a dead worker's leftovers can be told.
+        name = f"{CGROUP_PREFIX}{machine_tag() or 'untagged'}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         settings = {
             "pids.max": str(limits.processes),
             "memory.limit_in_bytes": str(limits.memory_bytes),  # v1
@@ -220,6 +223,32 @@ class CommandCgroup:
                         break
                     _kill_members(folder)
                     time.sleep(0.02)
+
+
+def remove_stale_cgroups() -> int:
+    """Remove the command cgroups of this machine's dead workers; how many were removed.
+
+    A worker killed mid-command leaves its command's cgroup behind (the PID namespace ends,
+    the folder stays). Only folders named with this boot's and pid namespace's tag and the
+    pid of a process that is gone are touched; what is left in one is killed first.
+    """
+    tag = machine_tag()
+    if tag is None:
+        return 0
+    removed = 0
+    try:
+        parents = _cgroup_parents()
+    except OSError:
+        return 0
+    for parent in parents:
+        for folder in parent.glob(f"{CGROUP_PREFIX}{tag}-*"):
+            pid = folder.name.removeprefix(f"{CGROUP_PREFIX}{tag}-").split("-", 1)[0]
+            if not pid.isdigit() or not process_gone(int(pid)):
+                continue
+            group = CommandCgroup([folder])
+            group.remove()
+            removed += not folder.exists()
+    return removed
 
 
 def _kill_members(folder: Path) -> None:

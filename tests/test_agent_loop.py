@@ -223,3 +223,27 @@ async def test_every_model_call_and_tool_call_is_labelled_for_the_web_ui(
         "call_model: gpt-4.1-mini step 2",
         f"clean_up_run: {run_folder(handle.id, handle.first_execution_run_id or '')}",
     ]
+
+
+async def test_search_attributes_follow_state_at_once_and_the_step_at_most_every_10_s(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([tools(("write_file", {"path": f"{n}.txt", "content": "x"})) for n in range(6)])
+    handle = await start(client, task_queue, goal="six quick steps", workspace=str(workspace))
+    result = await handle.result()
+    events = (await handle.fetch_history()).events
+    upserts = [
+        {name: json.loads(value.data) for name, value in fields.items()}
+        for fields in (
+            e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
+            for e in events
+            if e.HasField("upsert_workflow_search_attributes_event_attributes")
+        )
+    ]
+    agent = [u for u in upserts if "AgentStep" in u]
+    # Seven quick model calls: the running state at the start, then the final state with the final figures.
+    assert [(u["AgentState"], u["AgentStep"]) for u in agent] == [("running", 0), ("completed", result.steps)]
+    assert agent[-1]["AgentTokens"] == result.usage.input_tokens + result.usage.output_tokens
+    assert len(upserts) == len(agent) + 1  # and the one TemporalChangeVersion of the baseline patch
+    described = await handle.describe()
+    assert described.search_attributes["AgentStep"] == [result.steps]

@@ -5,9 +5,9 @@
 `call_model`'s own code (the SDK's client, the request, the reply's assembly and checks),
 alternating modes round by round; CPU is `time.process_time()` of this process. Replies:
 a typical agent turn (a sentence and a tool call with ~500 characters of arguments) and a
-long one (4,000 characters of text), sent in events of 4 characters, as OpenAI sends ~1
-token per event: all in one write by default, or one write per event `--interval-ms` apart
-(as a model produces them, so the worker reads them one by one).
+long one (4,000 characters of text), sent in events of 4 characters, each its own HTTP
+chunk, as OpenAI sends ~1 token per event: all in one write by default, or one write per
+event `--interval-ms` apart (as a model produces them, so the worker waits for them).
 """
 
 from __future__ import annotations

@@ -274,20 +274,20 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             events = [b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in stream.chunks]
             events.append(b"data: [DONE]\n\n")
+            chunks = [
+                b"%x\r\n%s\r\n" % (len(event), event) for event in events
+            ]  # an HTTP chunk each, as servers send them
             if stream.cut_after is not None:
-                self._write_chunk(b"".join(events[: stream.cut_after]))
+                self.wfile.write(b"".join(chunks[: stream.cut_after]))
                 self.close_connection = True
                 return
             if stream.interval_s:
-                for event in events:
-                    self._write_chunk(event)
+                for chunk in chunks:
+                    self.wfile.write(chunk)
                     time.sleep(stream.interval_s)
             else:
-                self._write_chunk(b"".join(events))
+                self.wfile.write(b"".join(chunks))
             self.wfile.write(b"0\r\n\r\n")
-
-        def _write_chunk(self, data: bytes) -> None:
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # quiet: the CLI and tests print what matters

@@ -75,7 +75,7 @@ def _not_archived(
         "`recall` and `export` cannot return them"
     )
     atomic_write(folder / f"{name.removesuffix('.jsonl')}{NOT_ARCHIVED_SUFFIX}", note.encode() + b"\n")
-    run_files.logger().warning("archive %s: %s", folder, note)
+    activity.logger.warning("archive %s: %s", folder, note)
     return ArchiveWritten(path="", messages=len(request.messages), bytes=0, not_archived=note)
 
 

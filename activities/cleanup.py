@@ -36,7 +36,7 @@ def clean_up(request: RunFilesCleanup, roots: list[str]) -> RunFilesCleaned:
         f"after the close by default) and the archive ({archive.files} files, {archive.bytes:,} bytes) "
         f"for `recall` and `export`"
     )
-    run_files.logger().info("run files of %s in %s: %s", request.run_folder, root, note)
+    activity.logger.info("run files of %s in %s: %s", request.run_folder, root, note)
     return RunFilesCleaned(
         removed_files=journal.files,
         removed_bytes=journal.bytes,

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.redaction import worker_redactor
@@ -71,6 +72,7 @@ class Journal:
         except FileNotFoundError:
             return
         if held >= self.max_bytes:
+            activity.logger.warning("journal %s at its cap of %d bytes: a call refused", self.folder, self.max_bytes)
             raise JournalFull(
                 f"not run: this step's tool journal holds {held:,} bytes, the run's cap is {self.max_bytes:,} "
                 "(DURABLE_AGENT_JOURNAL_MAX_BYTES); calls that change files or run commands can be recorded "

@@ -18,7 +18,6 @@ symlink, FIFO, socket or device where a folder or file of ours should be is refu
 from __future__ import annotations
 
 import errno
-import logging
 import os
 import re
 import stat
@@ -131,18 +130,13 @@ def _prune_steps(chain_path: Path, step: int) -> None:
                 except FileNotFoundError:
                     pass  # a concurrent call of the same step removed it first
     if removed.files:
-        logger().info(
+        activity.logger.info(
             "journal %s: removed %d entries (%d bytes) of steps before %d; their results are in history",
             chain_path,
             removed.files,
             removed.bytes,
             step,
         )
-
-
-def logger() -> logging.LoggerAdapter[logging.Logger] | logging.Logger:
-    """The activity's logger (the worker log, with the run's ids) when in one."""
-    return activity.logger if activity.in_activity() else logging.getLogger(__name__)
 
 
 def _ensure_folder(path: Path) -> None:

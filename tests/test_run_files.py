@@ -149,9 +149,15 @@ async def test_saved_outputs_over_the_runs_cap_are_dropped_and_the_model_and_log
 
 
 async def test_a_full_journal_refuses_the_next_call_of_the_step_and_says_why(
-    client: Client, task_queue: str, model_server: ModelServer, workspace: Path, monkeypatch: pytest.MonkeyPatch
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setenv("DURABLE_AGENT_JOURNAL_MAX_BYTES", "1")
+    caplog.set_level(logging.WARNING)
     model_server.responder = Script(
         [
             tools(("write_file", {"path": "a.txt", "content": "1"}), ("write_file", {"path": "b.txt", "content": "2"})),
@@ -173,6 +179,7 @@ async def test_a_full_journal_refuses_the_next_call_of_the_step_and_says_why(
     assert step_one[0].startswith("wrote") or "a.txt" in step_one[0]
     assert "not run: this step's tool journal holds" in step_one[1] and "DURABLE_AGENT_JOURNAL_MAX_BYTES" in step_one[1]
     assert not (workspace / "b.txt").exists()  # refused before acting
+    assert any("at its cap of 1 bytes: a call refused" in r.getMessage() for r in caplog.records)
     assert (workspace / "c.txt").read_text() == "3"  # the next step records again
 
 

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import BinaryIO
 
+from temporalio import activity
+
 from activities import run_files
 from activities.redaction import StreamRedactor, worker_redactor
 from activities.regular_files import create_regular
@@ -133,7 +135,7 @@ class OutputCapture:
             run_files.chain_folder(self._workspace_root, "outputs", *self._chain)
         self.dropped = drop_oldest_outputs(self._path.parent, self._max_bytes - self._save_max)
         if self.dropped:
-            run_files.logger().warning(
+            activity.logger.warning(
                 "%s over its cap of %d bytes: replaced %d saved output(s) (%d bytes) by a note: %s",
                 self._path.parent,
                 self._max_bytes,

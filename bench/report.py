@@ -251,10 +251,12 @@ def _notes(data: dict[str, Any]) -> list[str]:
         "for a step beyond the one the kill interrupted.",
         "- **Fairness**: the peers build the same request (system prompt, goal, six tool schemas), use "
         "the `openai` SDK with the worker's settings, validate arguments with the same code, write files "
-        "with the same sandbox and atomic fsynced write, and run commands with the same `bash -c`. They do "
-        "not keep durable-agent's idempotency journal (fsynced records before and after each side "
-        "effect): that is part of what durable-agent's durability costs. LangGraph runs with its default "
-        'durability mode ("async": a checkpoint is written while the next node runs).',
+        "with the same path checks and atomic fsynced write, and run commands as a plain `bash -c`. "
+        "durable-agent runs with its defaults: each command in its bubblewrap sandbox (`python -m bench "
+        "sandbox` measures that alone) and the model's reply streamed. The peers do not keep "
+        "durable-agent's idempotency journal (fsynced records before and after each side effect): that "
+        "is part of what durable-agent's durability costs. LangGraph runs with its default durability "
+        'mode ("async": a checkpoint is written while the next node runs).',
         "- Every implementation sends the whole conversation on each model call, so the per-step cost "
         "grows with N for all four (the request's JSON grows with every message).",
         "",

@@ -74,7 +74,6 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
         "identity": worker_identity(),
         "workflows": [AgentWorkflow],
         "workflow_runner": WORKFLOW_RUNNER,
-        "activities": [ModelActivities().call_model, *workflow_activities()],
         "interceptors": interceptors(settings.model_task_queue if settings.model_queue_is_separate else None),
         "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
@@ -83,8 +82,11 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
     }
     if not settings.model_queue_is_separate and settings.model_rps is not None:
         options["max_task_queue_activities_per_second"] = settings.model_rps
+    given = overrides.pop("activities", None)
+    options["activities"] = (
+        [ModelActivities().call_model, *workflow_activities()] if given is None else _with_workflow_activities(given)  # type: ignore[arg-type]
+    )
     options.update(overrides)
-    options["activities"] = _with_workflow_activities(options["activities"])  # type: ignore[arg-type]
     return Worker(client, **options)  # type: ignore[arg-type]
 
 

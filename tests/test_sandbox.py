@@ -41,6 +41,7 @@ from activities.tools.sandbox import (
     CommandLimits,
     _cgroup_parents,
     bwrap_binary,
+    launcher_argv,
     remove_stale_cgroups,
 )
 from activities.workspace import ROOTS_ENV, workspace_roots
@@ -512,3 +513,12 @@ def test_a_dead_workers_command_cgroups_are_removed_and_no_one_elses() -> None:
         for folder in (left_by_dead, live_worker, other_machine):
             if folder.exists():
                 folder.rmdir()
+
+
+def test_the_launcher_fails_closed_when_a_command_cannot_join_its_cgroup(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    argv = launcher_argv(CommandLimits(), [str(tmp_path / "no-such-cgroup" / "cgroup.procs")], ["touch", str(marker)])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 125
+    assert "could not put the command in its cgroup" in done.stderr
+    assert not marker.exists()

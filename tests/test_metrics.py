@@ -43,6 +43,12 @@ async def gauge_shows_one_waiting(port: int, task_queue: str) -> None:
         await asyncio.sleep(0.2)
 
 
+async def visibility_shows_waiting(client: Client, workflow_id: str) -> None:
+    query = f'WorkflowId="{workflow_id}" AND AgentState="awaiting_approval"'
+    while (await client.count_workflows(query)).count != 1:
+        await asyncio.sleep(0.2)
+
+
 def fails_once(reply: Reply) -> Any:
     """The model's first answer to this turn is an HTTP 500; the retry gets the reply."""
     failed: set[int] = set()
@@ -86,8 +92,11 @@ async def test_a_scripted_runs_metrics(
             limits={"soft_steps": 2, "hard_steps": 10},
         )
         status = await wait_for(handle, lambda s: bool(s.pending_approvals))
+        # The query answers before visibility has the state; the gauge counts every 30 s from
+        # visibility, so it starts once visibility has the run's new state.
+        await asyncio.wait_for(visibility_shows_waiting(client, handle.id), timeout=20)
         waiting = asyncio.create_task(publish_waiting_runs(client, task_queue))
-        try:  # counted from visibility, which may lag the run by a moment
+        try:
             await asyncio.wait_for(gauge_shows_one_waiting(port, task_queue), timeout=20)
         finally:
             waiting.cancel()

@@ -6,10 +6,16 @@ first attempt got. Tools with side effects therefore record, per idempotency key
     <workspace>/.durable-agent/journal/<digest>.started.json   written before acting
     <workspace>/.durable-agent/journal/<digest>.done.json      the recorded ToolOutcome
 
-Every write is atomic and durable (temp file, fsync, rename, fsync of the folder), so a
-reader sees a whole entry or none. The journal lives in the workspace because the
-workspace is what every worker that runs its tools can see. Entries are
-redacted of secrets (activities/redaction.py) and readable by the worker's user only.
+Every write is atomic (temp file, rename), so a reader, or a retry after the worker was
+killed, sees a whole entry or none: the page cache outlives a killed process. A start record
+is also durable (fsync of the file and its folder before the call acts): after a machine
+crash it is what stops a command or edit from running twice. A done record is not: if a
+crash loses it, a command's or edit's retry finds the start record (which the done record
+replaces, in that order on ext4's default ordered mode) and reports the call as interrupted,
+and a `write_file` writes the same bytes again.
+The journal lives in the workspace because the workspace is what every worker that runs
+its tools can see. Entries are redacted of secrets (activities/redaction.py) and readable
+by the worker's user only.
 """
 
 from __future__ import annotations
@@ -92,10 +98,11 @@ class Journal:
         """The record of an attempt that began but never completed, if any."""
         return self._load(self._path(key, "started"))
 
-    def start(self, key: str, record: dict[str, Any]) -> None:
-        """Note (or update) what an attempt is about to do or is doing."""
+    def start(self, key: str, record: dict[str, Any], durable: bool = True) -> None:
+        """Note (or update) what an attempt is about to do or is doing. `durable`: on disk
+        before returning; an update that only adds detail to a durable record need not be."""
         self._ensure_folder()
-        atomic_write(self._path(key, "started"), _dumps({"key": key, **record}), ENTRY_MODE)
+        atomic_write(self._path(key, "started"), _dumps({"key": key, **record}), ENTRY_MODE, durable=durable)
 
     def complete(self, key: str, outcome: ToolOutcome) -> None:
         self._ensure_folder()
@@ -127,8 +134,10 @@ class Journal:
         return entry
 
 
-def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Replace `path` with `data`: a crash or a reader sees the old content or the new, never a mix.
+def atomic_write(path: Path, data: bytes, mode: int | None = None, durable: bool = False) -> None:
+    """Replace `path` with `data`: a killed process or a reader sees the old content or the
+    new, never a mix. `durable`: also on disk before returning (fsync of the file and its
+    folder), so that a machine crash keeps it; each fsync waits for the disk.
 
     Parent folders are created. The file gets `mode` if given; otherwise an existing file
     keeps its permission bits and a new one gets the usual umask-filtered 0o666.
@@ -140,15 +149,17 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         if mode is not None:
             os.chmod(temp, mode)
         os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
-    _fsync_folder(path.parent)
+    if durable:
+        _fsync_folder(path.parent)
 
 
 def _existing_mode(path: Path) -> int | None:

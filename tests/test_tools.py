@@ -487,6 +487,48 @@ async def test_start_record_without_completion_is_not_run_again(workspace: Path)
     assert not (workspace / "ledger.txt").exists()
 
 
+def record_fsyncs(monkeypatch: pytest.MonkeyPatch, workspace: Path) -> list[tuple[str, bool]]:
+    """Every fsync from now on: the synced path (relative to the workspace) and whether the
+    command's ledger existed yet."""
+    synced: list[tuple[str, bool]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        synced.append((os.path.relpath(path, workspace), (workspace / "ledger.txt").exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+async def test_a_command_is_journalled_on_disk_before_it_runs(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # After a machine crash, the start record is what stops a second run; the rest need not
+    # wait for the disk: a lost done record leaves the start record, so the retry says
+    # "interrupted" instead of running the command again.
+    synced = record_fsyncs(monkeypatch, workspace)
+    outcome = await run_tool(workspace, "run_command", key="cmd-sync", command="echo x >> ledger.txt")
+    assert outcome.ok, outcome
+    entry, folder = synced[0][0], synced[1][0]
+    assert re.fullmatch(r"\.durable-agent/journal/\.[0-9a-f]{32}\.started\.json\.[0-9a-f]{8}\.tmp", entry), synced
+    assert folder == ".durable-agent/journal"
+    assert [ran for _, ran in synced[:2]] == [False, False]  # both on disk before the command ran
+    assert len(synced) == 2, synced  # nothing else waits for the disk: not the done record
+    assert not any(".done." in path for path, _ in synced)
+
+
+async def test_file_writes_wait_for_no_disk_but_an_edit_journals_first(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced = record_fsyncs(monkeypatch, workspace)
+    assert (await run_tool(workspace, "write_file", path="a.txt", content="one\n")).ok
+    assert synced == []  # atomic (temp file and rename), which a killed worker cannot tear
+    assert (await run_tool(workspace, "edit_file", path="a.txt", old_text="one", new_text="two")).ok
+    assert [".started.json." in path for path, _ in synced] == [True, False], synced
+    assert synced[1][0] == ".durable-agent/journal"
+    assert (workspace / "a.txt").read_text() == "two\n"
+
+
 WORKER_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys

@@ -42,7 +42,8 @@ __all__ = ["INTERRUPTED", "ToolActivities"]
 
 _EXPECTED = (ToolError, WorkspaceError, ToolArgumentError, NotRegularFile, JournalFull, HostileLayout)
 
-Work = Callable[[ToolCallContext, Any], Awaitable[ToolOutcome]]
+OpenCall = Callable[[], ToolCallContext]
+Work = Callable[[OpenCall, Any], Awaitable[ToolOutcome]]
 _T = TypeVar("_T")
 
 FILE_TOOL_TIME_LIMIT_S = 30.0
@@ -102,23 +103,23 @@ class ToolActivities:
 
     @activity.defn(name="read_file")
     async def read_file(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("read_file", input, partial(_in_own_thread, files.read_file))
+        return await self._serve("read_file", input, partial(_file_tool, files.read_file))
 
     @activity.defn(name="write_file")
     async def write_file(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("write_file", input, partial(_in_own_thread, files.write_file))
+        return await self._serve("write_file", input, partial(_file_tool, files.write_file))
 
     @activity.defn(name="edit_file")
     async def edit_file(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("edit_file", input, partial(_in_own_thread, files.edit_file))
+        return await self._serve("edit_file", input, partial(_file_tool, files.edit_file))
 
     @activity.defn(name="list_files")
     async def list_files(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("list_files", input, partial(_in_own_thread, self._list_files))
+        return await self._serve("list_files", input, partial(_file_tool, self._list_files))
 
     @activity.defn(name="search_files")
     async def search_files(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("search_files", input, partial(_in_own_thread, self._search_files))
+        return await self._serve("search_files", input, partial(_file_tool, self._search_files))
 
     @activity.defn(name="run_command")
     async def run_command(self, input: ToolCallInput) -> ToolOutcome:
@@ -128,14 +129,15 @@ class ToolActivities:
         """Heartbeat, re-validate, run the tool and sort its errors (see the module docstring).
 
         The heartbeats come from a background task, so `work` must leave the event loop
-        free: file tools run in a thread of their own, run_command awaits its process.
+        free: file tools run in a thread of their own, run_command awaits its process. `work`
+        opens the call's context (workspace checks, journal) in the thread it does its own
+        file-system work in: one hop to a thread per call, not two.
         """
         async with heartbeating():
             try:
                 # Defence in depth: the workflow validated already, but histories outlive code.
                 args = validate_arguments(name, input.arguments)
-                call = await asyncio.to_thread(ToolCallContext.open, input, self._roots, self._caps)
-                return await work(call, args)
+                return await work(partial(ToolCallContext.open, input, self._roots, self._caps), args)
             except _EXPECTED as e:
                 return ToolOutcome(ok=False, error=str(e))
             except OSError as e:
@@ -154,6 +156,13 @@ class ToolActivities:
 
     def _search_files(self, call: ToolCallContext, args: Any) -> ToolOutcome:
         return search.search_files(call, args, self._max_search_matches)
+
+
+FileTool = Callable[[ToolCallContext, Any], ToolOutcome]
+
+
+async def _file_tool(tool: FileTool, open_call: OpenCall, args: Any) -> ToolOutcome:
+    return await _in_own_thread(lambda: tool(open_call(), args))
 
 
 async def _in_own_thread(work: Callable[..., _T], *args: Any) -> _T:

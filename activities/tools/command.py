@@ -7,11 +7,13 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from activities.host import boot_id, proc_stat
 from activities.tools.base import ToolCallContext
-from activities.tools.output import OutputPipe
+from activities.tools.output import OutputCapture, OutputPipe
 from activities.tools.sandbox import CommandLaunch, CommandLimits, SandboxUnavailable
 from workflows.tool_specs import RunCommandArgs
 from workflows.types import ToolOutcome
@@ -21,6 +23,15 @@ INTERRUPTED = (
     "partially run; check its effects before re-running it"
 )
 CANCELLED = "the command was cancelled and its process group killed; it may have partially run"
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """How a command's process ended, for `_finish`."""
+
+    capture: OutputCapture
+    timed_out_after_s: float | None
+    returncode: int | None
 
 
 class CommandRunner:
@@ -39,66 +50,98 @@ class CommandRunner:
         self._kill_grace_s = kill_grace_s
         self._limits = limits
 
-    async def run(self, call: ToolCallContext, args: RunCommandArgs) -> ToolOutcome:
+    async def run(self, open_call: Callable[[], ToolCallContext], args: RunCommandArgs) -> ToolOutcome:
         """Run the command at most once per idempotency key.
 
         A completed journal entry is returned as is. A start record without completion
         means an earlier attempt's worker died mid-command: its process group is killed if
         it still runs on this host, and the call fails with INTERRUPTED instead of running
         the command a second time; only the model can judge whether a re-run is safe.
+
+        The file-system work before and after the process runs in one thread each
+        (`_prepare`, `_finish`): every hop to a thread costs the worker a GIL hand-over, and
+        at hundreds of agents those hand-overs were a large share of its CPU.
         """
+        call, prepared = await asyncio.to_thread(self._prepare, open_call, args)
+        if isinstance(prepared, ToolOutcome):
+            return prepared
+        launch = prepared
+        try:
+            ended = await self._execute(call, args, launch)
+        except asyncio.CancelledError:
+            await asyncio.to_thread(self._finish, call, launch, None)
+            raise
+        except BaseException:
+            await asyncio.to_thread(launch.close)
+            raise
+        return await asyncio.to_thread(self._finish, call, launch, ended)
+
+    def _prepare(
+        self, open_call: Callable[[], ToolCallContext], args: RunCommandArgs
+    ) -> tuple[ToolCallContext, ToolOutcome | CommandLaunch]:
+        """The call's context, with its recorded outcome or the launch of a command that is
+        journalled as started."""
+        call = open_call()
+        return call, self._outcome_or_launch(call, args)
+
+    def _outcome_or_launch(self, call: ToolCallContext, args: RunCommandArgs) -> ToolOutcome | CommandLaunch:
         journal, key = call.journal, call.input.idempotency_key
-        recorded = await asyncio.to_thread(journal.completed, key)
+        recorded = journal.completed(key)
         if recorded is not None:
             return recorded
-        leftover = await asyncio.to_thread(journal.started, key)
-        if leftover is None:
-            await asyncio.to_thread(journal.ensure_room)
+        leftover = journal.started(key)
+        if leftover is not None:
+            note = _stop_leftover(leftover, self._kill_grace_s)
+            return self._record(call, ToolOutcome(ok=False, error=f"{INTERRUPTED} ({note})"))
+        journal.ensure_room()
         try:
-            if leftover is not None:
-                note = await asyncio.to_thread(_stop_leftover, leftover, self._kill_grace_s)
-                outcome = ToolOutcome(ok=False, error=f"{INTERRUPTED} ({note})")
-            else:
-                outcome = await self._execute(call, args)
-        except asyncio.CancelledError:
-            await asyncio.to_thread(journal.complete, key, ToolOutcome(ok=False, error=CANCELLED))
-            raise
-        await asyncio.to_thread(journal.complete, key, outcome)
-        return outcome
-
-    async def _execute(self, call: ToolCallContext, args: RunCommandArgs) -> ToolOutcome:
-        timeout_s = args.timeout_s or self._command_timeout_s
-        try:
-            launch = await asyncio.to_thread(
-                CommandLaunch.prepare,
-                call.workspace.root,
-                args.command,
-                call.input.sandbox.network,
-                call.input.env_allow,
-                self._limits,
+            launch = CommandLaunch.prepare(
+                call.workspace.root, args.command, call.input.sandbox.network, call.input.env_allow, self._limits
             )
         except SandboxUnavailable as e:
-            return ToolOutcome(ok=False, error=str(e))
+            return self._record(call, ToolOutcome(ok=False, error=str(e)))
         try:
             # Recorded before the launch: a crash in between must not lead to a silent second run.
-            await asyncio.to_thread(call.journal.start, call.input.idempotency_key, {"command": args.command})
-            with call.capture() as capture:
-                async with OutputPipe(capture, self._kill_grace_s) as output:
-                    process = await _spawn(call, launch, output)
-                    timed_out = await self._supervise(call, args.command, process, output, timeout_s)
-            over_memory = launch.over_memory()
-        finally:
-            await asyncio.to_thread(launch.close)
-        if timed_out:
-            return capture.outcome(
-                f"command timed out after {timeout_s:g} s; it and every process it started were killed. "
-                "Output before the timeout:\n",
+            journal.start(key, {"command": args.command})
+        except BaseException:
+            launch.close()
+            raise
+        return launch
+
+    async def _execute(self, call: ToolCallContext, args: RunCommandArgs, launch: CommandLaunch) -> _Ended:
+        timeout_s = args.timeout_s or self._command_timeout_s
+        with call.capture() as capture:
+            async with OutputPipe(capture, self._kill_grace_s) as output:
+                process = await _spawn(call, launch, output)
+                timed_out = await self._supervise(call, args.command, process, output, timeout_s)
+        return _Ended(capture, timeout_s if timed_out else None, process.returncode)
+
+    def _finish(self, call: ToolCallContext, launch: CommandLaunch, ended: _Ended | None) -> ToolOutcome:
+        """Close the launch and record the outcome (None: the call was cancelled)."""
+        over_memory = ended is not None and launch.over_memory()
+        launch.close()
+        if ended is None:
+            return self._record(call, ToolOutcome(ok=False, error=CANCELLED))
+        capture = ended.capture
+        if ended.timed_out_after_s is not None:
+            outcome = capture.outcome(
+                f"command timed out after {ended.timed_out_after_s:g} s; it and every process it started were "
+                "killed. Output before the timeout:\n",
                 ok=False,
             )
-        if over_memory:
+        elif over_memory:
             memory = f"{self._limits.memory_bytes / 2**30:g} GiB"
-            return capture.outcome(f"command killed: its processes went over their memory limit ({memory})\n", ok=False)
-        return capture.outcome(f"{_exit_text(process.returncode)}\n")
+            outcome = capture.outcome(
+                f"command killed: its processes went over their memory limit ({memory})\n", ok=False
+            )
+        else:
+            outcome = capture.outcome(f"{_exit_text(ended.returncode)}\n")
+        return self._record(call, outcome)
+
+    @staticmethod
+    def _record(call: ToolCallContext, outcome: ToolOutcome) -> ToolOutcome:
+        call.journal.complete(call.input.idempotency_key, outcome)
+        return outcome
 
     async def _supervise(
         self,
@@ -110,8 +153,9 @@ class CommandRunner:
     ) -> bool:
         """Wait for the command; True if it timed out. Its process group never outlives this call."""
         try:
+            # Adds how to find the group to the durable start record: a lost update is harmless.
             record = _group_record(process.pid, command)
-            await asyncio.to_thread(call.journal.start, call.input.idempotency_key, record)
+            await asyncio.to_thread(call.journal.start, call.input.idempotency_key, record, False)
             async with asyncio.timeout(timeout_s):
                 await process.wait()
             return False
@@ -122,7 +166,8 @@ class CommandRunner:
             if process.returncode is not None:
                 # bash is done; background children may still be writing, so give them a moment.
                 await output.drained(self._kill_grace_s)
-            await asyncio.to_thread(kill_process_group, process.pid, self._kill_grace_s)
+            if _signal_group(process.pid, 0):  # anything left at all (the usual answer is no)
+                await asyncio.to_thread(kill_process_group, process.pid, self._kill_grace_s)
             await process.wait()
 
 

@@ -57,11 +57,11 @@ recorded histories through the sandboxed runner, which raises on any restricted 
 
 
 HEARTBEAT_THROTTLE = timedelta(seconds=0.5)
-"""The SDK forwards an activity's heartbeats at most every 0.8 x its heartbeat timeout,
-1.2 s for our 1.5 s: a beat delayed by 0.3 s (a busy server, a stalled loop) and a live
-call is timed out and retried. At most one every 0.5 s leaves a full second of slack, for
-two heartbeat RPCs a second per running tool call (~1-3 ms of server CPU each); only
-commands run long enough to send more than the first."""
+"""The SDK forwards an activity's heartbeats at most every 0.8 x its heartbeat timeout (4 s
+for a command's 5 s): a beat held back that long, then delayed a little more (a busy
+server, a stalled loop), and a live call is timed out and retried. At most one every 0.5 s
+forwards each of our beats, one per third of the timeout, as it comes (~1-3 ms of server
+CPU each); only commands run long enough to send more than the first."""
 
 
 def build_worker(client: Client, queue: str | None = None, **overrides: object) -> Worker:

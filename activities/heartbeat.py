@@ -14,24 +14,26 @@ from temporalio.service import RPCError
 
 BEATS_PER_TIMEOUT = 3
 """A beat every third of the call's heartbeat timeout, the first one a third after the start:
-every 0.5 s for a command (1.5 s), every ~3.3 s for a model call (10 s); the worker sends
+every ~1.7 s for a command (5 s), every ~3.3 s for a model call (10 s); the worker sends
 at most one per 0.5 s."""
 
 
 @asynccontextmanager
-async def heartbeating(*details: Any) -> AsyncIterator[None]:
+async def heartbeating(*details: Any, release_sticky: bool = True) -> AsyncIterator[None]:
     """Heartbeat from a background task for as long as the block runs.
 
     A callable detail is called at each beat, so a beat sends the latest progress (however
     often the work updates it). The work inside must not block the event loop (use
     `asyncio.to_thread`), or the heartbeats starve and the server times the activity out.
     A local activity (the file tools) neither beats nor hands its run over: it runs inside the run's workflow task,
-    which the worker keeps alive itself.
+    which the worker keeps alive itself. `release_sticky`: False when this process ran the
+    earlier attempt itself, so the run's worker is alive (see `release_sticky_run`).
     """
     if activity.info().is_local:
         yield
         return
-    await release_sticky_run()
+    if release_sticky:
+        await release_sticky_run()
     timeout = activity.info().heartbeat_timeout
     interval_s = timeout.total_seconds() / BEATS_PER_TIMEOUT if timeout else 1.0
 

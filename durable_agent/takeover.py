@@ -1,7 +1,7 @@
 """A new worker takes over, at once, the tool calls that a dead worker on this machine held.
 
 The server learns that a worker died only from timeouts: a tool call the worker was running
-is retried once its heartbeat is 1.5 s overdue (workflows/options.py). A replacement worker
+is retried once its heartbeat is 5 s overdue (workflows/options.py). A replacement worker
 on the same machine knows better and sooner. A worker's identity names its process (`pid@host`,
 plus a tag for this boot and pid namespace, so that a pid is only ever judged where it means
 something), and the dead worker's process is gone. At start, the worker looks at the running

@@ -114,7 +114,7 @@ async def test_a_dead_workers_command_is_retried_at_once_and_not_run_twice(
         await until(lambda: ledger_lines(workspace / "ledger.txt") == ["started"])  # the command runs
         await fresh_heartbeat(handle)
         kill_hard(worker)  # the command's sandbox dies with it
-        # Well inside the 1.5 s heartbeat timeout, which would otherwise retry the call.
+        # Well inside the 5 s heartbeat timeout, which would otherwise retry the call.
         assert await take_over(client, task_queue, worker_identity()) == 1
         worker = spawn_worker(env, tmp_path / "w1.log")
         result = await asyncio.wait_for(handle.result(), timeout=60)

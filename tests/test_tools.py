@@ -7,6 +7,7 @@ not reap orphans, so killed background processes may linger as zombies.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import os
 import re
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.activity import ActivityCancellationDetails
 from temporalio.testing import ActivityEnvironment
 
 from activities.journal import Journal
@@ -529,10 +531,53 @@ async def test_file_writes_wait_for_no_disk_but_an_edit_journals_first(
     assert (workspace / "a.txt").read_text() == "two\n"
 
 
+async def test_a_retry_after_a_spurious_heartbeat_timeout_waits_for_the_command(workspace: Path) -> None:
+    # A worker too busy to send a command's first heartbeat in time: the server gives the
+    # attempt up and retries it, while the command still runs in the same worker.
+    tools = ToolActivities()
+    call = ToolCallInput(
+        call_id="c",
+        idempotency_key="busy-1",
+        workspace=str(workspace),
+        arguments={"command": "echo started > started.txt; sleep 1; echo done >> ledger.txt"},
+    )
+    first = ActivityEnvironment()
+    attempt_1 = asyncio.create_task(first.run(tools.run_command, call))
+    await until(lambda: (workspace / "started.txt").exists())
+    first.cancel(ActivityCancellationDetails(timed_out=True))
+    await asyncio.wait([attempt_1])
+    assert attempt_1.cancelled() or isinstance(attempt_1.exception(), asyncio.CancelledError)
+    retry = ActivityEnvironment()
+    retry.info = dataclasses.replace(retry.info, attempt=2)
+    outcome = await retry.run(tools.run_command, call)
+    assert outcome.ok and outcome.output.startswith("exit code: 0"), outcome
+    assert (workspace / "ledger.txt").read_text() == "done\n"  # ran once, to the end
+
+
+async def test_a_cancellation_asked_for_still_stops_the_command(workspace: Path) -> None:
+    tools = ToolActivities()
+    call = ToolCallInput(
+        call_id="c",
+        idempotency_key="stop-1",
+        workspace=str(workspace),
+        arguments={"command": "echo started > started.txt; sleep 1; echo done >> ledger.txt"},
+    )
+    env = ActivityEnvironment()
+    attempt = asyncio.create_task(env.run(tools.run_command, call))
+    await until(lambda: (workspace / "started.txt").exists())
+    env.cancel(ActivityCancellationDetails(cancel_requested=True))
+    await asyncio.wait([attempt])
+    await asyncio.sleep(1.5)
+    assert not (workspace / "ledger.txt").exists()
+    again = await ActivityEnvironment().run(tools.run_command, call)
+    assert not again.ok and (again.error or "").startswith("the command was cancelled"), again
+
+
 WORKER_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys
-    from temporalio.testing import ActivityEnvironment
+    from temporalio.activity import ActivityCancellationDetails
+from temporalio.testing import ActivityEnvironment
     from activities.tools import ToolActivities
     from workflows.types import ToolCallInput
 

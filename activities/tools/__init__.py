@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -45,6 +46,9 @@ _EXPECTED = (ToolError, WorkspaceError, ToolArgumentError, NotRegularFile, Journ
 OpenCall = Callable[[], ToolCallContext]
 Work = Callable[[OpenCall, Any], Awaitable[ToolOutcome]]
 _T = TypeVar("_T")
+
+COMMANDS_REMEMBERED = 10_000
+"""How many finished commands' keys a worker remembers (about 1 MB)."""
 
 FILE_TOOL_TIME_LIMIT_S = 30.0
 """A file tool call that has not finished by then is abandoned and reported to the model.
@@ -80,6 +84,10 @@ class ToolActivities:
         self._roots = roots if roots is not None else workspace_roots()
         self._caps = caps if caps is not None else run_file_caps()
         self._max_list_entries = max_list_entries
+        self._commands_here: dict[str, asyncio.Task[ToolOutcome]] = {}
+        """Commands running in this process, by idempotency key."""
+        self._commands_done_here: OrderedDict[str, None] = OrderedDict()
+        """The keys of the latest commands that ran here: their retry needs no sticky release."""
         self._max_search_matches = max_search_matches
 
     def all(self) -> list[Callable[..., Awaitable[object]]]:
@@ -123,9 +131,33 @@ class ToolActivities:
 
     @activity.defn(name="run_command")
     async def run_command(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("run_command", input, self._commands.run)
+        """A command outlives an attempt that the server timed out while the command still ran
+        here (a worker too busy to send its first heartbeat in time): the retry, when it
+        comes to this worker, waits for that same command instead of finding its start record
+        and interrupting it. Only a cancellation asked for (by the run, or the worker's
+        shutdown) stops a command."""
+        key = input.idempotency_key
+        running = self._commands_here.get(key)
+        if running is not None:
+            async with heartbeating(release_sticky=False):
+                return await _outlasting_timeouts(running)
+        ran_here = key in self._commands_done_here
+        command = asyncio.create_task(
+            self._serve("run_command", input, self._commands.run, release_sticky=not ran_here)
+        )
+        self._commands_here[key] = command
+        command.add_done_callback(partial(self._command_done, key))
+        return await _outlasting_timeouts(command)
 
-    async def _serve(self, name: str, input: ToolCallInput, work: Work) -> ToolOutcome:
+    def _command_done(self, key: str, command: asyncio.Task[ToolOutcome]) -> None:
+        if not command.cancelled():
+            command.exception()  # seen: a timed-out attempt may have left no one awaiting it
+        del self._commands_here[key]
+        self._commands_done_here[key] = None
+        while len(self._commands_done_here) > COMMANDS_REMEMBERED:
+            self._commands_done_here.popitem(last=False)
+
+    async def _serve(self, name: str, input: ToolCallInput, work: Work, release_sticky: bool = True) -> ToolOutcome:
         """Heartbeat, re-validate, run the tool and sort its errors (see the module docstring).
 
         The heartbeats come from a background task, so `work` must leave the event loop
@@ -133,7 +165,7 @@ class ToolActivities:
         opens the call's context (workspace checks, journal) in the thread it does its own
         file-system work in: one hop to a thread per call, not two.
         """
-        async with heartbeating():
+        async with heartbeating(release_sticky=release_sticky):
             try:
                 # Defence in depth: the workflow validated already, but histories outlive code.
                 args = validate_arguments(name, input.arguments)
@@ -159,6 +191,19 @@ class ToolActivities:
 
 
 FileTool = Callable[[ToolCallContext, Any], ToolOutcome]
+
+
+async def _outlasting_timeouts(command: asyncio.Task[ToolOutcome]) -> ToolOutcome:
+    """The command's outcome; cancelling the waiting attempt stops the command only when
+    the cancellation was asked for, not when the server gave the attempt up."""
+    try:
+        return await asyncio.shield(command)
+    except asyncio.CancelledError:
+        details = activity.cancellation_details()
+        if details is None or not (details.timed_out or details.not_found):
+            command.cancel()
+            await asyncio.wait([command])  # its process group killed, CANCELLED recorded
+        raise
 
 
 async def _file_tool(tool: FileTool, open_call: OpenCall, args: Any) -> ToolOutcome:

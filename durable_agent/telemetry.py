@@ -37,6 +37,7 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 import opentelemetry.trace as otel
@@ -207,6 +208,9 @@ class ChainSpan:
         return ChainSpan(int(value["trace_id"], 16), int(value["span_id"], 16), value.get("parent"), value["start_ns"])
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def chain_span(info: workflow.Info) -> ChainSpan:
     """The run's chain span, from its headers: as the live worker and a replay both see it."""
     converter = PayloadConverter.default
@@ -216,7 +220,9 @@ def chain_span(info: workflow.Info) -> ChainSpan:
     traced = info.headers.get(TRACE_HEADER)
     parent = converter.from_payloads([traced])[0] if traced is not None else None
     first_run = info.first_execution_run_id or info.run_id
-    return ChainSpan.first(info.workflow_id, first_run, parent or None, int(info.start_time.timestamp() * 1e9))
+    # Integer arithmetic: a float of the nanoseconds lands a few ns off, after the run's own span.
+    start_ns = (info.start_time - EPOCH) // timedelta(microseconds=1) * 1000
+    return ChainSpan.first(info.workflow_id, first_run, parent or None, start_ns)
 
 
 def emit_invoke_agent(

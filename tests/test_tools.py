@@ -576,8 +576,7 @@ async def test_a_cancellation_asked_for_still_stops_the_command(workspace: Path)
 WORKER_SCRIPT = textwrap.dedent(
     """
     import asyncio, sys
-    from temporalio.activity import ActivityCancellationDetails
-from temporalio.testing import ActivityEnvironment
+    from temporalio.testing import ActivityEnvironment
     from activities.tools import ToolActivities
     from workflows.types import ToolCallInput
 

@@ -9,10 +9,10 @@ first attempt got. Tools with side effects therefore record, per idempotency key
 Every write is atomic (temp file, rename), so a reader, or a retry after the worker was
 killed, sees a whole entry or none: the page cache outlives a killed process. A start record
 is also durable (fsync of the file and its folder before the call acts): after a machine
-crash it is what stops a command or edit from running twice. A done record is not: if a
-crash loses it, a command's or edit's retry finds the start record (which the done record
-replaces, in that order on ext4's default ordered mode) and reports the call as interrupted,
-and a `write_file` writes the same bytes again.
+crash it is what stops a command or edit from running twice. A done record is not: a
+crash can lose it or leave it empty, which reads as absent; the start record stays in the
+step's folder until the next step removes the folder, so a command's or edit's retry finds
+it and reports the call as interrupted, and a `write_file` writes the same bytes again.
 The journal lives in the workspace because the workspace is what every worker that runs
 its tools can see. Entries are redacted of secrets (activities/redaction.py) and readable
 by the worker's user only.
@@ -63,6 +63,7 @@ class Journal:
         folder); default the workspace's shared `journal/` of calls recorded before
         per-chain folders, uncapped."""
         self.folder = folder if folder is not None else Path(workspace_root) / JOURNAL_DIR
+        self._shared = folder is None
         self.max_bytes = max_bytes
         self._make_folder = make_folder
 
@@ -107,7 +108,11 @@ class Journal:
     def complete(self, key: str, outcome: ToolOutcome) -> None:
         self._ensure_folder()
         atomic_write(self._path(key, "done"), _dumps({"key": key, "outcome": outcome.model_dump()}), ENTRY_MODE)
-        self._path(key, "started").unlink(missing_ok=True)
+        if self._shared:
+            # The shared journal of calls recorded before per-step folders: nothing prunes it.
+            # A step folder keeps the start record until the next step removes the folder:
+            # should a machine crash leave the done record empty, the start record remains.
+            self._path(key, "started").unlink(missing_ok=True)
 
     def forget_start(self, key: str) -> None:
         """Drop a start record for an attempt that provably did nothing."""
@@ -124,10 +129,18 @@ class Journal:
     @staticmethod
     def _load(path: Path) -> dict[str, Any] | None:
         try:
-            entry = json.loads(read_regular(path))
+            data = read_regular(path)
         except FileNotFoundError:
             return None
-        except (ValueError, RecursionError, NotRegularFile, IsADirectoryError) as e:
+        except (NotRegularFile, IsADirectoryError) as e:
+            raise _corrupt(path) from e
+        if not data:
+            # A record that is not synced can come back empty after a machine crash: as if
+            # never written, so a command or edit falls back on its (synced) start record.
+            return None
+        try:
+            entry = json.loads(data)
+        except (ValueError, RecursionError) as e:
             raise _corrupt(path) from e
         if not isinstance(entry, dict):
             raise _corrupt(path)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import json
 import os
 import re
 import subprocess
@@ -25,9 +26,11 @@ import pytest
 from temporalio.activity import ActivityCancellationDetails
 from temporalio.testing import ActivityEnvironment
 
-from activities.journal import Journal
+from activities import tools as tools_module
+from activities.journal import Journal, key_digest
+from activities.run_files import step_journal_path
 from activities.tools import INTERRUPTED, ToolActivities, output
-from activities.tools.sandbox import UNSANDBOXED_CONSENT, UNSANDBOXED_ENV
+from activities.tools.sandbox import UNSANDBOXED_CONSENT, UNSANDBOXED_ENV, CommandLaunch
 from workflows.types import ToolCallInput, ToolOutcome
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -571,6 +574,90 @@ async def test_a_cancellation_asked_for_still_stops_the_command(workspace: Path)
     assert not (workspace / "ledger.txt").exists()
     again = await ActivityEnvironment().run(tools.run_command, call)
     assert not again.ok and (again.error or "").startswith("the command was cancelled"), again
+
+
+def chain_call(workspace: Path, key: str, **arguments: Any) -> ToolCallInput:
+    """A call of run chain "chain-1", step 1: journalled in that step's folder."""
+    return ToolCallInput(
+        call_id="c", idempotency_key=key, workspace=str(workspace), arguments=arguments, run_folder="chain-1", step=1
+    )
+
+
+async def test_a_file_tool_names_its_run_in_the_chain_folder(workspace: Path) -> None:
+    # File tools run on a thread of their own; the activity's context goes with them.
+    env = ActivityEnvironment()
+    assert (await env.run(TOOLS.write_file, chain_call(workspace, "w-1", path="a.txt", content="x"))).ok
+    identity = json.loads((workspace / ".durable-agent/journal/chain-1/chain.json").read_text())
+    assert identity == {"workflow_id": env.info.workflow_id}
+
+
+async def test_a_command_no_retry_collects_is_stopped_after_a_grace(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server gave the attempt up, and no retry came to this worker (the run closed, or
+    # the retry went elsewhere): the command does not run on unwatched until its timeout.
+    monkeypatch.setattr(tools_module, "ORPHANED_COMMAND_GRACE_S", 0.5)
+    tools = ToolActivities()
+    call = chain_call(workspace, "orphan-1", command="echo started > started.txt; sleep 3; echo done >> ledger.txt")
+    env = ActivityEnvironment()
+    attempt = asyncio.create_task(env.run(tools.run_command, call))
+    await until(lambda: (workspace / "started.txt").exists())
+    env.cancel(ActivityCancellationDetails(timed_out=True))
+    await asyncio.wait([attempt])
+    await until(lambda: not tools._commands_here, within_s=5)
+    await asyncio.sleep(3)
+    assert not (workspace / "ledger.txt").exists()
+    again = await ActivityEnvironment().run(tools.run_command, call)
+    assert not again.ok and (again.error or "").startswith("the command was cancelled"), again
+
+
+async def test_a_cancellation_while_a_command_is_prepared_closes_its_launch(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    closed: list[CommandLaunch] = []
+    real_prepare, real_close = CommandLaunch.prepare, CommandLaunch.close
+
+    def slow_prepare(*args: Any) -> CommandLaunch:
+        time.sleep(0.5)  # in the preparing thread, while the activity is cancelled
+        return real_prepare(*args)
+
+    def close(launch: CommandLaunch) -> None:
+        closed.append(launch)
+        real_close(launch)
+
+    monkeypatch.setattr(CommandLaunch, "prepare", staticmethod(slow_prepare))
+    monkeypatch.setattr(CommandLaunch, "close", close)
+    call = chain_call(workspace, "prep-1", command="echo x >> ledger.txt")
+    env = ActivityEnvironment()
+    attempt = asyncio.create_task(env.run(ToolActivities().run_command, call))
+    await asyncio.sleep(0.2)
+    env.cancel(ActivityCancellationDetails(cancel_requested=True))
+    await asyncio.wait([attempt])
+    assert len(closed) == 1  # the cgroup and the rest of the launch, made after the cancel
+    assert not (workspace / "ledger.txt").exists()
+    again = await ActivityEnvironment().run(ToolActivities().run_command, call)
+    assert not again.ok and (again.error or "").startswith("the command was cancelled"), again
+
+
+async def test_an_empty_done_record_reads_as_absent(workspace: Path) -> None:
+    # What a machine crash can leave of a record written without fsync. A command falls back
+    # on its start record (synced before it ran), which its step's folder still holds.
+    first = await run_tool_in_chain(workspace, "run_command", "cmd-e", command="echo x >> ledger.txt")
+    assert first.ok
+    step = step_journal_path(str(workspace), "chain-1", 1)
+    (step / f"{key_digest('cmd-e')}.done.json").write_bytes(b"")
+    again = await run_tool_in_chain(workspace, "run_command", "cmd-e", command="echo x >> ledger.txt")
+    assert not again.ok and (again.error or "").startswith(INTERRUPTED), again
+    assert (workspace / "ledger.txt").read_text() == "x\n"
+    assert (await run_tool_in_chain(workspace, "write_file", "w-e", path="a.txt", content="one")).ok
+    (step / f"{key_digest('w-e')}.done.json").write_bytes(b"")
+    (workspace / "a.txt").write_text("changed")
+    assert (await run_tool_in_chain(workspace, "write_file", "w-e", path="a.txt", content="one")).ok
+    assert (workspace / "a.txt").read_text() == "one"  # written again: the same bytes
+
+
+async def run_tool_in_chain(workspace: Path, tool: str, key: str, **arguments: Any) -> ToolOutcome:
+    return await ActivityEnvironment().run(getattr(TOOLS, tool), chain_call(workspace, key, **arguments))
 
 
 WORKER_SCRIPT = textwrap.dedent(

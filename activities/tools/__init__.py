@@ -18,9 +18,11 @@ is saved whole under `<workspace>/.durable-agent/outputs/`, named by the call's 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
@@ -46,6 +48,10 @@ _EXPECTED = (ToolError, WorkspaceError, ToolArgumentError, NotRegularFile, Journ
 OpenCall = Callable[[], ToolCallContext]
 Work = Callable[[OpenCall, Any], Awaitable[ToolOutcome]]
 _T = TypeVar("_T")
+
+ORPHANED_COMMAND_GRACE_S = 30.0
+"""How long a command whose attempt the server gave up waits for a retry to collect it: the
+retry comes within a second unless the run closed or it went to another worker."""
 
 COMMANDS_REMEMBERED = 10_000
 """How many finished commands' keys a worker remembers (about 1 MB)."""
@@ -84,7 +90,7 @@ class ToolActivities:
         self._roots = roots if roots is not None else workspace_roots()
         self._caps = caps if caps is not None else run_file_caps()
         self._max_list_entries = max_list_entries
-        self._commands_here: dict[str, asyncio.Task[ToolOutcome]] = {}
+        self._commands_here: dict[str, _RunningCommand] = {}
         """Commands running in this process, by idempotency key."""
         self._commands_done_here: OrderedDict[str, None] = OrderedDict()
         """The keys of the latest commands that ran here: their retry needs no sticky release."""
@@ -140,18 +146,18 @@ class ToolActivities:
         running = self._commands_here.get(key)
         if running is not None:
             async with heartbeating(release_sticky=False):
-                return await _outlasting_timeouts(running)
+                return await running.outcome()
         ran_here = key in self._commands_done_here
-        command = asyncio.create_task(
-            self._serve("run_command", input, self._commands.run, release_sticky=not ran_here)
+        command = _RunningCommand(
+            asyncio.create_task(self._serve("run_command", input, self._commands.run, release_sticky=not ran_here))
         )
         self._commands_here[key] = command
-        command.add_done_callback(partial(self._command_done, key))
-        return await _outlasting_timeouts(command)
+        command.task.add_done_callback(partial(self._command_done, key))
+        return await command.outcome()
 
-    def _command_done(self, key: str, command: asyncio.Task[ToolOutcome]) -> None:
-        if not command.cancelled():
-            command.exception()  # seen: a timed-out attempt may have left no one awaiting it
+    def _command_done(self, key: str, task: asyncio.Task[ToolOutcome]) -> None:
+        if not task.cancelled():
+            task.exception()  # seen: a timed-out attempt may have left no one awaiting it
         del self._commands_here[key]
         self._commands_done_here[key] = None
         while len(self._commands_done_here) > COMMANDS_REMEMBERED:
@@ -193,17 +199,36 @@ class ToolActivities:
 FileTool = Callable[[ToolCallContext, Any], ToolOutcome]
 
 
-async def _outlasting_timeouts(command: asyncio.Task[ToolOutcome]) -> ToolOutcome:
-    """The command's outcome; cancelling the waiting attempt stops the command only when
-    the cancellation was asked for, not when the server gave the attempt up."""
-    try:
-        return await asyncio.shield(command)
-    except asyncio.CancelledError:
-        details = activity.cancellation_details()
-        if details is None or not (details.timed_out or details.not_found):
-            command.cancel()
-            await asyncio.wait([command])  # its process group killed, CANCELLED recorded
-        raise
+@dataclass
+class _RunningCommand:
+    """A command running in this worker and the attempts waiting for it."""
+
+    task: asyncio.Task[ToolOutcome]
+    waiting: int = 0
+
+    async def outcome(self) -> ToolOutcome:
+        """The command's outcome. Cancelling the waiting attempt stops the command when the
+        cancellation was asked for (by the run, or the worker's shutdown). When the server
+        gave the attempt up instead, the command goes on for a retry to collect; one that no
+        attempt waits for after ORPHANED_COMMAND_GRACE_S (the run closed, or the retry went
+        to another worker) is stopped then."""
+        self.waiting += 1
+        try:
+            return await asyncio.shield(self.task)
+        except asyncio.CancelledError:
+            details = activity.cancellation_details()
+            if details is None or not (details.timed_out or details.not_found):
+                self.task.cancel()
+                await asyncio.wait([self.task])  # its process group killed, CANCELLED recorded
+            else:
+                asyncio.get_running_loop().call_later(ORPHANED_COMMAND_GRACE_S, self._stop_if_orphaned)
+            raise
+        finally:
+            self.waiting -= 1
+
+    def _stop_if_orphaned(self) -> None:
+        if self.waiting == 0:
+            self.task.cancel()
 
 
 async def _file_tool(tool: FileTool, open_call: OpenCall, args: Any) -> ToolOutcome:
@@ -233,7 +258,9 @@ async def _in_own_thread(work: Callable[..., _T], *args: Any) -> _T:
         except RuntimeError:
             pass  # the loop closed while this call was stuck; no one waits for it any more
 
-    threading.Thread(target=target, name="file-tool", daemon=True).start()
+    # The activity's context goes along: the call's journal names its run (activity.info()).
+    context = contextvars.copy_context()
+    threading.Thread(target=context.run, args=(target,), name="file-tool", daemon=True).start()
     try:
         return await asyncio.wait_for(asyncio.shield(done), FILE_TOOL_TIME_LIMIT_S)
     except TimeoutError:

@@ -62,7 +62,15 @@ class CommandRunner:
         (`_prepare`, `_finish`): every hop to a thread costs the worker a GIL hand-over, and
         at hundreds of agents those hand-overs were a large share of its CPU.
         """
-        call, prepared = await asyncio.to_thread(self._prepare, open_call, args)
+        preparing = asyncio.ensure_future(asyncio.to_thread(self._prepare, open_call, args))
+        try:
+            call, prepared = await asyncio.shield(preparing)
+        except asyncio.CancelledError:
+            # The thread goes on regardless: close what it made and record the cancellation.
+            call, prepared = await preparing
+            if isinstance(prepared, CommandLaunch):
+                await asyncio.to_thread(self._finish, call, prepared, None)
+            raise
         if isinstance(prepared, ToolOutcome):
             return prepared
         launch = prepared

@@ -84,7 +84,7 @@ async def test_run_follows_the_steps_then_status_export_and_list(
 
     status = await durable_agent("status", f"cli-{task_queue}", env=env)
     assert status.returncode == 0 and "completed (final_answer) after 3 steps" in status.stdout
-    assert "files: removed the tool journal (2 files, " in status.stdout, status.stdout
+    assert "files: removed the tool journal (3 files, " in status.stdout, status.stdout  # the last step's command
 
     exported = await durable_agent("export", f"cli-{task_queue}", "-o", str(workspace / "t.jsonl"), env=env)
     assert exported.returncode == 0, exported

@@ -189,7 +189,7 @@ async def test_secrets_in_every_channel_stay_out_of_history_and_files(
         await handle.execute_update("resolve", {"action": "retry"})
         gated = await wait_for(handle, lambda s: len(s.pending_approvals) == 1)
         entries = [p for p in (workspace / JOURNAL_DIR).rglob("*") if p.is_file()]
-        assert len(entries) == 3  # write_file's and run_command's outcomes, the chain's id
+        assert len(entries) == 4  # write_file's and run_command's outcomes, run_command's start record, the chain's id
         assert [path for path in entries if path.stat().st_mode & 0o777 != 0o600] == []
         planted.assert_redacted("journal", "".join(path.read_text() for path in entries))
         await handle.execute_update("approve", {"call_id": gated.pending_approvals[0].call_id, "approved": True})

@@ -117,7 +117,7 @@ async def test_across_continue_as_new_one_chain_folder_and_cleanup_only_at_the_c
     assert "clean_up_run" not in scheduled_activities(await first_run.fetch_history())
     assert (await handle.describe()).run_id != handle.first_execution_run_id  # it did continue as new
     assert [p.name for p in (workspace / RESERVED / "journal").iterdir()] == []
-    assert result.files and "removed the tool journal (2 files" in result.files  # step 12's entry + chain.json
+    assert result.files and "removed the tool journal (3 files" in result.files  # step 12's records + chain.json
 
 
 async def test_saved_outputs_over_the_runs_cap_are_dropped_and_the_model_and_log_say_so(

@@ -345,14 +345,14 @@ async def test_the_journal_cannot_be_forged_or_replaced(client: Client, attacked
     handle = await start(
         client, attacked.task_queue, goal="attack", workspace=str(workspace), approval={"commands": ["^echo after$"]}
     )
-    # Held before the third command: the journal holds the forging step's entry and chain.json
-    # (it is removed when the run closes).
+    # Held before the third command: the journal holds the forging step's start and done
+    # records and chain.json (it is removed when the run closes).
     pending = (await wait_for(handle, lambda s: len(s.pending_approvals) == 1)).pending_approvals[0]
     journal = workspace / ".durable-agent" / "journal"
     assert (workspace / ".durable-agent").is_dir() and not (workspace / ".durable-agent").is_symlink()
     assert not (workspace / "gone").exists() and list(elsewhere.iterdir()) == []
     contents = [p.read_text() for p in journal.rglob("*") if p.is_file()]
-    assert len(contents) == 2 and not any("forged" in c for c in contents), contents
+    assert len(contents) == 3 and not any(c.strip() == "forged" for c in contents), contents  # what the attack writes
     assert not (journal / "new.done.json").exists() and not (workspace / ".durable-agent" / "outputs" / "x").exists()
     assert not (journal / "nested.done.json").exists()
     await handle.execute_update("approve", {"call_id": pending.call_id, "approved": True})

@@ -41,6 +41,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.service import RPCError
 
 from activities.pricing import price_of
+from activities.tools.command import INTERRUPTED
 from bench.harness import Bench, RecheckingScript, StepScript, bench, bench_input
 from bench.observe import Recorder, ledger_check
 from bench.task import goal_for
@@ -212,12 +213,24 @@ async def outcome(client: Client, workflow_id: str, deadline: float) -> AgentRes
 
 def comparable(result: AgentResult) -> dict[str, Any]:
     """What must match an uninterrupted run: everything but wall-clock time (cost in
-    micro-dollars, so that adding it up in another order cannot tell runs apart) and the
-    byte counts of the files the close removed (journal entries hold the run's id)."""
+    micro-dollars, so that adding it up in another order cannot tell runs apart), the counts
+    of the files the close removed (journal entries hold the run's id, and a close that a
+    kill interrupted runs its cleanup again, which then finds fewer), the goal in the
+    summary (each agent has its own) and the summary's notes of commands that a kill
+    interrupted (the model re-checks them: RecheckingScript)."""
     usage = result.usage.model_dump(exclude={"elapsed_s"})
     usage["cost_usd"] = round(usage["cost_usd"] * 1e6)
-    files = re.sub(r"[\d,]+ bytes", "N bytes", result.files or "")
-    return {**result.model_dump(exclude={"usage", "files"}), "usage": usage, "files": files}
+    files = re.sub(r"[\d,]+ (bytes|files)", r"N \1", result.files or "")
+    summary = result.summary.model_dump() if result.summary is not None else None
+    if summary is not None:
+        summary["goal"] = "the run's goal"
+        summary["open_issues"] = [i for i in summary["open_issues"] if INTERRUPTED not in i]
+    return {
+        **result.model_dump(exclude={"usage", "files", "summary"}),
+        "usage": usage,
+        "files": files,
+        "summary": summary,
+    }
 
 
 def expected_result(reference: AgentResult, script: RecheckingScript, goal: str, steps: int) -> dict[str, Any]:
@@ -226,6 +239,12 @@ def expected_result(reference: AgentResult, script: RecheckingScript, goal: str,
     one more step before the final answer (see RecheckingScript)."""
     want = comparable(reference)
     want["usage"]["tool_calls"] += sum(1 for agent, _ in script.rechecked if agent == goal)
+    if (goal, steps) in script.rechecked and want["summary"] is not None:
+        final = f"step {steps + 1}: "
+        want["summary"]["key_decisions"] = [
+            f"step {steps + 2}: {d.removeprefix(final)}" if d.startswith(final) else d
+            for d in want["summary"]["key_decisions"]
+        ]
     if (goal, steps) in script.rechecked:
         model = AgentInput.model_fields["model"].default  # bench_input keeps the product's default
         step = ModelReply(model=model, price=price_of(model), **script.STEP_TOKENS)
@@ -309,6 +328,15 @@ def check_run(
         return {"steps": 0, "model_calls": 0, "side_effects_duplicated": 0, "side_effects_missing": 0}
     want = expected_result(reference, script, run.goal, report.plan.steps)
     got = comparable(result)
+    if any(agent == run.goal for agent, _ in script.rechecked):
+        # A re-check's call and its result lengthen the prompts after it, which the stub bills
+        # by their length: the tokens and cost can only be told to be no fewer.
+        for usage in (got["usage"], want["usage"]):
+            counted = {k: usage.pop(k) for k in ("input_tokens", "output_tokens", "cost_usd")}
+            usage["billed"] = counted
+        if any(got["usage"]["billed"][k] < want["usage"]["billed"][k] for k in want["usage"]["billed"]):
+            report.failures.append(f"{run.workflow_id}: billed less than the uninterrupted run: {got} != {want}")
+        got["usage"]["billed"] = want["usage"]["billed"]
     if got != want:
         report.failures.append(f"{run.workflow_id}: result differs from the uninterrupted run's: {got} != {want}")
     ledger = ledger_check(run.workspace / "ledger.txt", report.plan.steps)

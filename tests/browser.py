@@ -67,23 +67,27 @@ class Browser:
                     raise RuntimeError(f"{method}: {reply['error']}")
                 return reply["result"]
 
-    def _wait_for_text(self, url: str, text: str, timeout_s: float) -> str:
+    def _wait_for_text(self, url: str, texts: tuple[str, ...], timeout_s: float) -> str:
         target = self._call("Target.createTarget", {"url": url})["targetId"]
         session = self._call("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         read = {"expression": "document.documentElement.outerHTML", "returnByValue": True}
         deadline = time.monotonic() + timeout_s
         while True:
             shown = self._call("Runtime.evaluate", read, session)["result"].get("value", "")
-            if text in shown or time.monotonic() > deadline:
+            missing = [text for text in texts if text not in shown]
+            if not missing or time.monotonic() > deadline:
                 self._call("Target.closeTarget", {"targetId": target})
-                if text not in shown:
-                    raise AssertionError(f"{url} did not show {text!r} in {timeout_s} s; it showed:\n{shown[-2000:]}")
+                if missing:
+                    raise AssertionError(
+                        f"{url} did not show {missing!r} in {timeout_s} s; it showed:\n{shown[-2000:]}"
+                    )
                 return shown
             time.sleep(0.2)
 
-    async def page_showing(self, url: str, text: str, timeout_s: float = 60) -> str:
-        """The page's DOM once it shows `text` (its scripts have run and fetched their data)."""
-        return await asyncio.to_thread(self._wait_for_text, url, text, timeout_s)
+    async def page_showing(self, url: str, *texts: str, timeout_s: float = 60) -> str:
+        """The page's DOM once it shows every one of `texts` (its scripts have run and fetched
+        their data; parts of the page fetch theirs separately)."""
+        return await asyncio.to_thread(self._wait_for_text, url, texts, timeout_s)
 
     def close(self) -> None:
         self._process.kill()

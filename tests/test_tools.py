@@ -534,22 +534,26 @@ async def test_file_writes_wait_for_no_disk_but_an_edit_journals_first(
     assert (workspace / "a.txt").read_text() == "two\n"
 
 
+async def cancel_mid_command(tools: ToolActivities, call: ToolCallInput, details: ActivityCancellationDetails) -> None:
+    """Run the call's first attempt and cancel it once its command has started."""
+    env = ActivityEnvironment()
+    attempt = asyncio.create_task(env.run(tools.run_command, call))
+    await until(lambda: Path(call.workspace, "started.txt").exists())
+    env.cancel(details)
+    await asyncio.wait([attempt])
+    assert attempt.cancelled() or isinstance(attempt.exception(), asyncio.CancelledError)
+
+
+def slow_command(workspace: Path, key: str, sleep_s: int = 1) -> ToolCallInput:
+    return chain_call(workspace, key, command=f"echo started > started.txt; sleep {sleep_s}; echo done >> ledger.txt")
+
+
 async def test_a_retry_after_a_spurious_heartbeat_timeout_waits_for_the_command(workspace: Path) -> None:
     # A worker too busy to send a command's first heartbeat in time: the server gives the
     # attempt up and retries it, while the command still runs in the same worker.
     tools = ToolActivities()
-    call = ToolCallInput(
-        call_id="c",
-        idempotency_key="busy-1",
-        workspace=str(workspace),
-        arguments={"command": "echo started > started.txt; sleep 1; echo done >> ledger.txt"},
-    )
-    first = ActivityEnvironment()
-    attempt_1 = asyncio.create_task(first.run(tools.run_command, call))
-    await until(lambda: (workspace / "started.txt").exists())
-    first.cancel(ActivityCancellationDetails(timed_out=True))
-    await asyncio.wait([attempt_1])
-    assert attempt_1.cancelled() or isinstance(attempt_1.exception(), asyncio.CancelledError)
+    call = slow_command(workspace, "busy-1")
+    await cancel_mid_command(tools, call, ActivityCancellationDetails(timed_out=True))
     retry = ActivityEnvironment()
     retry.info = dataclasses.replace(retry.info, attempt=2)
     outcome = await retry.run(tools.run_command, call)
@@ -559,17 +563,8 @@ async def test_a_retry_after_a_spurious_heartbeat_timeout_waits_for_the_command(
 
 async def test_a_cancellation_asked_for_still_stops_the_command(workspace: Path) -> None:
     tools = ToolActivities()
-    call = ToolCallInput(
-        call_id="c",
-        idempotency_key="stop-1",
-        workspace=str(workspace),
-        arguments={"command": "echo started > started.txt; sleep 1; echo done >> ledger.txt"},
-    )
-    env = ActivityEnvironment()
-    attempt = asyncio.create_task(env.run(tools.run_command, call))
-    await until(lambda: (workspace / "started.txt").exists())
-    env.cancel(ActivityCancellationDetails(cancel_requested=True))
-    await asyncio.wait([attempt])
+    call = slow_command(workspace, "stop-1")
+    await cancel_mid_command(tools, call, ActivityCancellationDetails(cancel_requested=True))
     await asyncio.sleep(1.5)
     assert not (workspace / "ledger.txt").exists()
     again = await ActivityEnvironment().run(tools.run_command, call)
@@ -598,12 +593,8 @@ async def test_a_command_no_retry_collects_is_stopped_after_a_grace(
     # the retry went elsewhere): the command does not run on unwatched until its timeout.
     monkeypatch.setattr(tools_module, "ORPHANED_COMMAND_GRACE_S", 0.5)
     tools = ToolActivities()
-    call = chain_call(workspace, "orphan-1", command="echo started > started.txt; sleep 3; echo done >> ledger.txt")
-    env = ActivityEnvironment()
-    attempt = asyncio.create_task(env.run(tools.run_command, call))
-    await until(lambda: (workspace / "started.txt").exists())
-    env.cancel(ActivityCancellationDetails(timed_out=True))
-    await asyncio.wait([attempt])
+    call = slow_command(workspace, "orphan-1", sleep_s=3)
+    await cancel_mid_command(tools, call, ActivityCancellationDetails(timed_out=True))
     await until(lambda: not tools._commands_here, within_s=5)
     await asyncio.sleep(3)
     assert not (workspace / "ledger.txt").exists()

@@ -96,8 +96,10 @@ class Journal:
             raise _corrupt(self._path(key, "done")) from e
 
     def started(self, key: str) -> dict[str, Any] | None:
-        """The record of an attempt that began but never completed, if any."""
-        return self._load(self._path(key, "started"))
+        """The record of an attempt that began but never completed, if any. An empty one still
+        says the attempt began: it is a synced record whose unsynced update (a command's
+        process group) a machine crash cut short, never grounds to act again."""
+        return self._load(self._path(key, "started"), empty={})
 
     def start(self, key: str, record: dict[str, Any], durable: bool = True) -> None:
         """Note (or update) what an attempt is about to do or is doing. `durable`: on disk
@@ -127,7 +129,8 @@ class Journal:
         return self.folder / f"{key_digest(key)}.{stage}.json"
 
     @staticmethod
-    def _load(path: Path) -> dict[str, Any] | None:
+    def _load(path: Path, empty: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The entry at `path`, None if there is none, `empty` if the file is empty."""
         try:
             data = read_regular(path)
         except FileNotFoundError:
@@ -135,9 +138,9 @@ class Journal:
         except (NotRegularFile, IsADirectoryError) as e:
             raise _corrupt(path) from e
         if not data:
-            # A record that is not synced can come back empty after a machine crash: as if
-            # never written, so a command or edit falls back on its (synced) start record.
-            return None
+            # What a machine crash can leave of a record that was not synced: a done record
+            # reads as never written, so a command or edit falls back on its start record.
+            return empty
         try:
             entry = json.loads(data)
         except (ValueError, RecursionError) as e:

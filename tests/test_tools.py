@@ -647,6 +647,17 @@ async def test_an_empty_done_record_reads_as_absent(workspace: Path) -> None:
     assert (workspace / "a.txt").read_text() == "one"  # written again: the same bytes
 
 
+async def test_an_empty_start_record_still_stops_a_second_run(workspace: Path) -> None:
+    # The update that adds the command's process group replaces the synced start record
+    # without a sync of its own: a machine crash can leave it empty, never absent.
+    step = step_journal_path(str(workspace), "chain-1", 1)
+    step.mkdir(parents=True)
+    (step / f"{key_digest('cmd-s')}.started.json").write_bytes(b"")
+    outcome = await run_tool_in_chain(workspace, "run_command", "cmd-s", command="echo x >> ledger.txt")
+    assert not outcome.ok and (outcome.error or "").startswith(INTERRUPTED), outcome
+    assert not (workspace / "ledger.txt").exists()
+
+
 async def run_tool_in_chain(workspace: Path, tool: str, key: str, **arguments: Any) -> ToolOutcome:
     return await ActivityEnvironment().run(getattr(TOOLS, tool), chain_call(workspace, key, **arguments))
 

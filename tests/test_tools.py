@@ -31,6 +31,7 @@ from activities.journal import Journal, key_digest
 from activities.run_files import step_journal_path
 from activities.tools import INTERRUPTED, ToolActivities, output
 from activities.tools.sandbox import UNSANDBOXED_CONSENT, UNSANDBOXED_ENV, CommandLaunch
+from tests.helpers import host_processes_named
 from workflows.types import ToolCallInput, ToolOutcome
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -675,11 +676,15 @@ WORKER_SCRIPT = textwrap.dedent(
 )
 
 
+SLEEP_S = 301  # a duration no other test's command sleeps, to find its process by name
+
+
 @pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
 async def test_worker_killed_mid_command_the_retry_kills_its_group_and_does_not_rerun(
     workspace: Path, sandboxed: bool
 ) -> None:
-    command = "sleep 300; echo ran >> ledger.txt"
+    command = f"sleep {SLEEP_S}; echo ran >> ledger.txt"
+    sleeping = f"sleep\0{SLEEP_S}\0"  # the command's own process, inside the sandbox or not
     call = ToolCallInput(
         call_id="call-1", idempotency_key="cmd-3", workspace=str(workspace), arguments={"command": command}
     )
@@ -687,12 +692,16 @@ async def test_worker_killed_mid_command_the_retry_kills_its_group_and_does_not_
     worker = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, call.model_dump_json()], cwd=PROJECT_ROOT, env=env)
     try:
         pgid = await started_pgid(workspace, "cmd-3")
+        # bubblewrap asks to die with its parent only once it runs, so a kill in the moment
+        # after its exec would leave it running (the retry then kills it, as unsandboxed);
+        # this test kills the worker once the command itself runs.
+        await until(lambda: bool(host_processes_named(sleeping)))
     finally:
         worker.kill()
         worker.wait()
     if sandboxed:
         # bubblewrap dies with its parent, and its PID namespace with it.
-        await until(lambda: not live_members(pgid))
+        await until(lambda: not live_members(pgid) and not host_processes_named(sleeping))
         expected = "it is no longer running"
     else:
         assert live_members(pgid), "the orphaned command should outlive its SIGKILLed worker"
@@ -701,7 +710,7 @@ async def test_worker_killed_mid_command_the_retry_kills_its_group_and_does_not_
     retried = await run_tool(workspace, "run_command", key="cmd-3", command=command)
     assert not retried.ok
     assert retried.error == f"{INTERRUPTED} ({expected})"
-    assert not live_members(pgid)
+    assert not live_members(pgid) and not host_processes_named(sleeping)
     assert not (workspace / "ledger.txt").exists()
     assert await run_tool(workspace, "run_command", key="cmd-3", command=command) == retried
 

@@ -11,9 +11,11 @@ by `index` (id and name from their first delta, argument fragments in order).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
+from collections.abc import AsyncIterator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +35,11 @@ NETWORK_WAIT_S = 0.001
 MAX_LINE_BYTES = 8 * 1024 * 1024
 """One event's line: a whole reply in one chunk fits (escaped JSON of the largest reply a
 step may record), an endless line does not."""
+TAIL_WAIT_S = 1.0
+TAIL_MAX_BYTES = 64 * 1024
+"""After the end marker, how long and how much of the body's rest is read, in the
+background, so that the connection can be reused (`_close_after_tail`). A server sends the
+end of its body right after the marker; one that does not loses its connection."""
 
 
 class StreamProgress:
@@ -148,17 +155,22 @@ async def stream_chat_completion(
         options={"headers": {"X-Stainless-Raw-Response": "stream"}},
     )
     http = _http_module(response.http_response)
+    rest = None
     try:
-        await _read_events(response, reply, progress)
+        rest = await _read_events(response, reply, progress)
     except http.TransportError as e:
         raise ApplicationError(
             f"the model's streamed reply broke off after {progress.chunks} chunks: {e!r}", type="ModelStreamBroken"
         ) from None  # see activities/model.py, _endpoint_errors
     finally:
-        await response.close()
+        if rest is None:
+            await response.close()
+    if rest is not None:
+        _close_after_tail(response, rest)
 
 
-async def _read_events(response: Any, reply: StreamedReply, progress: StreamProgress) -> None:
+async def _read_events(response: Any, reply: StreamedReply, progress: StreamProgress) -> AsyncIterator[bytes] | None:
+    """Reads the events into `reply`; the rest of the body, unread, if it stopped at the end marker."""
     pieces = aiter(response.iter_bytes())
     pending = bytearray()
     last_wait = 0.0
@@ -168,7 +180,7 @@ async def _read_events(response: Any, reply: StreamedReply, progress: StreamProg
         if data is None:
             break
         if _take(data, pending, reply, progress):
-            return
+            return pieces
         got = time.monotonic()
         if got - asked > NETWORK_WAIT_S:
             if got - last_wait < READ_PACE_S:
@@ -177,6 +189,36 @@ async def _read_events(response: Any, reply: StreamedReply, progress: StreamProg
     tail = pending.decode(errors="replace")
     if tail.startswith("data:"):
         _event(tail[5:], reply, progress)
+    return None
+
+
+_tails: set[asyncio.Task[None]] = set()
+"""Responses whose reply is in but whose body has not ended yet (held here: the event loop
+keeps only weak references to its tasks)."""
+
+
+def _close_after_tail(response: Any, rest: AsyncIterator[bytes]) -> None:
+    """Reads the body's rest after the end marker and closes the response, off the call's
+    path. The HTTP client pools a connection only once its response has ended; closed
+    instead, it costs the next call a new one (a TLS handshake on a real endpoint)."""
+    task = asyncio.get_running_loop().create_task(_read_tail_and_close(response, rest))
+    _tails.add(task)
+    task.add_done_callback(_tails.discard)
+
+
+async def _read_tail_and_close(response: Any, rest: AsyncIterator[bytes]) -> None:
+    """Within TAIL_WAIT_S and TAIL_MAX_BYTES; the reply is whole, so a failure here only
+    means the connection is not reused."""
+    left = TAIL_MAX_BYTES
+    with contextlib.suppress(Exception):
+        try:
+            async with asyncio.timeout(TAIL_WAIT_S):
+                async for data in rest:
+                    left -= len(data)
+                    if left < 0:
+                        break
+        finally:
+            await response.close()
 
 
 def _take(data: bytes, pending: bytearray, reply: StreamedReply, progress: StreamProgress) -> bool:

@@ -49,6 +49,7 @@ class Stream:
     chunks: list[dict[str, Any]]
     interval_s: float = 0.0
     cut_after: int | None = None
+    end_delay_s: float = 0.0
 
 
 Responder = Callable[[dict[str, Any]], "Reply | Failure"]
@@ -114,7 +115,11 @@ class ModelServer:
         """Streamed replies: the wait between two events, so a test can watch progress."""
         self.stream_usage = True
         """Streamed replies: False ignores `stream_options`, like some servers do."""
+        self.stream_end_delay_s = 0.0
+        """Streamed replies: how long the body stays open after the end marker."""
         self.requests: list[dict[str, Any]] = []
+        self.connections = 0
+        """TCP connections accepted so far: a client that reuses its connections opens few."""
         self._lock = threading.Lock()
         self._httpd = _QuietServer(("127.0.0.1", port), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -152,7 +157,8 @@ class ModelServer:
         if not request.get("stream"):
             return 200, {}, body
         usage = self.stream_usage and bool((request.get("stream_options") or {}).get("include_usage"))
-        return 200, {}, Stream(completion_chunks(body, usage), self.stream_interval_s, outcome.cut_after_chunks)
+        chunks = completion_chunks(body, usage)
+        return 200, {}, Stream(chunks, self.stream_interval_s, outcome.cut_after_chunks, self.stream_end_delay_s)
 
 
 def completion_body(request: dict[str, Any], reply: Reply, model_name: str | None = None) -> dict[str, Any]:
@@ -235,6 +241,14 @@ class _QuietServer(ThreadingHTTPServer):
 def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
+        """A response goes out in several writes; with Nagle's algorithm on, a write after an
+        unacknowledged one waits for the client's delayed ACK (40 ms). Servers set TCP_NODELAY."""
+
+        def setup(self) -> None:  # once per connection
+            super().setup()
+            with server._lock:
+                server.connections += 1
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
             if not self.path.rstrip("/").endswith("/chat/completions"):
@@ -287,6 +301,9 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
                     time.sleep(stream.interval_s)
             else:
                 self.wfile.write(b"".join(chunks))
+            if stream.end_delay_s:
+                self.wfile.flush()
+                time.sleep(stream.end_delay_s)
             self.wfile.write(b"0\r\n\r\n")
 
         def log_message(self, format: str, *args: Any) -> None:

@@ -80,6 +80,30 @@ async def test_a_streamed_reply_is_recorded_as_the_same_reply_as_an_unstreamed_o
     assert [(c.id, c.name) for c in replies[0][1]] == [("call_0_0", "write_file"), ("call_0_1", "write_file")]
 
 
+async def test_streamed_calls_reuse_the_workers_connection(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    # The HTTP client pools a connection only once a response has ended: a stream left at
+    # its end marker cost every call a new connection (a TLS handshake on a real endpoint).
+    model_server.responder = Script([TOOLS_AND_TEXT] * 4, final="done")
+    before = model_server.connections
+    result, _ = await run_to_end(client, task_queue, workspace)
+    assert result.output == "done" and result.usage.model_calls == 5
+    assert all(r.get("stream") for r in model_server.requests[-5:])
+    assert model_server.connections - before <= 1  # one, if the pooled one had expired
+
+
+async def test_a_body_left_open_after_the_end_marker_does_not_hold_the_call(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.stream_end_delay_s = 60  # the worker reads past the marker briefly, then closes
+    model_server.responder = Script([TOOLS_AND_TEXT], final="done")
+    result, _ = await asyncio.wait_for(run_to_end(client, task_queue, workspace), 30)
+    assert result.output == "done" and result.usage.model_calls == 2
+    assert (workspace / "b.txt").read_text() == "beta"
+    assert model_server.connections == 2
+
+
 async def test_the_pending_call_shows_the_chunks_received_so_far(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:

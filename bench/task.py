@@ -3,9 +3,10 @@
 The peers (plain loops, LangGraph) must do the same work per step as durable-agent, so
 only the orchestration differs: the same request body (system prompt, goal, the six tool
 schemas, via `workflows.context` and `workflows.tool_specs`), the real `openai` SDK with
-the worker's settings, the same argument validation, the same sandbox and atomic
-(fsynced) file write, and the same `bash -c` invocation for commands. What the peers do
-not get is durable-agent's idempotency journal: that is part of what durability costs.
+the worker's settings, the same argument validation, the same path checks and atomic
+(fsynced) file write. What the peers do not get is durable-agent's idempotency journal and
+its bubblewrap sandbox (they run commands as a plain `bash -c`): both are part of what
+durable-agent costs.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import shlex
 import shutil
 import subprocess
@@ -522,3 +523,30 @@ def test_the_launcher_fails_closed_when_a_command_cannot_join_its_cgroup(tmp_pat
     assert done.returncode == 125
     assert "could not put the command in its cgroup" in done.stderr
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
+async def test_a_command_runs_under_the_configured_limits(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch, sandboxed: bool
+) -> None:
+    if not sandboxed:
+        monkeypatch.setenv(UNSANDBOXED_ENV, UNSANDBOXED_CONSENT)
+    limits = CommandLimits(cpu_s=77, address_space_bytes=3 * 2**30, processes=99, file_bytes=5 * 2**20, open_files=123)
+    call = ToolCallInput(
+        call_id="c",
+        idempotency_key=uuid.uuid4().hex,
+        workspace=str(workspace),
+        arguments={"command": "cat /proc/self/limits"},
+    )
+    outcome = await ActivityEnvironment().run(ToolActivities(command_limits=limits).run_command, call)
+    assert outcome.ok, outcome
+    # /proc/self/limits: the name in 26 columns, then the soft and the hard limit.
+    limit = {line[:26].strip(): line[26:].split()[:2] for line in outcome.output.splitlines()}
+    assert limit["Max cpu time"] == ["77", "77"]
+    assert limit["Max address space"] == [str(3 * 2**30)] * 2
+    assert limit["Max file size"] == [str(5 * 2**20)] * 2
+    assert limit["Max open files"] == ["123", "123"]
+    assert limit["Max core file size"] == ["0", "0"]
+    _, worker_hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    expected = 99 if worker_hard == resource.RLIM_INFINITY else min(99, worker_hard)
+    assert limit["Max processes"] == [str(expected)] * 2

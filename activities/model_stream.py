@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +24,8 @@ from temporalio.exceptions import ApplicationError
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
+
+log = logging.getLogger(__name__)
 
 STREAM_OPTIONS = {"include_usage": True}
 READ_PACE_S = 0.2
@@ -36,10 +39,11 @@ MAX_LINE_BYTES = 8 * 1024 * 1024
 """One event's line: a whole reply in one chunk fits (escaped JSON of the largest reply a
 step may record), an endless line does not."""
 TAIL_WAIT_S = 1.0
+"""After the end marker, how long the body's rest is read, in the background, so that the
+connection can be reused (`_close_after_tail`). A server sends the end of its body right
+after the marker; one that does not loses its connection."""
 TAIL_MAX_BYTES = 64 * 1024
-"""After the end marker, how long and how much of the body's rest is read, in the
-background, so that the connection can be reused (`_close_after_tail`). A server sends the
-end of its body right after the marker; one that does not loses its connection."""
+"""After the end marker, how much of the body's rest is read before the connection is given up."""
 
 
 class StreamProgress:
@@ -169,9 +173,11 @@ async def stream_chat_completion(
         _close_after_tail(response, rest)
 
 
-async def _read_events(response: Any, reply: StreamedReply, progress: StreamProgress) -> AsyncIterator[bytes] | None:
+async def _read_events(
+    response: Any, reply: StreamedReply, progress: StreamProgress
+) -> AsyncGenerator[bytes, None] | None:
     """Reads the events into `reply`; the rest of the body, unread, if it stopped at the end marker."""
-    pieces = aiter(response.iter_bytes())
+    pieces = response.iter_bytes()  # an async generator: the tail task closes it
     pending = bytearray()
     last_wait = 0.0
     while True:
@@ -197,7 +203,7 @@ _tails: set[asyncio.Task[None]] = set()
 keeps only weak references to its tasks)."""
 
 
-def _close_after_tail(response: Any, rest: AsyncIterator[bytes]) -> None:
+def _close_after_tail(response: Any, rest: AsyncGenerator[bytes, None]) -> None:
     """Reads the body's rest after the end marker and closes the response, off the call's
     path. The HTTP client pools a connection only once its response has ended; closed
     instead, it costs the next call a new one (a TLS handshake on a real endpoint)."""
@@ -206,18 +212,22 @@ def _close_after_tail(response: Any, rest: AsyncIterator[bytes]) -> None:
     task.add_done_callback(_tails.discard)
 
 
-async def _read_tail_and_close(response: Any, rest: AsyncIterator[bytes]) -> None:
-    """Within TAIL_WAIT_S and TAIL_MAX_BYTES; the reply is whole, so a failure here only
-    means the connection is not reused."""
+async def _read_tail_and_close(response: Any, rest: AsyncGenerator[bytes, None]) -> None:
+    """Within TAIL_WAIT_S and TAIL_MAX_BYTES. The reply is whole, so a failure here only
+    means the connection is not reused: logged, never raised."""
     left = TAIL_MAX_BYTES
-    with contextlib.suppress(Exception):
-        try:
-            async with asyncio.timeout(TAIL_WAIT_S):
-                async for data in rest:
-                    left -= len(data)
-                    if left < 0:
-                        break
-        finally:
+    try:
+        async with contextlib.aclosing(rest), asyncio.timeout(TAIL_WAIT_S):
+            async for data in rest:
+                left -= len(data)
+                if left < 0:
+                    break
+    except TimeoutError:
+        pass
+    except Exception as e:
+        log.debug("the model endpoint's body after the end marker: %r; its connection is closed", e)
+    finally:
+        with contextlib.suppress(Exception):
             await response.close()
 
 

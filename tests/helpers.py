@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -88,3 +89,11 @@ def host_processes_named(marker: str) -> list[int]:
             if marker.encode() in cmdline and state != "Z":
                 found.append(int(entry.name))
     return found
+
+
+async def until(condition: Callable[[], bool], within_s: float = 10.0) -> None:
+    """Wait until `condition()` holds, checking every 50 ms; fail after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)

@@ -16,8 +16,10 @@ from temporalio.client import Client
 from temporalio.converter import DataConverter
 from temporalio.worker import Worker
 
+from activities import model_stream
+from activities.model_stream import TAIL_WAIT_S
 from durable_agent.model_server import Failure, ModelServer, Reply
-from tests.helpers import start, wait_for
+from tests.helpers import start, until, wait_for
 from tests.scripts import Script, answer
 from tests.test_hostile_replies import REPLY_CASES
 from tests.test_model_queue import pending_model_call
@@ -96,12 +98,15 @@ async def test_streamed_calls_reuse_the_workers_connection(
 async def test_a_body_left_open_after_the_end_marker_does_not_hold_the_call(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
-    model_server.stream_end_delay_s = 60  # the worker reads past the marker briefly, then closes
+    # The reply is used at its end marker; the rest of the body is awaited in the background
+    # for TAIL_WAIT_S, then the connection is given up.
+    model_server.stream_end_delay_s = 20
     model_server.responder = Script([TOOLS_AND_TEXT], final="done")
-    result, _ = await asyncio.wait_for(run_to_end(client, task_queue, workspace), 30)
+    result, _ = await asyncio.wait_for(run_to_end(client, task_queue, workspace), 15)
     assert result.output == "done" and result.usage.model_calls == 2
     assert (workspace / "b.txt").read_text() == "beta"
-    assert model_server.connections == 2
+    assert model_server.connections == 2  # neither body ended, so neither connection was reused
+    await until(lambda: not model_stream._tails, within_s=TAIL_WAIT_S + 5)
 
 
 async def test_the_pending_call_shows_the_chunks_received_so_far(

@@ -18,7 +18,6 @@ import textwrap
 import time
 import tracemalloc
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +30,7 @@ from activities.journal import Journal, key_digest
 from activities.run_files import step_journal_path
 from activities.tools import INTERRUPTED, ToolActivities, output
 from activities.tools.sandbox import UNSANDBOXED_CONSENT, UNSANDBOXED_ENV, CommandLaunch
-from tests.helpers import host_processes_named
+from tests.helpers import host_processes_named, until
 from workflows.types import ToolCallInput, ToolOutcome
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -69,13 +68,6 @@ def live_members(pgid: int) -> list[int]:
             if group == str(pgid) and state != "Z":
                 members.append(int(entry.name))
     return members
-
-
-async def until(condition: Callable[[], bool], within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 def pgid_in(text: str) -> int:

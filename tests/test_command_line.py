@@ -20,7 +20,7 @@ from activities.host import process_gone
 from durable_agent import demo_model
 from durable_agent.model_server import ModelServer
 from durable_agent.server import EmbeddedServer, free_port
-from tests.helpers import cli_start_agent, run_cli, start, wait_for
+from tests.helpers import cli_start_agent, run_cli, start, until, wait_for
 from tests.scripts import Script, answer, tools
 from tests.test_cli import LABEL, ROOT, cli_env, durable_agent, one_line_error
 from workflows.types import ALL_TOOLS, LimitsPatch
@@ -245,7 +245,7 @@ async def test_run_starts_a_worker_when_the_only_poller_was_sigkilled(
         assert "started a background worker" in await run("first", "--id", f"first-{task_queue}")
         assert (await client.get_workflow_handle(f"first-{task_queue}").result())["state"] == "completed"
         os.kill(workers[0], signal.SIGKILL)  # the server still lists it as a poller for minutes
-        await wait_until(lambda: process_gone(workers[0]))
+        await until(lambda: process_gone(workers[0]))
 
         no_worker = await run("waits", "--no-worker", "--id", f"waits-{task_queue}")
         assert f"no worker polls task queue {task_queue}: the run makes no progress" in no_worker
@@ -270,14 +270,6 @@ async def test_run_starts_a_worker_when_the_only_poller_was_sigkilled(
     finally:
         for pid in workers[1:]:
             os.kill(pid, signal.SIGTERM)
-
-
-async def wait_until(condition: Callable[[], bool], timeout_s: float = 10) -> None:
-    async def poll() -> None:
-        while not condition():
-            await asyncio.sleep(0.05)
-
-    await asyncio.wait_for(poll(), timeout_s)
 
 
 async def test_demo_model_serves_the_offline_demo_as_an_openai_endpoint(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from temporalio.client import Client
 from durable_agent.model_server import Failure, ModelServer, Reply, count_assistant_turns
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
-from tests.helpers import run_cli, start, wait_for
+from tests.helpers import run_cli, start, until, wait_for
 from tests.scripts import Script, answer, tools
 
 
@@ -34,14 +33,6 @@ class SlowTurn:
             self.asked.set()
             time.sleep(self.delay_s)
         return self.reply
-
-
-async def until(condition: Callable[[], bool], timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        await asyncio.sleep(0.02)
 
 
 def worker_env(server: EmbeddedServer, model: ModelServer, task_queue: str) -> dict[str, str]:
@@ -94,11 +85,11 @@ async def test_run_survives_worker_kills_at_three_points(
 
     try:
         handle = await start(client, task_queue, goal="crash me", workspace=str(workspace))
-        await until(lambda: ledger_lines(ledger) == ["1"])  # during the command
+        await until(lambda: ledger_lines(ledger) == ["1"], within_s=60)  # during the command
         await kill_and_replace()
-        await until(lambda: "2" in ledger_lines(ledger))  # between steps
+        await until(lambda: "2" in ledger_lines(ledger), within_s=60)  # between steps
         await kill_and_replace()
-        await until(slow_model.asked.is_set)  # during a model call
+        await until(slow_model.asked.is_set, within_s=60)  # during a model call
         await kill_and_replace()
         result = await asyncio.wait_for(handle.result(), timeout=90)
     finally:

@@ -34,7 +34,7 @@ from activities.journal import JournalFull
 from activities.regular_files import NotRegularFile
 from activities.run_files import HostileLayout, RunFileCaps, run_file_caps
 from activities.tools import files, search
-from activities.tools.base import PATH_ERRNOS, ToolCallContext, ToolError, describe_os_error
+from activities.tools.base import PATH_ERRNOS, OpenCall, ToolCallContext, ToolError, describe_os_error
 from activities.tools.command import INTERRUPTED, CommandRunner
 from activities.tools.sandbox import CommandLimits
 from activities.workspace import WorkspaceError, WorkspaceRefused, check_allowed, workspace_roots
@@ -45,7 +45,6 @@ __all__ = ["INTERRUPTED", "ToolActivities"]
 
 _EXPECTED = (ToolError, WorkspaceError, ToolArgumentError, NotRegularFile, JournalFull, HostileLayout)
 
-OpenCall = Callable[[], ToolCallContext]
 Work = Callable[[OpenCall, Any], Awaitable[ToolOutcome]]
 _T = TypeVar("_T")
 

@@ -68,6 +68,11 @@ class ToolCallContext:
         )
 
 
+OpenCall = Callable[[], ToolCallContext]
+"""Opens a call's context (workspace checks, journal): tools call it in the thread they do
+their own file-system work in."""
+
+
 def _workflow_id() -> str:
     return activity.info().workflow_id if activity.in_activity() else ""
 

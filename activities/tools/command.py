@@ -7,12 +7,11 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from activities.host import boot_id, proc_stat
-from activities.tools.base import ToolCallContext
+from activities.tools.base import OpenCall, ToolCallContext
 from activities.tools.output import OutputCapture, OutputPipe
 from activities.tools.sandbox import CommandLaunch, CommandLimits, SandboxUnavailable
 from workflows.tool_specs import RunCommandArgs
@@ -50,7 +49,7 @@ class CommandRunner:
         self._kill_grace_s = kill_grace_s
         self._limits = limits
 
-    async def run(self, open_call: Callable[[], ToolCallContext], args: RunCommandArgs) -> ToolOutcome:
+    async def run(self, open_call: OpenCall, args: RunCommandArgs) -> ToolOutcome:
         """Run the command at most once per idempotency key.
 
         A completed journal entry is returned as is. A start record without completion
@@ -85,7 +84,7 @@ class CommandRunner:
         return await asyncio.to_thread(self._finish, call, launch, ended)
 
     def _prepare(
-        self, open_call: Callable[[], ToolCallContext], args: RunCommandArgs
+        self, open_call: OpenCall, args: RunCommandArgs
     ) -> tuple[ToolCallContext, ToolOutcome | CommandLaunch]:
         """The call's context, with its recorded outcome or the launch of a command that is
         journalled as started."""

@@ -91,8 +91,11 @@ def host_processes_named(marker: str) -> list[int]:
     return found
 
 
-async def until(condition: Callable[[], bool], within_s: float = 10.0) -> None:
-    """Wait until `condition()` holds, checking every 50 ms; fail after `within_s`."""
+async def until(condition: Callable[[], bool], within_s: float = 60.0) -> None:
+    """Wait until `condition()` holds, checking every 50 ms; fail after `within_s`.
+
+    The default is long because these conditions wait on workers and servers on a loaded
+    2-core CI machine; a test that must see something soon says so with `within_s`."""
     deadline = time.monotonic() + within_s
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"

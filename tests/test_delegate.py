@@ -14,9 +14,9 @@ from temporalio.worker import Worker
 from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
-from tests.helpers import start, wait_for
+from tests.helpers import start, until, wait_for
 from tests.scripts import ByGoal, Script, goal_of, tool_results
-from tests.test_crash import ledger_lines, until, worker_env
+from tests.test_crash import ledger_lines, worker_env
 from workflows.delegation import DelegateRefused, Delegates, carve_limits
 from workflows.types import AgentInput, AgentResult, ChildRun, Limits, PendingApproval, Usage, WaitLink
 from workflows.wait_graph import chain_text, find_cycle, wait_chains

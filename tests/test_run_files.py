@@ -21,11 +21,11 @@ from temporalio.worker import Worker
 from durable_agent.model_server import ModelServer
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
-from tests.helpers import start, wait_for
+from tests.helpers import start, until, wait_for
 from tests.scripts import Script, answer, tool_results, tools
 from tests.test_cli import cli_env, durable_agent, one_line_error
 from tests.test_context import command_turns, is_summary_request
-from tests.test_crash import ledger_lines, until, worker_env
+from tests.test_crash import ledger_lines, worker_env
 from worker import build_worker
 from workflows.compaction import run_folder
 from workflows.types import Message

@@ -33,9 +33,9 @@ from durable_agent.takeover import (
     take_over,
     worker_identity,
 )
-from tests.helpers import start
+from tests.helpers import start, until
 from tests.scripts import Script, answer, tool_results, tools
-from tests.test_crash import ledger_lines, until, worker_env
+from tests.test_crash import ledger_lines, worker_env
 
 pytestmark = pytest.mark.skipif(machine_tag() is None, reason="needs /proc to tell whether a process is gone")
 

@@ -18,9 +18,9 @@ from temporalio.client import Client
 from durable_agent.model_server import ModelServer
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
-from tests.helpers import start
+from tests.helpers import start, until
 from tests.scripts import Script, tools
-from tests.test_crash import SlowTurn, until, worker_env
+from tests.test_crash import SlowTurn, worker_env
 
 
 class Collector:
@@ -95,7 +95,7 @@ async def test_a_killed_worker_and_its_replacement_emit_each_span_once(
         handle = await start(client, task_queue, goal="crash me", workspace=str(workspace))
         await until(slow.asked.is_set)  # step 2's model call is in flight
         # Step 1's spans have reached the collector before the kill.
-        await until(lambda: sum(s.name.startswith("execute_tool") for s in collector.spans) == 2, timeout_s=30)
+        await until(lambda: sum(s.name.startswith("execute_tool") for s in collector.spans) == 2, within_s=30)
         kill_hard(worker)
         worker = spawn_worker(env, tmp_path / "w1.log")
         result = await handle.result()
@@ -103,7 +103,7 @@ async def test_a_killed_worker_and_its_replacement_emit_each_span_once(
         stop_gently(worker)  # the replacement flushes its last spans as it stops
     assert result.state == "completed" and result.steps == 3
 
-    await until(lambda: any(s.name == "invoke_agent" for s in collector.spans), timeout_s=30)
+    await until(lambda: any(s.name == "invoke_agent" for s in collector.spans), within_s=30)
     runs = [s for s in collector.spans if s.name == "invoke_agent"]
     assert len(runs) == 1 and attribute(runs[0], "gen_ai.agent.id") == handle.id
     trace = [s for s in collector.spans if s.trace_id == runs[0].trace_id]

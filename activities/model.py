@@ -58,8 +58,26 @@ def openai_sdk() -> ModuleType:
     return importlib.import_module("openai")
 
 
-def _new_client() -> AsyncOpenAI:
-    return openai_sdk().AsyncOpenAI(max_retries=0, timeout=REQUEST_TIMEOUT_S)
+def new_openai_client() -> AsyncOpenAI:
+    """The worker's client: no SDK retries (Temporal retries the activity), and a connection
+    kept for every call in flight.
+
+    The SDK keeps at most 100 idle connections of its 1,000. A worker serving more agents
+    than that would close the surplus after each wave of replies and open new ones for the
+    next calls, a TCP and TLS handshake each; so it keeps as many as it may open.
+    """
+    sdk = openai_sdk()
+    limits = sdk.DEFAULT_CONNECTION_LIMITS
+    keep_every_connection = type(limits)(
+        max_connections=limits.max_connections,
+        max_keepalive_connections=limits.max_connections,
+        keepalive_expiry=limits.keepalive_expiry,
+    )
+    return sdk.AsyncOpenAI(
+        max_retries=0,
+        timeout=REQUEST_TIMEOUT_S,
+        http_client=sdk.DefaultAsyncHttpxClient(limits=keep_every_connection),
+    )
 
 
 class ModelActivities:
@@ -85,7 +103,7 @@ class ModelActivities:
         # Off the event loop: a new worker's first call can come while its warm-up import
         # still runs, and waiting for the import lock on the loop would stall every other
         # task of the worker for up to a second.
-        self._client = await asyncio.to_thread(_new_client)
+        self._client = await asyncio.to_thread(new_openai_client)
         return self._client
 
     @activity.defn(name="call_model")

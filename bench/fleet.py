@@ -15,7 +15,9 @@ worker process (with its `bash` children) and the server per model call, model c
 beyond one per step, and from every run's history the workflow-task timeouts
 (start-to-close: a task a worker held too long; schedule-to-start: a sticky task that
 waited over 1 s and went to the shared queue) and, for durable-agent, history bytes per
-step. Ratios are durable-agent ÷ plain loop, per round.
+step; and the TCP connections the stub model accepted (a worker that keeps its
+connections between calls opens one per agent it serves at once). Ratios are
+durable-agent ÷ plain loop, per round.
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ async def history_bytes_per_step(client: Client, handles: list[WorkflowHandle], 
 
 async def measure(b: Bench, client: Client, contender: Contender, agents: int, steps: int) -> dict[str, Any]:
     b.model.requests.clear()
+    connections_before = b.model.connections
     pids = (contender.worker.pid, b.server.process.pid)
     cpu0 = {pid: _cpu_s(pid) for pid in pids}
     wall0 = time.perf_counter()
@@ -102,6 +105,7 @@ async def measure(b: Bench, client: Client, contender: Contender, agents: int, s
         },
         "model_calls": calls,
         "model_calls_beyond_steps": calls - agents * (steps + 1),
+        "model_connections_opened": b.model.connections - connections_before,
         "cpu_ms_per_model_call": round(1000 * cpu / calls, 1),
         "worker_cpu_ms_per_model_call": round(1000 * cpu_of[pids[0]] / calls, 1),
         "server_cpu_ms_per_model_call": round(1000 * cpu_of[pids[1]] / calls, 1),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from activities.journal import atomic_write
-from activities.model import REQUEST_TIMEOUT_S, _reply, openai_sdk, post_chat_completion
+from activities.model import _reply, new_openai_client, post_chat_completion
 from activities.workspace import Workspace
 from workflows.context import initial_messages, openai_message
 from workflows.tool_specs import RunCommandArgs, WriteFileArgs, openai_tool_schemas, parse_tool_call
@@ -56,10 +56,10 @@ class PeerAgent:
 
 
 class ModelClient:
-    """The real `openai` SDK, configured like the worker's (no SDK retries, same timeout)."""
+    """The real `openai` SDK, with the worker's client (no SDK retries, same timeout and connection pool)."""
 
     def __init__(self) -> None:
-        self._client = openai_sdk().AsyncOpenAI(max_retries=0, timeout=REQUEST_TIMEOUT_S)
+        self._client = new_openai_client()
 
     async def complete(self, agent: PeerAgent, messages: list[dict[str, Any]]) -> ModelReply:
         request = {"model": agent.model, "messages": messages, "tools": openai_tool_schemas(agent.tools)}

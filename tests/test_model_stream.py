@@ -17,7 +17,8 @@ from temporalio.converter import DataConverter
 from temporalio.worker import Worker
 
 from activities import model_stream
-from activities.model_stream import TAIL_WAIT_S
+from activities.model import MAX_REPLY_BYTES, new_openai_client
+from activities.model_stream import TAIL_WAIT_S, StreamedReply, StreamProgress, stream_chat_completion
 from durable_agent.model_server import Failure, ModelServer, Reply
 from tests.helpers import start, until, wait_for
 from tests.scripts import Script, answer
@@ -93,6 +94,28 @@ async def test_streamed_calls_reuse_the_workers_connection(
     assert result.output == "done" and result.usage.model_calls == 5
     assert all(r.get("stream") for r in model_server.requests[-5:])
     assert model_server.connections - before <= 1  # one, if the pooled one had expired
+
+
+async def test_a_worker_keeps_a_connection_for_every_call_it_makes_at_once(model_server: ModelServer) -> None:
+    # The SDK keeps at most 100 idle connections: a worker serving 150 agents would open 50
+    # new ones (a TLS handshake each on a real endpoint) for every wave of their calls.
+    model_server.responder = Script([], final="ok")
+    model_server.latency_s = 0.5  # the calls of a wave overlap
+    client = new_openai_client()
+    request = {"model": "gpt-4.1-mini", "messages": [{"role": "user", "content": "hi"}]}
+
+    async def streamed_call() -> None:
+        reply = StreamedReply(MAX_REPLY_BYTES)
+        await stream_chat_completion(client, request, reply, StreamProgress())
+        assert "".join(reply.content or []) == "ok"
+
+    try:
+        for _wave in range(3):
+            await asyncio.gather(*(streamed_call() for _ in range(150)))
+            await until(lambda: not model_stream._tails)  # each body read to its end, pooled
+        assert model_server.connections == 150
+    finally:
+        await client.close()
 
 
 async def test_a_body_left_open_after_the_end_marker_does_not_hold_the_call(

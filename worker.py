@@ -19,7 +19,8 @@ from temporalio.worker import Interceptor, UnsandboxedWorkflowRunner, Worker
 
 from activities.archive import ArchiveActivities
 from activities.cleanup import CleanupActivities
-from activities.model import ModelActivities, openai_sdk
+from activities.model import ModelActivities
+from activities.model_clients import openai_sdk
 from activities.redaction import RedactingInterceptor
 from activities.skills import SkillActivities
 from activities.tools import ToolActivities
@@ -166,6 +167,7 @@ async def run_worker(client: Client | None = None, queue: str | None = None) -> 
     The one worker runtime: `python worker.py` and `durable-agent worker` both run this.
     A fatal worker error (e.g. the server gone for good) is raised.
     """
+    watch_commands_by_pidfd()
     client = client or await connect(None, worker_runtime())
     settings = worker_settings(queue)
     workers = [build_worker(client, queue)]
@@ -202,6 +204,20 @@ async def run_worker(client: Client | None = None, queue: str | None = None) -> 
     await asyncio.gather(*(w.shutdown() for w in workers))
     await running
     print("worker stopped", flush=True)
+
+
+def watch_commands_by_pidfd() -> None:
+    """On Python 3.11, asyncio waits for each child process in a thread of its own, started
+    per command; a pidfd on the event loop does it without (3.12 does this by default)."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))  # refused where the kernel or seccomp lacks it
+    except OSError:
+        return
+    watcher = asyncio.PidfdChildWatcher()
+    watcher.attach_loop(asyncio.get_running_loop())  # 3.11's watcher works only once attached
+    asyncio.set_child_watcher(watcher)
 
 
 def _report_takeover(takeover: asyncio.Task[int]) -> None:

@@ -13,7 +13,6 @@ errors are retryable, honouring `Retry-After`; 400/401/403/404/422 are not.
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import importlib
 import os
@@ -21,7 +20,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from temporalio import activity
@@ -29,6 +27,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import model_context
 from activities.heartbeat import heartbeating
+from activities.model_clients import ModelClients, openai_sdk
 from activities.model_stream import StreamedReply, StreamProgress, bad_reply, stream_chat_completion
 from activities.pricing import price_of
 from activities.redaction import worker_redactor
@@ -45,73 +44,23 @@ counting it would break the budgets and the `AgentTokens` search attribute (an i
 MAX_REPLY_BYTES = 512 * 1024
 """A reply is recorded in history (and carried at continue-as-new); Temporal refuses a
 payload over 2 MB. A model's longest reply is far below this."""
-REQUEST_TIMEOUT_S = 110.0
-"""Just under the activity's start-to-close timeout, so the SDK's own timeout fires first."""
-
-
-def openai_sdk() -> ModuleType:
-    """The `openai` package, imported on first use rather than at worker start.
-
-    It is 0.8 s of the worker's 1.3 s start-up, and start-up is time that a run whose
-    worker was killed spends waiting for the next one. The worker warms it up once polling.
-    """
-    return importlib.import_module("openai")
-
-
-def new_openai_client() -> AsyncOpenAI:
-    """The worker's client: no SDK retries (Temporal retries the activity), and a connection
-    kept for every call in flight.
-
-    The SDK keeps at most 100 idle connections of its 1,000. A worker serving more agents
-    than that would close the surplus after each wave of replies and open new ones for the
-    next calls, a TCP and TLS handshake each; so it keeps as many as it may open.
-    """
-    sdk = openai_sdk()
-    limits = sdk.DEFAULT_CONNECTION_LIMITS
-    keep_every_connection = type(limits)(
-        max_connections=limits.max_connections,
-        max_keepalive_connections=limits.max_connections,
-        keepalive_expiry=limits.keepalive_expiry,
-    )
-    return sdk.AsyncOpenAI(
-        max_retries=0,
-        timeout=REQUEST_TIMEOUT_S,
-        http_client=sdk.DefaultAsyncHttpxClient(limits=keep_every_connection),
-    )
 
 
 class ModelActivities:
-    """Holds one OpenAI client per worker, created on first use from the worker's env, and
-    whether its calls are streamed (`DURABLE_AGENT_MODEL_STREAM=0` turns that off)."""
+    """The worker's model clients (activities/model_clients.py), and whether its calls are
+    streamed (`DURABLE_AGENT_MODEL_STREAM=0` turns that off)."""
 
     def __init__(self, client: AsyncOpenAI | None = None) -> None:
-        self._client = client
+        self._clients = ModelClients(client)
         self._stream = os.environ.get("DURABLE_AGENT_MODEL_STREAM", "1") != "0"
         """Ask for streamed replies; off for good once the endpoint shows it cannot stream
         with usage."""
 
-    async def _openai(self) -> AsyncOpenAI:
-        if self._client is not None:
-            return self._client
-        if not os.environ.get("OPENAI_API_KEY"):
-            raise ApplicationError(
-                "OPENAI_API_KEY is not set on the worker; set it (and OPENAI_BASE_URL for a "
-                "non-OpenAI endpoint) in the worker's environment",
-                type="ModelNotConfigured",
-                non_retryable=True,
-            )
-        # Off the event loop: a new worker's first call can come while its warm-up import
-        # still runs, and waiting for the import lock on the loop would stall every other
-        # task of the worker for up to a second.
-        self._client = await asyncio.to_thread(new_openai_client)
-        return self._client
-
     @activity.defn(name="call_model")
     async def call_model(self, input: ModelCallInput) -> ModelReply:
-        client = await self._openai()
         progress: dict[str, Any] = {"model": input.model, "phase": "reading the context"}
         streamed = StreamProgress()
-        async with heartbeating(lambda: {**progress, **streamed.details()}):
+        async with self._clients.lease() as client, heartbeating(lambda: {**progress, **streamed.details()}):
             messages = input.messages
             if input.context is not None:
                 messages, progress["context_from"] = await model_context.fetch(input.context)

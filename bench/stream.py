@@ -21,7 +21,8 @@ import sys
 import time
 from typing import Any
 
-from activities.model import ModelActivities, _reply, _request, openai_sdk, post_chat_completion
+from activities.model import ModelActivities, _reply, _request, post_chat_completion
+from activities.model_clients import openai_sdk
 from activities.model_stream import StreamProgress
 from durable_agent.model_server import ModelServer, Reply
 

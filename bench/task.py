@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from activities.journal import atomic_write
-from activities.model import _reply, new_openai_client, post_chat_completion
+from activities.model import _reply, post_chat_completion
+from activities.model_clients import new_openai_client
 from activities.workspace import Workspace
 from workflows.context import initial_messages, openai_message
 from workflows.tool_specs import RunCommandArgs, WriteFileArgs, openai_tool_schemas, parse_tool_call

@@ -5,6 +5,7 @@ with exact usage. Real worker, real `openai` SDK over HTTP to the scripted stub.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,8 @@ from temporalio.converter import DataConverter
 from temporalio.worker import Worker
 
 from activities import model_stream
-from activities.model import MAX_REPLY_BYTES, new_openai_client
+from activities.model import MAX_REPLY_BYTES
+from activities.model_clients import CALLS_PER_CLIENT, ModelClients
 from activities.model_stream import TAIL_WAIT_S, StreamedReply, StreamProgress, stream_chat_completion
 from durable_agent.model_server import Failure, ModelServer, Reply
 from tests.helpers import start, until, wait_for
@@ -101,21 +103,38 @@ async def test_a_worker_keeps_a_connection_for_every_call_it_makes_at_once(model
     # new ones (a TLS handshake each on a real endpoint) for every wave of their calls.
     model_server.responder = Script([], final="ok")
     model_server.latency_s = 0.5  # the calls of a wave overlap
-    client = new_openai_client()
+    clients = ModelClients()
     request = {"model": "gpt-4.1-mini", "messages": [{"role": "user", "content": "hi"}]}
 
     async def streamed_call() -> None:
-        reply = StreamedReply(MAX_REPLY_BYTES)
-        await stream_chat_completion(client, request, reply, StreamProgress())
+        async with clients.lease() as client:
+            reply = StreamedReply(MAX_REPLY_BYTES)
+            await stream_chat_completion(client, request, reply, StreamProgress())
         assert "".join(reply.content or []) == "ok"
 
-    try:
-        for _wave in range(3):
-            await asyncio.gather(*(streamed_call() for _ in range(150)))
-            await until(lambda: not model_stream._tails)  # each body read to its end, pooled
-        assert model_server.connections == 150
-    finally:
-        await client.close()
+    for _wave in range(3):
+        await asyncio.gather(*(streamed_call() for _ in range(150)))
+        await until(lambda: not model_stream._tails)  # each body read to its end, pooled
+    assert model_server.connections == 150
+    # Spread over clients of at most CALLS_PER_CLIENT calls each: every pool stays small.
+    assert clients.clients() == math.ceil(150 / CALLS_PER_CLIENT)
+
+
+async def test_a_worker_with_few_calls_at_once_uses_one_client(model_server: ModelServer) -> None:
+    model_server.responder = Script([], final="ok")
+    model_server.latency_s = 0.2
+    clients = ModelClients()
+    request = {"model": "gpt-4.1-mini", "messages": [{"role": "user", "content": "hi"}]}
+
+    async def call() -> None:
+        async with clients.lease() as client:
+            await stream_chat_completion(client, request, StreamedReply(MAX_REPLY_BYTES), StreamProgress())
+
+    for _ in range(3):
+        await asyncio.gather(*(call() for _ in range(CALLS_PER_CLIENT)))
+        await until(lambda: not model_stream._tails)
+    assert clients.clients() == 1
+    assert model_server.connections == CALLS_PER_CLIENT
 
 
 async def test_a_body_left_open_after_the_end_marker_does_not_hold_the_call(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import email.utils
 import importlib
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -22,6 +23,7 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -41,6 +43,9 @@ RETRYABLE_STATUS = frozenset({408, 409, 429})
 MAX_TOKENS_PER_CALL = 100_000_000
 """Above any model's window: a larger (or negative) count is a broken endpoint's, and
 counting it would break the budgets and the `AgentTokens` search attribute (an int64)."""
+MAX_RETRY_AFTER = timedelta(seconds=60)
+"""The longest `Retry-After` honoured as asked: the model's retry policy waits at most 30 s
+between attempts, and a person is asked after the last."""
 MAX_REPLY_BYTES = 512 * 1024
 """A reply is recorded in history (and carried at continue-as-new); Temporal refuses a
 payload over 2 MB. A model's longest reply is far below this."""
@@ -157,19 +162,23 @@ def _assembled_reply(
     reply_model: str | None,
     finish_reason: str | None,
 ) -> ModelReply:
-    """The recorded reply, whether it came whole or streamed; `calls` are (id, name, arguments)."""
-    reply = ModelReply(
-        content=_text(content) if content is not None else None,
-        tool_calls=[
-            ToolCall(id=_text(id or f"call_{i}"), name=_text(name), arguments=_text(arguments))
-            for i, (id, name, arguments) in enumerate(calls)
-        ],
-        input_tokens=_token_count(usage[0], "prompt"),
-        output_tokens=_token_count(usage[1], "completion"),
-        model=_text(reply_model or model),
-        finish_reason=finish_reason,
-        price=price_of(model),
-    )
+    """The recorded reply, whether it came whole or streamed; `calls` are (id, name, arguments).
+    A field of the wrong type is the endpoint's fault: asking again would cost another like it."""
+    try:
+        reply = ModelReply(
+            content=_text(content) if content is not None else None,
+            tool_calls=[
+                ToolCall(id=_text(id or f"call_{i}"), name=_text(name), arguments=_text(arguments))
+                for i, (id, name, arguments) in enumerate(calls)
+            ],
+            input_tokens=_token_count(usage[0], "prompt"),
+            output_tokens=_token_count(usage[1], "completion"),
+            model=_text(reply_model if isinstance(reply_model, str) and reply_model else model),
+            finish_reason=finish_reason,
+            price=price_of(model),
+        )
+    except (ValidationError, AttributeError, TypeError) as e:
+        raise bad_reply(f"the model endpoint's reply has a field of the wrong type: {e}"[:500]) from None
     size = len(reply.model_dump_json())
     if size > MAX_REPLY_BYTES:
         raise bad_reply(
@@ -244,24 +253,34 @@ def _error_detail(e: APIStatusError) -> str:
 
 
 def retry_after(response: Any) -> timedelta | None:
-    """The server's requested wait: `retry-after-ms`, `Retry-After` seconds or HTTP date."""
+    """The server's requested wait: `retry-after-ms`, `Retry-After` seconds or HTTP date,
+    within 0 to MAX_RETRY_AFTER; None when absent or not a time."""
     if response is None:
         return None
     headers = response.headers
     if ms := headers.get("retry-after-ms"):
         try:
-            return timedelta(milliseconds=float(ms))
+            return _bounded_wait(float(ms) / 1000)
         except ValueError:
             pass
     value = headers.get("retry-after")
     if not value:
         return None
     try:
-        return timedelta(seconds=max(0.0, float(value)))
+        return _bounded_wait(float(value))
     except ValueError:
         pass
     try:
         parsed = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
-    return timedelta(seconds=max(0.0, parsed.timestamp() - time.time()))
+    return _bounded_wait(parsed.timestamp() - time.time())
+
+
+def _bounded_wait(seconds: float) -> timedelta | None:
+    """A wait of hours (or `inf`) would leave the run "running" with no one told: an endpoint
+    that still refuses after MAX_RETRY_AFTER fails the attempt again, and after the last one
+    a person decides (needs_attention)."""
+    if math.isnan(seconds):
+        return None
+    return timedelta(seconds=min(max(0.0, seconds), MAX_RETRY_AFTER.total_seconds()))

@@ -94,7 +94,7 @@ class StreamedReply:
         """Takes one decoded chunk; returns how many characters of reply it held."""
         try:
             added = self._add(chunk)
-        except (AttributeError, TypeError) as e:
+        except (AttributeError, TypeError, ValueError) as e:
             raise bad_reply(f"the model endpoint streamed a malformed chunk ({e}): {str(chunk)[:200]}") from None
         self.characters += added
         if self.characters > self.max_characters:
@@ -109,7 +109,7 @@ class StreamedReply:
         return [(c[0], c[1], "".join(c[2])) for _, c in sorted(self.calls.items())]
 
     def _add(self, chunk: dict[str, Any]) -> int:
-        if "error" in chunk:
+        if chunk.get("error") is not None:
             # A server that fails after it has started answering (OpenAI does) says so in an event.
             detail = str(chunk["error"])[:300]
             raise ApplicationError(f"the model endpoint failed mid-reply: {detail}", type="ModelStreamError")
@@ -122,7 +122,8 @@ class StreamedReply:
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
-            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+            if (finish := choice.get("finish_reason")) is not None:
+                self.finish_reason = _string(finish)
             delta = choice.get("delta") or {}
             text = delta.get("content")
             if text is not None:
@@ -138,13 +139,19 @@ class StreamedReply:
         if not isinstance(index, int):  # some servers leave it out: a new id starts a new call
             index = len(self.calls) - (0 if delta.get("id") or not self.calls else 1)
         call = self.calls.setdefault(index, ["", "", []])
-        call[0] = call[0] or _string(delta.get("id") or "")
         function = delta.get("function") or {}
-        call[1] = call[1] or _string(function.get("name") or "")
+        # Id and name count towards the cap as they are kept: a name may be as long as the reply.
+        kept = 0
+        if not call[0]:
+            call[0] = _string(delta.get("id") or "")
+            kept += len(call[0])
+        if not call[1]:
+            call[1] = _string(function.get("name") or "")
+            kept += len(call[1])
         arguments = _string(function.get("arguments") or "")
         if arguments:
             call[2].append(arguments)
-        return len(arguments)
+        return kept + len(arguments)
 
 
 async def stream_chat_completion(
@@ -255,7 +262,7 @@ def _event(data: str, reply: StreamedReply, progress: StreamProgress) -> bool:
         return True
     try:
         chunk = _decode_json(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         raise bad_reply(f"the model endpoint streamed a chunk that is not JSON: {data[:200]!r}") from None
     if not isinstance(chunk, dict):
         raise bad_reply(f"the model endpoint streamed a chunk that is not a JSON object: {data[:200]!r}")

@@ -63,10 +63,22 @@ async def model_call_waiting(handle: WorkflowHandle[Any, Any]) -> str | None:
             continue
         if pending.state != PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED:
             return None
-        since = pending.scheduled_time.ToDatetime(tzinfo=UTC) if pending.HasField("scheduled_time") else None
-        waited = f" for {(datetime.now(UTC) - since).total_seconds():.0f} s" if since else ""
+        now = datetime.now(UTC)
+        retry_at = _time(pending, "next_attempt_schedule_time") or _time(pending, "scheduled_time")
+        if retry_at is not None and retry_at > now:  # a back-off after a failed attempt
+            failure = pending.last_failure.message[:200] if pending.HasField("last_failure") else ""
+            return (
+                f"model call waiting to retry: attempt {pending.attempt} starts in "
+                f"{(retry_at - now).total_seconds():.0f} s" + (f" (last failure: {failure})" if failure else "")
+            )
+        since = _time(pending, "scheduled_time")
+        waited = f" for {(now - since).total_seconds():.0f} s" if since else ""
         return (
             f"model call scheduled, not started{waited} (attempt {pending.attempt}): waiting for the model "
             "queue's rate limit (DURABLE_AGENT_MODEL_RPS) or for a worker of its task queue"
         )
     return None
+
+
+def _time(pending: Any, field: str) -> datetime | None:
+    return getattr(pending, field).ToDatetime(tzinfo=UTC) if pending.HasField(field) else None

@@ -17,7 +17,7 @@ from temporalio.converter import DataConverter
 from temporalio.worker import Worker
 
 from durable_agent.model_queue import model_call_waiting
-from durable_agent.model_server import ModelServer, Reply
+from durable_agent.model_server import Failure, ModelServer, Reply
 from durable_agent.processes import spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
 from tests.helpers import start, wait_for
@@ -150,6 +150,21 @@ async def test_cancel_while_the_model_answers_ends_the_run_cleanly(
     release.set()
     assert result.state == "cancelled" and result.stop_reason == "cancelled"
     assert len(model_server.requests) == 1
+
+
+async def test_status_says_when_a_failed_model_call_is_retried(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    # Between attempts the call is scheduled with a start time in the future: not a wait for
+    # the rate limit, and not a negative time.
+    model_server.responder = Script([lambda request: Failure(503, "overloaded", headers={"retry-after": "20"})])
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    waiting = await asyncio.wait_for(first_waiting([handle]), timeout=30)
+    assert "waiting to retry: attempt 2 starts in" in waiting and "overloaded" in waiting, waiting
+    seconds = int(waiting.split("starts in ")[1].split(" s")[0])
+    assert 0 <= seconds <= 20
+    await handle.cancel()
+    assert (await handle.result()).state == "cancelled"
 
 
 async def pending_model_call(handle: WorkflowHandle) -> PendingActivityInfo:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities.model import MAX_RETRY_AFTER, retry_after
 from durable_agent.model_server import Failure, ModelServer, Reply
 from tests.helpers import start, wait_for
 from tests.scripts import Turn
@@ -46,6 +49,28 @@ async def test_a_429_waits_as_long_as_retry_after_says(
     assert result.output == "after the wait"
     gap = script.arrivals[1] - script.arrivals[0]
     assert gap >= 3.0  # the default first retry would come after 0.5 s
+
+
+@pytest.mark.parametrize(
+    ("headers", "wait_s"),
+    [
+        ({"retry-after": "3"}, 3.0),
+        ({"retry-after-ms": "250"}, 0.25),
+        ({"retry-after": "3600"}, MAX_RETRY_AFTER.total_seconds()),  # hours: the run would sit "running"
+        ({"retry-after": "Wed, 21 Oct 2099 07:28:00 GMT"}, MAX_RETRY_AFTER.total_seconds()),
+        ({"retry-after": "inf"}, MAX_RETRY_AFTER.total_seconds()),
+        ({"retry-after": "1e14"}, MAX_RETRY_AFTER.total_seconds()),  # past timedelta's range
+        ({"retry-after-ms": "inf"}, MAX_RETRY_AFTER.total_seconds()),
+        ({"retry-after-ms": "-5000"}, 0.0),
+        ({"retry-after": "-3"}, 0.0),
+        ({"retry-after": "nan"}, None),
+        ({"retry-after": "soon"}, None),
+        ({}, None),
+    ],
+)
+def test_retry_after_is_honoured_within_bounds(headers: dict[str, str], wait_s: float | None) -> None:
+    wait = retry_after(SimpleNamespace(headers=headers))
+    assert (wait.total_seconds() if wait is not None else None) == wait_s
 
 
 async def test_a_401_is_not_retried_and_the_run_needs_attention(

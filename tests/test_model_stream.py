@@ -15,6 +15,7 @@ import pytest_asyncio
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.client import Client
 from temporalio.converter import DataConverter
+from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
 from activities import model_stream
@@ -242,3 +243,32 @@ async def test_a_broken_reply_unstreamed_needs_attention_after_one_call(
     await handle.execute_update("resolve", {"action": "terminate"})
     await handle.result()
     assert len(model_server.requests) == 1
+
+
+def test_a_tool_calls_name_counts_towards_the_cap_on_a_reply() -> None:
+    # A name or id is kept whole: unmetered, a stream of 4 MB names filled the worker's memory.
+    reply = StreamedReply(max_characters=1_000)
+    chunk = {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c", "function": {"name": "n" * 2_000}}]}}]}
+    with pytest.raises(ApplicationError, match="over 1,000 bytes") as raised:
+        reply.add(chunk)
+    assert raised.value.non_retryable
+
+
+def test_a_chunk_with_a_null_error_field_is_not_an_error() -> None:
+    reply = StreamedReply(max_characters=1_000)
+    assert reply.add({"error": None, "choices": [{"delta": {"content": "fine"}}]}) == 4
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        '{"choices": [{"delta": {}, "finish_reason": 7}]}',  # not text
+        "[" * 200_000 + "]" * 200_000,  # deeper than the JSON parser goes
+    ],
+    ids=["finish_reason 7", "nested 200,000 deep"],
+)
+def test_a_malformed_chunk_is_a_bad_reply_not_a_retry(data: str) -> None:
+    # Retrying would pay for another reply like it: a person decides.
+    with pytest.raises(ApplicationError) as raised:
+        model_stream._event(data, StreamedReply(max_characters=1_000), StreamProgress())
+    assert raised.value.non_retryable and raised.value.type == "BadModelResponse"

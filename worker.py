@@ -37,7 +37,7 @@ from durable_agent.metrics import (
 )
 from durable_agent.model_queue import ModelQueueInterceptor
 from durable_agent.takeover import take_over, worker_identity
-from durable_agent.worker_settings import worker_settings
+from durable_agent.worker_settings import SettingsError, worker_settings
 from workflows.agent import AgentWorkflow
 
 STICKY_TIMEOUT = timedelta(seconds=1)
@@ -167,9 +167,9 @@ async def run_worker(client: Client | None = None, queue: str | None = None) -> 
     The one worker runtime: `python worker.py` and `durable-agent worker` both run this.
     A fatal worker error (e.g. the server gone for good) is raised.
     """
+    settings = worker_settings(queue)  # a bad setting fails before anything connects
     watch_commands_by_pidfd()
     client = client or await connect(None, worker_runtime())
-    settings = worker_settings(queue)
     workers = [build_worker(client, queue)]
     model_worker = build_model_worker(client, queue)
     if model_worker is not None:
@@ -226,7 +226,11 @@ def _report_takeover(takeover: asyncio.Task[int]) -> None:
 
 
 def main() -> None:
-    asyncio.run(run_worker())
+    try:
+        asyncio.run(run_worker())
+    except SettingsError as e:
+        print(f"worker.py: {e}", file=sys.stderr, flush=True)
+        os._exit(2)
     telemetry.shutdown()  # export the last spans: os._exit below skips the exporters' own exit hooks
     # The core bridge can abort at interpreter exit (PyGILState_Release) while its runtime
     # winds down; everything is shut down by now, so leave without running finalizers.

@@ -483,14 +483,16 @@ def _interrupt(signum: int, frame: object) -> None:
 
 async def work(args: argparse.Namespace, console: Console) -> int:
     from durable_agent.metrics import worker_runtime
-    from durable_agent.worker_settings import SettingsError
+    from durable_agent.worker_settings import SettingsError, worker_settings
     from worker import run_worker  # imports every activity: only here
 
+    try:
+        worker_settings(task_queue())  # a bad setting fails before anything connects
+    except SettingsError as e:
+        raise CliError(str(e)) from None
     client = await connect_client(runtime=worker_runtime())
     try:
         await run_worker(client, task_queue())
-    except SettingsError as e:
-        raise CliError(str(e)) from None
     except Exception as e:  # a fatal worker error, e.g. the server went away for good
         raise CliError(f"the worker stopped: {e}") from None
     return EXIT_OK

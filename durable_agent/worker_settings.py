@@ -19,17 +19,21 @@ from pydantic import BaseModel, Field, ValidationError
 
 from durable_agent.connection import task_queue
 
+MAX_SLOTS = 1_000_000
+"""Above what one process could serve, and within what the SDK's core accepts (a larger
+number failed the worker at start with "failed to extract field WorkerConfig.tuner")."""
+
 
 class WorkerSettings(BaseModel):
     task_queue: str
     model_task_queue: str
-    model_rps: float | None = Field(default=None, gt=0)
-    max_concurrent_activities: int = Field(default=1_000, ge=1)
+    model_rps: float | None = Field(default=None, gt=0, le=MAX_SLOTS, allow_inf_nan=False)
+    max_concurrent_activities: int = Field(default=1_000, ge=1, le=MAX_SLOTS)
     """Model calls and commands; the SDK's default of 100 would queue the 101st waiting agent."""
-    max_concurrent_workflow_tasks: int = Field(default=100, ge=2)
-    max_concurrent_local_activities: int = Field(default=200, ge=1)
+    max_concurrent_workflow_tasks: int = Field(default=100, ge=2, le=MAX_SLOTS)
+    max_concurrent_local_activities: int = Field(default=200, ge=1, le=MAX_SLOTS)
     """The file tools, which take milliseconds."""
-    max_cached_workflows: int = Field(default=2_000, ge=0)
+    max_cached_workflows: int = Field(default=2_000, ge=0, le=MAX_SLOTS)
     """Runs kept in memory between tasks; one evicted is replayed from history at its next task."""
 
     @property
@@ -61,12 +65,17 @@ class SettingsError(ValueError):
 
 def worker_settings(queue: str | None = None) -> WorkerSettings:
     agent_queue = queue or task_queue()
-    values: dict[str, object] = {name: os.environ[var] for name, var in ENV_FIELDS.items() if os.environ.get(var)}
+    # A value of only spaces counts as unset, as an empty one does.
+    values: dict[str, object] = {name: _env(var) for name, var in ENV_FIELDS.items() if _env(var)}
     default_model_queue = f"{agent_queue}-model" if values.get("model_rps") else agent_queue
     values["task_queue"] = agent_queue
-    values["model_task_queue"] = os.environ.get("DURABLE_AGENT_MODEL_TASK_QUEUE") or default_model_queue
+    values["model_task_queue"] = _env("DURABLE_AGENT_MODEL_TASK_QUEUE") or default_model_queue
     try:
         return WorkerSettings.model_validate(values)
     except ValidationError as e:
         problems = "; ".join(f"{ENV_FIELDS.get(str(err['loc'][0]), err['loc'][0])}: {err['msg']}" for err in e.errors())
         raise SettingsError(f"invalid worker setting: {problems}") from None
+
+
+def _env(name: str) -> str:
+    return os.environ.get(name, "").strip()

@@ -68,6 +68,14 @@ async def test_both_worker_commands_run_the_same_worker(
             await process.wait()
 
 
+@pytest.mark.parametrize("command", WORKER_COMMANDS)
+def test_both_worker_commands_refuse_a_bad_setting_in_one_line(command: str) -> None:
+    # Checked before the worker connects: no server is needed to be told.
+    env = cli_env(DURABLE_AGENT_MAX_CACHED_WORKFLOWS="abc", TEMPORAL_ADDRESS="127.0.0.1:9")
+    refused = subprocess.run(WORKER_COMMANDS[command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    one_line_error(refused, 2, "invalid worker setting: DURABLE_AGENT_MAX_CACHED_WORKFLOWS")
+
+
 def help_of(*args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "durable_agent.cli", *args]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)

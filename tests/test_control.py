@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ from durable_agent.model_server import Failure, ModelServer, Reply, count_assist
 from durable_agent.server import EmbeddedServer
 from tests.helpers import host_processes_named, rejected_update, run_cli, start, wait_for
 from tests.scripts import Script, answer, tool_results, tools
+from worker import build_worker
+from workflows.agent import AGENT_STATE
 from workflows.types import AgentInput, AgentResult, AgentStatus, Limits, Message
 
 
@@ -228,6 +231,31 @@ async def test_cancel_ends_cleanly_with_a_result(
     result = await handle.result()
     assert result.state == "cancelled" and result.stop_reason == "cancelled" and result.unfinished
     assert not host_processes_named(marker)  # the run closes only once the command's processes are killed
+
+
+@pytest.mark.parametrize("task_timeout_s", [1.5, 30.0], ids=["start_agent's", "restarted with the short one"])
+async def test_a_cancel_sent_before_the_first_task_still_gives_a_result(
+    task_timeout_s: float, client: Client, model_server: ModelServer, workspace: Path
+) -> None:
+    # The cancel arrives with the start: the first task must close the run as `cancelled`
+    # with its result, not fail it before the loop (or continue it as new).
+    queue = f"cancel-first-{uuid.uuid4().hex[:8]}"
+    handle = await client.start_workflow(
+        "AgentWorkflow",
+        {"goal": "x", "workspace": str(workspace)},
+        id=f"cancel-first-{uuid.uuid4().hex[:8]}",
+        task_queue=queue,
+        task_timeout=timedelta(seconds=task_timeout_s),
+        result_type=AgentResult,
+    )
+    await handle.cancel()
+    async with build_worker(client, queue):
+        result = await asyncio.wait_for(handle.result(), 30)
+    assert (result.state, result.stop_reason, result.steps) == ("cancelled", "cancelled", 0)
+    assert model_server.requests == []
+    described = await handle.describe()
+    assert described.run_id == handle.result_run_id  # the run that was started, not a successor
+    assert described.typed_search_attributes.get(AGENT_STATE) == "cancelled"
 
 
 async def test_transcript_by_step(

@@ -120,8 +120,21 @@ def test_a_rate_puts_model_calls_on_their_own_queue(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("DURABLE_AGENT_MODEL_RPS", "2.5")
     settings = worker_settings("q")
     assert settings.model_task_queue == "q-model" and settings.model_rps == 2.5
-    monkeypatch.setenv("DURABLE_AGENT_MODEL_RPS", "-1")
-    with pytest.raises(SettingsError, match="DURABLE_AGENT_MODEL_RPS"):
+    for bad in ("-1", "0", "abc", "inf", "nan", "1e300"):
+        monkeypatch.setenv("DURABLE_AGENT_MODEL_RPS", bad)
+        with pytest.raises(SettingsError, match="DURABLE_AGENT_MODEL_RPS"):
+            worker_settings("q")
+    monkeypatch.delenv("DURABLE_AGENT_MODEL_RPS")
+    monkeypatch.setenv("DURABLE_AGENT_MODEL_TASK_QUEUE", "   ")  # only spaces: unset
+    assert worker_settings("q").model_task_queue == "q"
+
+
+@pytest.mark.parametrize("bad", ["abc", "-1", "0", "1.5", "99999999999999999999"])
+def test_a_worker_slot_setting_out_of_range_names_its_variable(bad: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from durable_agent.worker_settings import SettingsError, worker_settings
+
+    monkeypatch.setenv("DURABLE_AGENT_MAX_CONCURRENT_ACTIVITIES", bad)
+    with pytest.raises(SettingsError, match="DURABLE_AGENT_MAX_CONCURRENT_ACTIVITIES"):
         worker_settings("q")
 
 

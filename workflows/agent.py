@@ -172,13 +172,8 @@ class AgentWorkflow:
         # Temporal CLI must close the run with a clear error, not fail its task forever.
         if self._input_error is not None:
             raise self._input_error
-        if self._task_timeout_too_long():
-            await workflow.wait_condition(workflow.all_handlers_finished)
-            workflow.continue_as_new(self._input_for_next_run(), task_timeout=options.WORKFLOW_TASK_TIMEOUT)
-        if self._patched(options.WORKSPACE_CHECK_PATCH):
-            await self._check_workspace()
-        self._publish()
         try:
+            await self._begin()
             await self._list_skills()
             result = await self._loop()
         except _Terminate:
@@ -191,6 +186,15 @@ class AgentWorkflow:
         await workflow.wait_condition(workflow.all_handlers_finished)
         await self._flush_signals()
         return result
+
+    async def _begin(self) -> None:
+        """Before the first step; a cancel that comes with the start lands in `run`'s handler."""
+        if self._task_timeout_too_long():
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(self._input_for_next_run(), task_timeout=options.WORKFLOW_TASK_TIMEOUT)
+        if self._patched(options.WORKSPACE_CHECK_PATCH):
+            await self._check_workspace()
+        self._publish()
 
     async def _clean_up_files(self, result: AgentResult) -> None:
         """The chain closes: its journal goes (activities/cleanup.py). A failure is only reported."""

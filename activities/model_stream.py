@@ -166,6 +166,9 @@ async def stream_chat_completion(
         options={"headers": {"X-Stainless-Raw-Response": "stream"}},
     )
     http = _http_module(response.http_response)
+    if response.http_response.headers.get("content-type", "").startswith("application/json"):
+        await _take_whole_reply(response, reply, progress)  # the server ignored `"stream": true`
+        return
     rest = None
     try:
         rest = await _read_events(response, reply, progress)
@@ -203,6 +206,29 @@ async def _read_events(
     if tail.startswith("data:"):
         _event(tail[5:], reply, progress)
     return None
+
+
+async def _take_whole_reply(response: Any, reply: StreamedReply, progress: StreamProgress) -> None:
+    """A whole completion where events were asked for: taken as one event whose delta is the
+    message (its reply and usage are as good, and asking again would cost another call)."""
+    body = bytearray()
+    try:
+        async for data in response.iter_bytes():
+            body += data
+            if len(body) > MAX_LINE_BYTES:
+                raise bad_reply(f"the model endpoint sent a reply over {MAX_LINE_BYTES:,} bytes")
+    finally:
+        await response.close()
+    try:
+        completion = _decode_json(body.decode(errors="replace"))
+        choices = [{**c, "delta": c.get("message") or {}} for c in completion.get("choices") or ()]
+        chunk = {**completion, "choices": choices}
+    except (ValueError, RecursionError, AttributeError, TypeError):
+        raise bad_reply(f"the model endpoint's reply is not a chat completion: {bytes(body[:200])!r}") from None
+    characters = reply.add(chunk)
+    if characters:
+        progress.received(characters)
+    reply.done = True
 
 
 _tails: set[asyncio.Task[None]] = set()

@@ -115,6 +115,8 @@ class ModelServer:
         """Streamed replies: the wait between two events, so a test can watch progress."""
         self.stream_usage = True
         """Streamed replies: False ignores `stream_options`, like some servers do."""
+        self.streams = True
+        """False answers a streamed request with a whole reply, as servers that ignore `stream` do."""
         self.stream_end_delay_s = 0.0
         """Streamed replies: how long the body stays open after the end marker."""
         self.requests: list[dict[str, Any]] = []
@@ -154,7 +156,7 @@ class ModelServer:
             body = {"error": {"message": outcome.message, "type": "scripted", "code": outcome.status}}
             return outcome.status, outcome.headers, body
         body = completion_body(request, outcome, self.model_name)
-        if not request.get("stream"):
+        if not (request.get("stream") and self.streams):
             return 200, {}, body
         usage = self.stream_usage and bool((request.get("stream_options") or {}).get("include_usage"))
         chunks = completion_chunks(body, usage)

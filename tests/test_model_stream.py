@@ -205,6 +205,19 @@ async def test_an_endpoint_that_cannot_stream_with_usage_gets_unstreamed_calls_w
         assert streamed == ([True, False, False] if run == "first" else [False, False])
 
 
+async def test_a_whole_reply_to_a_streamed_request_is_taken_as_it_is(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    # Some servers ignore `"stream": true` and answer with a whole completion: asking again
+    # (or unstreamed) would pay for the same reply twice.
+    model_server.streams = False
+    model_server.responder = Script([TOOLS_AND_TEXT, answer("both written", input_tokens=400, output_tokens=7)])
+    result, _ = await run_to_end(client, task_queue, workspace)
+    assert result.output == "both written" and (workspace / "b.txt").read_text() == "beta"
+    assert (result.usage.input_tokens, result.usage.output_tokens, result.usage.model_calls) == (721, 130, 2)
+    assert [bool(r.get("stream")) for r in model_server.requests] == [True, True]
+
+
 async def test_a_stream_cut_mid_reply_is_retried(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:

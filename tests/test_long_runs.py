@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -174,3 +177,32 @@ def newest_step_tokens(request: dict[str, Any]) -> int:
     messages = request["messages"]
     last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=len(messages))
     return len(json.dumps(messages[last:])) // 4
+
+
+async def test_every_run_of_a_chain_shows_its_current_details_and_only_the_first_its_summary(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    # Temporal carries no summary across continue-as-new, and the SDK cannot set one there:
+    # what README.md says of the Web UI after continue-as-new.
+    release = threading.Event()
+
+    def held(request: dict[str, Any]) -> Any:
+        release.wait(30)
+        return answer("done")
+
+    model_server.responder = Script([*[tools(("list_files", {}))] * 10, held])
+    first = await start(client, task_queue, goal="summarise me", workspace=str(workspace), continue_as_new_every=10)
+    latest = client.get_workflow_handle(first.id)
+    try:
+        while (await latest.query("status", result_type=AgentStatus)).step < 11:
+            await asyncio.sleep(0.1)
+        description = await latest.describe()
+        assert description.run_id != first.result_run_id  # the chain's second run
+        metadata = await latest.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+        assert "calling" in metadata.current_details
+        assert await description.static_summary() is None
+        first_run = client.get_workflow_handle(first.id, run_id=first.result_run_id)
+        assert await (await first_run.describe()).static_summary() == "summarise me"
+    finally:
+        release.set()
+    assert (await first.result()).output == "done"  # the handle follows the chain to its end

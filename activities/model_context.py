@@ -9,7 +9,7 @@ the messages travel another way:
 2. Any other worker (a dedicated model task queue, a retry after the first worker died,
    a restarted process) asks the workflow with the `model_context` query. The workflow
    keeps the in-flight call's messages for that; a worker that does not have the run
-   cached replays it first, as for any query.
+   cached replays it first, as for any query. The answer comes in pages (`context_page`).
 
 The digest makes both answers exact: a cache entry or a query answer is used only when
 it is the context of this very call. The input is "the list of wire messages for this
@@ -18,19 +18,26 @@ call", however the workflow built it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import time
 from collections import OrderedDict
 from typing import Any
 
 from temporalio import activity
-from temporalio.client import WorkflowQueryFailedError
+from temporalio.client import WorkflowHandle, WorkflowQueryFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from workflows.types import ModelContext, ModelContextRef
+from workflows.types import ModelContext, ModelContextRef, ModelContextRequest
 
 MODEL_CONTEXT_QUERY = "model_context"
+PAGE_BYTES = 1_000_000
+"""A query's answer is refused over 2 MB ("Blob data size exceeds limit"): a context is read a
+page of at most this many bytes of messages at a time (a single larger message alone)."""
+QUERY_PATIENCE_S = 60.0
+"""How long one attempt asks a run that no worker answers for: within the call's 120 s."""
 
 CACHE_ENTRIES = 2_000
 """Contexts waiting in this process for their call to start, one per run at most. An entry
@@ -63,6 +70,18 @@ def take(ref: ModelContextRef) -> list[dict[str, Any]] | None:
     return entry[1]
 
 
+def context_page(messages: list[dict[str, Any]], first: int) -> tuple[list[dict[str, Any]], int | None]:
+    """Pure: the messages from `first` that fit in PAGE_BYTES (one at least), and where the
+    next page starts (None: none is left)."""
+    end, size = first, 0
+    while end < len(messages):
+        size += len(json.dumps(messages[end], separators=(",", ":"), ensure_ascii=False).encode())
+        if size > PAGE_BYTES and end > first:
+            break
+        end += 1
+    return messages[first:end], (end if end < len(messages) else None)
+
+
 async def fetch(ref: ModelContextRef) -> tuple[list[dict[str, Any]], str]:
     """The call's messages and where they came from ("cache" or "query"). Activity side."""
     cached = take(ref)
@@ -70,12 +89,35 @@ async def fetch(ref: ModelContextRef) -> tuple[list[dict[str, Any]], str]:
         return cached, "cache"
     info = activity.info()
     handle = activity.client().get_workflow_handle(info.workflow_id, run_id=ref.run_id)
-    try:
-        answer = await handle.query(MODEL_CONTEXT_QUERY, ref, result_type=ModelContext)
-    except WorkflowQueryFailedError as e:
-        # The run holds another call's context: this attempt is stale and cannot succeed.
-        stale = f"the run no longer waits for this call: {e}"
-        raise ApplicationError(stale, type="StaleContext", non_retryable=True) from e
-    except RPCError as e:
-        raise ApplicationError(f"could not read the context from the run: {e}", type="ContextUnavailable") from e
-    return answer.messages, "query"
+    messages: list[dict[str, Any]] = []
+    first: int | None = 0
+    while first is not None:
+        page = await _query_page(handle, ModelContextRequest(**ref.model_dump(), first_message=first))
+        messages += page.messages
+        first = page.next_message
+    if context_ref(ref.run_id, messages) != ref:  # the run moved on between two pages
+        raise ApplicationError("the run no longer waits for this call", type="StaleContext", non_retryable=True)
+    return messages, "query"
+
+
+async def _query_page(handle: WorkflowHandle[Any, Any], request: ModelContextRequest) -> ModelContext:
+    """One page. While no worker of the run answers (a restart, a deploy), asked again for
+    up to QUERY_PATIENCE_S within this attempt (the call heartbeats meanwhile), so that a
+    short outage of the agent workers does not use up the call's attempts."""
+    deadline = time.monotonic() + QUERY_PATIENCE_S
+    wait_s = 1.0
+    while True:
+        try:
+            return await handle.query(MODEL_CONTEXT_QUERY, request, result_type=ModelContext)
+        except WorkflowQueryFailedError as e:
+            # The run holds another call's context: this attempt is stale and cannot succeed.
+            stale = f"the run no longer waits for this call: {e}"
+            raise ApplicationError(stale, type="StaleContext", non_retryable=True) from e
+        except RPCError as e:
+            if time.monotonic() + wait_s > deadline:
+                raise ApplicationError(
+                    f"could not read the context from the run: {e}", type="ContextUnavailable"
+                ) from e
+            activity.logger.info("the run's context is not readable yet (%s); asking again in %g s", e, wait_s)
+        await asyncio.sleep(wait_s)
+        wait_s = min(wait_s * 2, 10.0)

@@ -7,6 +7,7 @@ import asyncio
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,8 +15,13 @@ from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.api.workflow.v1 import PendingActivityInfo
 from temporalio.client import Client, WorkflowHandle
 from temporalio.converter import DataConverter
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
+from activities import model_context
+from activities.model_context import context_page
 from durable_agent.model_queue import model_call_waiting
 from durable_agent.model_server import Failure, ModelServer, Reply
 from durable_agent.processes import spawn_worker, stop_gently
@@ -25,6 +31,8 @@ from tests.scripts import Script, answer, tool_results, tools
 from tests.test_crash import worker_env
 from tests.test_replay import replayer
 from worker import build_model_worker, build_worker
+from workflows.options import MODEL_START_TO_CLOSE
+from workflows.types import ModelContext, ModelContextRequest
 
 
 async def test_a_model_worker_without_the_run_reads_the_context_from_it(
@@ -78,6 +86,94 @@ async def test_a_model_worker_without_the_run_reads_the_context_from_it(
     assert len(started) == 3 and all(i.startswith(f"{model_worker.pid}@") for i in started)
     # The queue is the worker's configuration: a replay without the routing still matches.
     assert (await replayer().replay_workflow(history)).replay_failure is None
+
+
+async def test_a_context_over_a_query_answers_limit_is_read_in_pages(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A query's answer is refused over 2 MB: a 3.4 MB context read whole could never be read.
+    model_queue = f"{task_queue}-model"
+    monkeypatch.setenv("DURABLE_AGENT_MODEL_TASK_QUEUE", model_queue)
+    model_server.responder = Script([tools(("list_files", {}))], final="read it all")
+    model_worker = spawn_worker(worker_env(temporal_server, model_server, model_queue), tmp_path / "model.log")
+    big = [f"note {i}: " + "x" * 850_000 for i in range(4)]
+    try:
+        async with build_worker(client, task_queue):
+            handle = await start(
+                client,
+                task_queue,
+                goal="read the notes",
+                workspace=str(workspace),
+                context={"max_context_tokens": 5_000_000},
+                limits={"max_tokens": 20_000_000, "max_cost_usd": 1_000},
+            )
+            for text in big:
+                await handle.signal("add_message", {"text": text})
+            result = await asyncio.wait_for(handle.result(), timeout=90)
+    finally:
+        stop_gently(model_worker)
+    assert result.state == "completed" and result.output == "read it all", result
+    contents = [m.get("content") for m in model_server.requests[-1]["messages"]]
+    assert all(text in contents for text in big)
+
+
+def test_a_context_page_holds_at_least_one_message_and_says_where_the_next_starts() -> None:
+    messages = [{"role": "user", "content": "x" * 400_000} for _ in range(5)] + [
+        {"role": "user", "content": "y" * 3_000_000}
+    ]
+    pages, first = [], 0
+    while first is not None:
+        page, first = context_page(messages, first)
+        pages.append(page)
+    assert [len(p) for p in pages] == [2, 2, 1, 1]  # at most PAGE_BYTES each, or one message alone
+    assert [m for p in pages for m in p] == messages
+
+
+class Unanswered:
+    """A run handle whose query finds no worker `outage` times, then answers."""
+
+    def __init__(self, outage: int) -> None:
+        self.outage, self.asked = outage, 0
+
+    async def query(self, name: str, request: ModelContextRequest, result_type: type) -> ModelContext:
+        self.asked += 1
+        if self.asked <= self.outage:
+            raise RPCError("no poller seen for task queue recently", RPCStatusCode.DEADLINE_EXCEEDED, b"")
+        return ModelContext(ref=request.call(), messages=[{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize(("outage", "answered"), [(3, True), (30, False)])
+async def test_a_call_asks_a_run_that_no_worker_answers_again_before_it_gives_up(
+    outage: int, answered: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An agent worker's restart must not use up the model call's attempts (each ~25 s).
+    waits: list[float] = []
+    clock = [0.0]
+
+    async def no_wait(seconds: float) -> None:
+        waits.append(seconds)
+        clock[0] += seconds + 25  # each unanswered query takes ~25 s
+
+    monkeypatch.setattr(model_context.asyncio, "sleep", no_wait)
+    monkeypatch.setattr(model_context, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    handle = Unanswered(outage)
+    request = ModelContextRequest(run_id="r", message_count=1, digest="d", first_message=0)
+    ask = ActivityEnvironment().run(model_context._query_page, handle, request)
+    if answered:
+        assert (await ask).messages == [{"role": "user", "content": "hi"}]
+        assert waits == [1.0, 2.0, 4.0]
+    else:
+        with pytest.raises(ApplicationError, match="could not read the context") as raised:
+            await ask
+        assert raised.value.type == "ContextUnavailable" and not raised.value.non_retryable
+        # Given up within the attempt's start-to-close, the last query included.
+        assert handle.asked == len(waits) + 1 and clock[0] < MODEL_START_TO_CLOSE.total_seconds()
 
 
 async def test_the_model_rate_is_enforced_by_the_server(

@@ -62,7 +62,7 @@ with workflow.unsafe.imports_passed_through():
         Message,
         ModelCallInput,
         ModelContext,
-        ModelContextRef,
+        ModelContextRequest,
         ModelReply,
         PauseRequest,
         PendingApproval,
@@ -1045,12 +1045,15 @@ class AgentWorkflow:
         )
 
     @workflow.query(name=context_delivery.MODEL_CONTEXT_QUERY)
-    def in_flight_context(self, ref: ModelContextRef) -> ModelContext:
+    def in_flight_context(self, request: ModelContextRequest) -> ModelContext:
         """The in-flight model call's messages, for a `call_model` attempt that did not find
-        them in its worker's cache."""
-        if self._in_flight is None or self._in_flight.ref != ref:
+        them in its worker's cache: a page at a time, as a query's answer is refused over 2 MB."""
+        if self._in_flight is None or self._in_flight.ref != request.call():
             raise ValueError("no model call with this context is in flight")
-        return self._in_flight
+        if request.first_message is None:
+            return self._in_flight
+        page, next_message = context_delivery.context_page(self._in_flight.messages, request.first_message)
+        return ModelContext(ref=self._in_flight.ref, messages=page, next_message=next_message)
 
     # --- state and visibility ----------------------------------------------------------
 

@@ -340,11 +340,23 @@ class ModelCallInput(BaseModel):
     model: str
 
 
+class ModelContextRequest(ModelContextRef):
+    """The `model_context` query's argument: the call's ref, and the first message to answer
+    with (None: all of them in one answer, as workers asked before answers were paged)."""
+
+    first_message: int | None = Field(default=None, ge=0)
+
+    def call(self) -> ModelContextRef:
+        return ModelContextRef(run_id=self.run_id, message_count=self.message_count, digest=self.digest)
+
+
 class ModelContext(BaseModel):
-    """The answer to the `model_context` query: the in-flight call's messages, in wire format."""
+    """The answer to the `model_context` query: the in-flight call's messages, in wire format,
+    from the first asked for; `next_message` is where the next page starts (None: the last)."""
 
     ref: ModelContextRef
     messages: list[dict[str, Any]]
+    next_message: int | None = None
 
 
 class Price(BaseModel):

@@ -3,93 +3,74 @@
 One step = one `call_model` activity plus the tool activities it asked for (run
 concurrently). Every decision here is deterministic and made from recorded results:
 limits, approvals, pauses, needs-attention and continue-as-new. All I/O is in activities.
+
+Here: the run from start to close, its limits, the model call, waits for a person, what
+it publishes, continue-as-new. Its other parts work on the same state, one concern each:
+the tool calls (workflows/tool_steps.py), the context's compaction and recall
+(workflows/context_steps.py) and the signals, updates and queries (workflows/control.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from temporalio import workflow
-from temporalio.common import RawValue, RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError, is_cancelled_exception
-from temporalio.exceptions import TimeoutError as TemporalTimeoutError
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from activities import model_context as context_delivery
     from workflows import compaction, limits, options
-    from workflows.approval import approval_reason
     from workflows.context import (
         WireContext,
-        calibrated,
         estimate_tokens,
         initial_messages,
         last_answer,
         progress_summary,
     )
-    from workflows.delegation import WAIT_ACTIONS, Delegates, ParentReporter, ParentSide
+    from workflows.context_steps import ContextSteps
+    from workflows.control import RunControl
+    from workflows.delegation import Delegates, ParentReporter
+    from workflows.failures import ACTIVITY_FAILED, attempts, failure_message, raise_if_cancelled
     from workflows.ladder import pressure, rungs_due
-    from workflows.livelock import LIVELOCK_REPEATS, call_key
     from workflows.run_metrics import RunMetrics
     from workflows.skills import (
         CATALOG_KIND,
         SkillCatalog,
         SkillCatalogRequest,
-        already_loaded,
         catalog_text,
-        take_loaded_skill,
     )
-    from workflows.state import Carry, Compaction, ContextStatus, ModelView, StructuredSummary
+    from workflows.state import Carry, ModelView
     from workflows.status_view import details_markdown
-    from workflows.tool_specs import RecallArgs, ToolArgumentError, call_summary, parse_tool_call, unique_call_ids
+    from workflows.tool_specs import call_summary, unique_call_ids
+    from workflows.tool_steps import ToolSteps
     from workflows.types import (
         WORKFLOW_TYPE,
         AgentInput,
         AgentResult,
-        AgentStatus,
         ApprovalDecision,
-        ArchiveWrite,
-        ArchiveWritten,
         AttentionReport,
-        ChildReport,
         Degradation,
         Limits,
-        LimitsPatch,
         Message,
         ModelCallInput,
         ModelContext,
-        ModelContextRequest,
         ModelReply,
-        PauseRequest,
         PendingApproval,
-        RecallInput,
         Resolution,
         RunFilesCleaned,
         RunFilesCleanup,
         RunState,
         StopReason,
         ToolCall,
-        ToolCallInput,
-        ToolOutcome,
-        TranscriptRequest,
         Usage,
-        UserMessage,
-        WaitLink,
     )
     from workflows.validation_text import validation_text
-    from workflows.wait_graph import wait_chains
-
-_M = TypeVar("_M", bound=BaseModel)
-
-ACTIVITY_FAILED = (ActivityError, ApplicationError, TemporalTimeoutError)
-"""How a failed activity surfaces: a regular one wrapped in ActivityError; a local one (the
-file tools, and the model call of runs recorded before it became a regular activity) as
-its own error (a non-retryable one, or the last attempt's), a timeout, or wrapped. A
-cancelled one surfaces as one of these too: `_raise_if_cancelled` tells it apart."""
 
 MODEL_CALL_ID = "model"
 """The attention report's `call_id` for a failed model call."""
@@ -99,16 +80,13 @@ AGENT_STEP = SearchAttributeKey.for_int("AgentStep")
 AGENT_TOKENS = SearchAttributeKey.for_int("AgentTokens")
 AGENT_COST = SearchAttributeKey.for_float("AgentCostUsd")
 
-SIGNALS = ("pause", "resume", "add_message")
-IGNORED_SIGNALS_KEPT = 10
-
 
 class _Terminate(Exception):
     """A person chose `terminate` while the run needed attention; unwinds to `run`."""
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
-class AgentWorkflow:
+class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
     @workflow.init
     def __init__(self, raw_input: Any) -> None:
         # The input is decoded here, before any signal handler runs, so a pause or message
@@ -213,7 +191,7 @@ class AgentWorkflow:
             )
             result.files = cleaned.note
         except ACTIVITY_FAILED as e:
-            result.files = f"cleaning up the run's files failed: {_failure_message(e)}; `durable-agent gc` can retry"
+            result.files = f"cleaning up the run's files failed: {failure_message(e)}; `durable-agent gc` can retry"
 
     def _run_folder(self) -> str:
         return compaction.run_folder(workflow.info().workflow_id, self._carry.first_run_id)
@@ -246,8 +224,8 @@ class AgentWorkflow:
                 f"check_workspace: {self._agent.workspace}"[:120],
             )
         except ACTIVITY_FAILED as e:
-            _raise_if_cancelled(e)
-            raise ApplicationError(_failure_message(e), type="WorkspaceRefused", non_retryable=True) from None
+            raise_if_cancelled(e)
+            raise ApplicationError(failure_message(e), type="WorkspaceRefused", non_retryable=True) from None
 
     async def _local_or_regular(
         self,
@@ -332,8 +310,8 @@ class AgentWorkflow:
                 "discover_skills",
             )
         except ACTIVITY_FAILED as e:
-            _raise_if_cancelled(e)
-            catalog = SkillCatalog(problems=[f"the skill folders could not be listed: {_failure_message(e)}"])
+            raise_if_cancelled(e)
+            catalog = SkillCatalog(problems=[f"the skill folders could not be listed: {failure_message(e)}"])
         self._carry.skills_listed = True
         text = catalog_text(catalog)
         if text is not None:
@@ -422,135 +400,6 @@ class AgentWorkflow:
         if kind != "soft_warning":  # the warning is in the transcript already, as sent
             self._add_message("system", f"{kind}: {detail}", kind="degradation")
 
-    # --- context -----------------------------------------------------------------------
-
-    def _request_tokens(self) -> int:
-        """The next request's input tokens: the offline estimate, calibrated by the last report."""
-        raw = estimate_tokens(compaction.request_messages(self._carry.view))
-        return calibrated(raw, self._carry.last_estimate, self._carry.last_input_tokens)
-
-    async def _fit_context(self) -> None:
-        if compaction.should_compact(self._request_tokens(), self._agent.context.max_context_tokens):
-            await self._compact("size")
-
-    async def _compact(self, trigger: Any) -> None:
-        """Fold older steps into the summary and the index, archive them, keep the rest."""
-        view, settings = self._carry.view, self._agent.context
-        before = self._request_tokens()
-        keep = compaction.steps_to_keep(view, self._carry.step, settings.keep_recent_steps, settings.max_context_tokens)
-        fold = compaction.plan_fold(view.messages, self._carry.step, keep)
-        if not fold.steps:
-            if trigger == "soft_tier":
-                self._degrade("compaction", f"nothing to fold yet (~{before:,} tokens in context)")
-            return
-        self._doing = f"compacting steps {fold.steps[0]}-{fold.steps[-1]}"
-        summary, source, spent = await self._summarize(fold.folded)
-        if not await self._archive(fold.steps[0], fold.steps[-1], fold.folded):
-            return
-        view.summary = summary
-        index_chars = compaction.index_chars(settings.max_context_tokens)
-        view.index = compaction.add_to_index(view.index, compaction.index_steps(fold.folded), index_chars)
-        view.messages = fold.kept
-        self._folded += fold.folded
-        record = Compaction(
-            step=self._carry.step,
-            first_step=fold.steps[0],
-            last_step=fold.steps[-1],
-            trigger=trigger,
-            summary_source=source,
-            tokens_before=before,
-            tokens_after=self._request_tokens(),
-            summary_tokens=spent,
-        )
-        self._carry.compactions = (self._carry.compactions + [record])[-compaction.COMPACTIONS_SHOWN :]
-        counters = self._carry.context
-        counters.compactions += 1
-        counters.folded_steps += len(fold.steps)
-        counters.summary_tokens += spent
-        counters.extractive_summaries += source == "extractive"
-        view.messages.append(compaction.compaction_note(record, view))
-        if trigger == "soft_tier":
-            self._carry.degradations.append(
-                Degradation(step=self._carry.step, kind="compaction", detail=compaction.record_text(record))
-            )
-
-    async def _summarize(self, folded: list[Message]) -> tuple[StructuredSummary, Any, int]:
-        """The model's merged 5-field summary; a malformed one is asked for once more, then
-        replaced by the extractive summary. A failing model call also falls back."""
-        previous = self._carry.view.summary
-        request = compaction.summary_request(previous, folded, self._agent.goal)
-        max_chars = compaction.summary_chars(self._agent.context.max_context_tokens)
-        spent = 0
-        for source in ("model", "model_retry"):
-            try:
-                reply = await self._execute_model_call(request, tools=[], summary="summarise folded steps")
-            except ACTIVITY_FAILED as e:
-                _raise_if_cancelled(e)
-                break
-            self._charge(reply)
-            spent += reply.input_tokens + reply.output_tokens
-            try:
-                return compaction.parse_summary(reply.content, max_chars), source, spent
-            except ValueError as e:
-                request = compaction.retry_request(request, reply.content, str(e))
-        return compaction.extractive_summary(previous, folded, self._agent.goal, max_chars), "extractive", spent
-
-    async def _archive(self, first_step: int, last_step: int, messages: list[Message]) -> bool:
-        try:
-            written = await workflow.execute_local_activity(
-                "archive_steps",
-                ArchiveWrite(
-                    workspace=self._agent.workspace,
-                    archive_dir=self._carry.archive_dir,
-                    first_step=first_step,
-                    last_step=last_step,
-                    messages=messages,
-                ),
-                result_type=ArchiveWritten,
-                start_to_close_timeout=options.TOOL_START_TO_CLOSE,
-                retry_policy=options.TOOL_RETRY,
-                local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
-                summary=f"archive_steps: {first_step}-{last_step}",
-            )
-        except ActivityError as e:
-            _raise_if_cancelled(e)
-            self._degrade("compaction", f"not folded: the archive could not be written ({_failure_message(e)})")
-            return False
-        self._carry.archived_through = max(self._carry.archived_through, last_step)
-        if written.not_archived:
-            self._degrade("compaction", written.not_archived)
-        return written.messages == len(messages)
-
-    async def _archive_rest(self) -> None:
-        """At the end of a run that folded steps, the steps never folded join the archive:
-        it then holds the whole transcript past the session layer, whatever retention later
-        deletes. A run that never folded has its whole transcript in its last history."""
-        rest = [m for m in self._carry.view.messages if m.step > self._carry.archived_through]
-        if not self._carry.archived_through or not rest or not self._patched(options.ARCHIVE_AT_END_PATCH):
-            return
-        await self._archive(rest[0].step, self._carry.step, rest)
-
-    async def _recall(self, args: RecallArgs) -> ToolOutcome:
-        steps = args.step_range()
-        request = RecallInput(
-            workspace=self._agent.workspace,
-            archive_dir=self._carry.archive_dir,
-            first_step=steps[0] if steps else None,
-            last_step=steps[1] if steps else None,
-            query=args.query,
-            in_context_from=self._carry.view.index.folded_through + 1,
-            output_chars=compaction.recall_chars(self._agent.context),
-        )
-        return await workflow.execute_local_activity(
-            "recall",
-            request,
-            result_type=ToolOutcome,
-            start_to_close_timeout=options.TOOL_START_TO_CLOSE,
-            retry_policy=options.TOOL_RETRY,
-            local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
-            summary=call_summary("recall", args.model_dump(exclude_none=True)),
-        )
-
     def _end_step(self) -> None:
         step_tokens = self._carry.usage.tokens - self._tokens_before_step
         spike = limits.is_spike(step_tokens, self._carry.tokens_per_step)
@@ -581,12 +430,12 @@ class AgentWorkflow:
                     summary=f"step {self._carry.step}",
                 )
             except ACTIVITY_FAILED as e:
-                _raise_if_cancelled(e)
+                raise_if_cancelled(e)
                 await self._needs_attention(
                     MODEL_CALL_ID,
                     what=f"call_model ({self._carry.model}) at step {self._carry.step}",
                     error=e,
-                    attempts=_attempts(e, options.MODEL_RETRY.maximum_attempts),
+                    attempts=attempts(e, options.MODEL_RETRY.maximum_attempts),
                 )
                 self._take_user_messages()  # what a person added while the run waited
                 continue  # retry, or skip (the model is told), both call again
@@ -645,175 +494,6 @@ class AgentWorkflow:
             self._carry.usage.cost_known = False
         self._carry.last_price = reply.price
 
-    # --- tools -------------------------------------------------------------------------
-
-    async def _run_tools(self, calls: list[ToolCall]) -> None:
-        runnable = calls[: limits.MAX_TOOL_CALLS_PER_STEP]
-        self._carry.usage.tool_calls += len(runnable)
-        self._doing = f"running {len(runnable)} tool call(s) (step {self._carry.step})"
-        outcomes = await asyncio.gather(*(self._run_tool(call) for call in runnable))
-        not_run = ToolOutcome(
-            ok=False,
-            error=f"not run: a reply may ask for at most {limits.MAX_TOOL_CALLS_PER_STEP} tool calls; "
-            f"this one asked for {len(calls):,}. Ask again for the ones you still need.",
-        )
-        outcomes += [not_run] * (len(calls) - len(runnable))
-        skills: list[Message] = []
-        for call, outcome in zip(calls, outcomes, strict=True):
-            if call.name == "load_skill" and outcome.ok:
-                outcome, skill = take_loaded_skill(self._carry.step, call.arguments, outcome, self._carry.loaded_skills)
-                skills += [skill] if skill else []
-            self._add_tool_result(call, outcome)
-        self._carry.view.messages += skills  # after every tool result: the API wants those contiguous
-
-    async def _run_tool(self, call: ToolCall) -> ToolOutcome:
-        try:
-            args = parse_tool_call(call.name, call.arguments, self._agent.enabled_tools()).model_dump(exclude_none=True)
-        except ToolArgumentError as e:
-            return ToolOutcome(ok=False, error=str(e))
-        if call.name == "load_skill" and (repeat := already_loaded(args["name"], self._carry.loaded_skills)):
-            return repeat
-        key = call_key(call.name, args)
-        retry = 0
-        while True:
-            denial = await self._await_approval(call, args)
-            if denial is not None:
-                return denial
-            outcome = await self._execute_tool(call, args, retry)
-            streak = self._carry.livelock.record(key, None if outcome.ok else outcome.error)
-            if streak < LIVELOCK_REPEATS:
-                return outcome
-            resolution = await self._needs_attention(
-                f"{self._carry.step}:{call.id}",
-                what=f"{call_summary(call.name, args)} failed {streak} times in a row",
-                error=outcome.error or "",
-                attempts=streak,
-            )
-            self._carry.livelock.clear(key)
-            if resolution.action == "skip":
-                return ToolOutcome(ok=False, error=f"skipped by a person: {resolution.note or 'no note'}")
-            retry += 1
-
-    async def _execute_tool(self, call: ToolCall, args: dict[str, Any], retry: int) -> ToolOutcome:
-        info = workflow.info()
-        # Same key across Temporal's retries (the journal then reports a crashed attempt's
-        # result); a new key when a person asks to retry, so the call really runs again.
-        key = f"{info.workflow_id}/{self._carry.first_run_id}/{self._carry.step}/{call.id}" + (
-            f"/retry-{retry}" if retry else ""
-        )
-        request = ToolCallInput(
-            call_id=call.id,
-            idempotency_key=key,
-            workspace=self._agent.workspace,
-            arguments=args,
-            output_chars=self._agent.context.tool_output_chars,
-        )
-        if self._patched(options.RUN_FILES_PATCH):
-            request = request.model_copy(update={"run_folder": self._run_folder(), "step": self._carry.step})
-        if call.name == "delegate":
-            return await self._delegate(f"{self._carry.step}:{call.id}", key, args)
-        if call.name == "run_command":
-            request = request.model_copy(update={"sandbox": self._agent.sandbox, "env_allow": self._agent.env_allow})
-        try:
-            if call.name == "recall":
-                return await self._recall(RecallArgs.model_validate(args))
-            if call.name in options.LOCAL_TOOLS and self._patched(options.LOCAL_TOOLS_PATCH):
-                return await workflow.execute_local_activity(
-                    call.name,
-                    request,
-                    result_type=ToolOutcome,
-                    start_to_close_timeout=options.TOOL_START_TO_CLOSE,
-                    retry_policy=options.TOOL_RETRY,
-                    local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
-                    summary=call_summary(call.name, args),
-                )
-            return await workflow.execute_activity(
-                call.name,
-                request,
-                result_type=ToolOutcome,
-                start_to_close_timeout=options.tool_start_to_close(call.name, args.get("timeout_s")),
-                heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
-                retry_policy=options.TOOL_RETRY,
-                cancellation_type=options.TOOL_CANCELLATION,
-                summary=call_summary(call.name, args),
-            )
-        except ACTIVITY_FAILED as e:
-            _raise_if_cancelled(e)
-            return ToolOutcome(ok=False, error=f"{call.name} failed: {_failure_message(e)}")
-
-    async def _delegate(self, call_id: str, key: str, args: dict[str, Any]) -> ToolOutcome:
-        """A child run for a sub-task (workflows/delegation.py); its spend is charged here.
-        A stalled delegate, or a cycle of waits, needs attention as this call (`call_id`)."""
-
-        async def wait_problem(what: str, chain: str) -> Resolution:
-            return await self._needs_attention(call_id, what, f"wait chain: {chain}", attempts=1, actions=WAIT_ACTIONS)
-
-        parent = ParentSide(
-            agent=self._agent,
-            limits=self._limits,
-            usage=self._carry.usage,
-            elapsed_s=self._usage_now().elapsed_s,
-            model=self._carry.model,
-        )
-        outcome = await self._delegates.run(
-            key, args["goal"], args.get("tools"), args.get("budget_share"), parent, wait_problem
-        )
-        self._publish()
-        return outcome
-
-    async def _await_approval(self, call: ToolCall, args: dict[str, Any]) -> ToolOutcome | None:
-        """Waits for a person when the call is gated; returns the denial, or None to run it."""
-        reason = approval_reason(call.name, args, self._agent.approval)
-        if reason is None:
-            return None
-        approval_id = f"{self._carry.step}:{call.id}"
-        self._pending_approvals[approval_id] = PendingApproval(
-            call_id=approval_id,
-            tool=call.name,
-            summary=call_summary(call.name, args),
-            step=self._carry.step,
-            reason=reason,
-        )
-        self._publish()
-        with self._waiting_for_a_person():
-            decision = await self._wait_for_decision(approval_id)
-        del self._pending_approvals[approval_id]
-        self._publish()
-        if decision.approved:
-            return None
-        return ToolOutcome(ok=False, error=f"denied by a person: {decision.note or 'no reason given'}")
-
-    async def _wait_for_decision(self, approval_id: str) -> ApprovalDecision:
-        settings = self._agent.approval
-        decided = lambda: approval_id in self._decisions  # noqa: E731
-        if settings.timeout_s is None:
-            await workflow.wait_condition(decided)
-            return self._decisions.pop(approval_id)
-        try:
-            await workflow.wait_condition(decided, timeout=timedelta(seconds=settings.timeout_s))
-        except TimeoutError:
-            if settings.on_timeout == "deny":
-                note = f"no decision within {settings.timeout_s:g} s"
-                return ApprovalDecision(call_id=approval_id, approved=False, note=note)
-            self._pause(f"approval of {approval_id} timed out; still waiting for a decision")
-            await workflow.wait_condition(decided)
-        return self._decisions.pop(approval_id)
-
-    def _add_tool_result(self, call: ToolCall, outcome: ToolOutcome) -> None:
-        text = outcome.output if outcome.ok else f"ERROR: {outcome.error}"
-        if not outcome.ok and outcome.output:
-            text += "\n" + outcome.output
-        self._carry.view.messages.append(
-            Message(
-                role="tool",
-                content=text,
-                tool_call_id=call.id,
-                step=self._carry.step,
-                kind="tool_result",
-                tool_name=call.name,
-            )
-        )
-
     # --- people ------------------------------------------------------------------------
 
     async def _needs_attention(
@@ -821,7 +501,7 @@ class AgentWorkflow:
     ) -> Resolution:
         """Report the failed call and wait for a person's `resolve` of it. Parallel tool
         calls may each wait here at once, each with its own report and resolution."""
-        message = error if isinstance(error, str) else _failure_message(error)
+        message = error if isinstance(error, str) else failure_message(error)
         self._attention[call_id] = AttentionReport(
             call_id=call_id,
             what_failed=what,
@@ -870,190 +550,6 @@ class AgentWorkflow:
 
     def _add_message(self, role: Any, text: str, kind: str) -> None:
         self._carry.view.messages.append(Message(role=role, content=text, step=self._carry.step, kind=kind))
-
-    # Signals take the raw payload and decode it here: a malformed one from the Temporal
-    # CLI (which reports success either way) is recorded in `status`, never dropped unseen.
-
-    @workflow.signal(name="pause")
-    def pause(self, raw: Any = None) -> None:
-        reason = None
-        try:
-            reason = PauseRequest.model_validate({"reason": raw} if isinstance(raw, str) else raw or {}).reason
-        except ValidationError as e:
-            self._ignore_signal(f"pause: payload not understood ({validation_text(e)}); paused without a reason")
-        reason = reason or "paused by a person"
-        self._pause(reason)
-        self._delegates.forward("pause", PauseRequest(reason=f"parent {workflow.info().workflow_id} paused: {reason}"))
-
-    @workflow.signal(name="resume")
-    def resume(self, raw: Any = None) -> None:
-        self._carry.paused = False
-        self._carry.paused_reason = None
-        self._publish()
-        self._delegates.forward("resume")
-
-    @workflow.signal(name="child_report")
-    def child_report(self, raw: Any = None) -> None:
-        """Sent by this run's delegates (workflows/delegation.py) when they change."""
-        try:
-            report = ChildReport.model_validate(raw)
-        except ValidationError as e:
-            self._ignore_signal(f"child_report ignored: {validation_text(e)}")
-            return
-        self._delegates.receive(report)
-        self._publish()
-
-    @workflow.signal(name="add_message")
-    def add_message(self, raw: Any = None) -> None:
-        try:
-            message = UserMessage.model_validate({"text": raw} if isinstance(raw, str) else raw)
-        except ValidationError as e:
-            self._ignore_signal(f'add_message ignored: {validation_text(e)} (expected {{"text": "..."}})')
-            return
-        self._carry.pending_user_messages.append(message.text)
-
-    @workflow.signal(dynamic=True)
-    def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:
-        self._ignore_signal(f"unknown signal {name!r} ignored; this run takes {', '.join(SIGNALS)}")
-
-    def _ignore_signal(self, note: str) -> None:
-        workflow.logger.warning(note)
-        self._ignored_signals = [*self._ignored_signals, note][-IGNORED_SIGNALS_KEPT:]
-
-    # Updates take the raw payload and decode it in the validator: a malformed payload from
-    # the Temporal CLI is then rejected with pydantic's message, not "failed decoding".
-
-    @workflow.update(name="approve")
-    def approve(self, raw: Any) -> str:
-        decision = ApprovalDecision.model_validate(raw)
-        self._decisions[decision.call_id] = decision
-        return f"{decision.call_id} {'approved' if decision.approved else 'denied'}"
-
-    @approve.validator
-    def _validate_approve(self, raw: Any) -> None:
-        decision = _decode(ApprovalDecision, raw)
-        if decision.call_id not in self._pending_approvals:
-            pending = ", ".join(self._pending_approvals) or "none"
-            raise ValueError(f"no pending approval {decision.call_id!r}; pending: {pending}")
-        if decision.call_id in self._decisions:
-            raise ValueError(f"approval {decision.call_id!r} was already decided")
-
-    @workflow.update(name="raise_limits")
-    def raise_limits(self, raw: Any) -> Limits:
-        self._limits = LimitsPatch.model_validate(raw or {}).apply_to(self._limits)
-        self._carry.warned = [b for b in self._carry.warned if b in limits.soft_tier(self._spend(), self._limits)]
-        self._publish()
-        return self._limits
-
-    @raise_limits.validator
-    def _validate_raise_limits(self, raw: Any) -> None:
-        patch = _decode(LimitsPatch, raw or {})
-        try:
-            patch.apply_to(self._limits)
-        except ValidationError as e:
-            raise ValueError(validation_text(e)) from None
-
-    @workflow.update(name="resolve")
-    def resolve(self, raw: Any) -> str:
-        resolution = Resolution.model_validate(raw)
-        calls = [resolution.call_id] if resolution.call_id else self._unresolved()
-        for call_id in calls:
-            self._resolutions[call_id] = resolution
-        return f"resolved {', '.join(calls)} with {resolution.action}"
-
-    @resolve.validator
-    def _validate_resolve(self, raw: Any) -> None:
-        resolution = _decode(Resolution, raw)
-        if not self._attention:
-            raise ValueError(f"the run does not need attention (state: {self._state()})")
-        open_reports = self._unresolved()
-        if resolution.call_id is None and not open_reports:
-            raise ValueError("every attention report was already resolved")
-        if resolution.call_id is not None and resolution.call_id not in open_reports:
-            known = ", ".join(open_reports) or "none"
-            raise ValueError(f"no open attention report for call {resolution.call_id!r}; open: {known}")
-
-    def _unresolved(self) -> list[str]:
-        return [call_id for call_id in self._attention if call_id not in self._resolutions]
-
-    @workflow.query(name="status")
-    def status(self) -> AgentStatus:
-        # Live: workflow.now() stands still between workflow tasks (during a model call, a
-        # command, a wait). A query changes nothing, so reading the clock here is safe.
-        with workflow.unsafe.sandbox_unrestricted():
-            now = datetime.now(UTC)
-        return self._status(max(now, workflow.now()))
-
-    def _status(self, now: datetime | None = None) -> AgentStatus:
-        spend = self._spend(now) if self._input else limits.Spend(0, self._carry.usage, 0.0)
-        return AgentStatus(
-            state=self._state() if self._input else "starting",
-            step=self._carry.step,
-            model=self._carry.model,
-            usage=self._result.usage if self._result else spend.usage,
-            limits=self._limits,
-            pending_approvals=list(self._pending_approvals.values()),
-            attention=next(iter(self._attention.values()), None),
-            attention_reports=list(self._attention.values()),
-            paused_reason=self._carry.paused_reason if self._carry.paused else None,
-            degradations=self._carry.degradations,
-            soft_tier=limits.soft_tier(spend, self._limits) if self._input else [],
-            runway=limits.runway(spend, self._limits),
-            activity=self._activity(),
-            ignored_signals=self._ignored_signals,
-            result=self._result,
-            context=self._context_status() if self._input else None,
-            children=list(self._delegates.running.values()),
-            wait_chains=self._wait_chains() if self._input else [],
-        )
-
-    def _wait_chains(self) -> list[list[WaitLink]]:
-        return wait_chains(
-            workflow.info().workflow_id,
-            self._state(),
-            list(self._pending_approvals.values()),
-            list(self._attention.values()),
-            self._carry.paused_reason if self._carry.paused else None,
-            list(self._delegates.running.values()),
-        )
-
-    @workflow.query(name="transcript")
-    def transcript(self, request: TranscriptRequest | None = None) -> list[Message]:
-        """Every message by step. Steps folded in earlier runs of the chain are in the archive:
-        one `archived` entry says where (`durable-agent export` puts them back in place)."""
-        from_step = request.from_step if request else 0
-        view = self._carry.view
-        first_here = self._folded[0].step if self._folded else compaction.first_unfolded(view)
-        earlier = compaction.archived_note(self._carry.archive_dir, first_here - 1)
-        messages = [*view.session, *([earlier] if earlier else []), *self._folded, *view.messages]
-        return [m for m in messages if m.step >= from_step]
-
-    def _context_status(self) -> ContextStatus:
-        view, settings = self._carry.view, self._agent.context
-        return ContextStatus(
-            max_context_tokens=settings.max_context_tokens,
-            request_tokens=self._request_tokens(),
-            last_request_tokens=self._carry.last_input_tokens,
-            last_request_estimate=self._carry.last_estimate,
-            layer_tokens=compaction.layer_tokens(view, self._carry.step, settings.keep_recent_steps),
-            summary=view.summary,
-            index=view.index,
-            compactions=self._carry.compactions,
-            counters=self._carry.context,
-            archive_dir=self._carry.archive_dir,
-            archive_path=f"{self._agent.workspace}/{self._carry.archive_dir}",
-        )
-
-    @workflow.query(name=context_delivery.MODEL_CONTEXT_QUERY)
-    def in_flight_context(self, request: ModelContextRequest) -> ModelContext:
-        """The in-flight model call's messages, for a `call_model` attempt that did not find
-        them in its worker's cache: a page at a time, as a query's answer is refused over 2 MB."""
-        if self._in_flight is None or self._in_flight.ref != request.call():
-            raise ValueError("no model call with this context is in flight")
-        if request.first_message is None:
-            return self._in_flight
-        page, next_message = context_delivery.context_page(self._in_flight.messages, request.first_message)
-        return ModelContext(ref=self._in_flight.ref, messages=page, next_message=next_message)
 
     # --- state and visibility ----------------------------------------------------------
 
@@ -1160,39 +656,6 @@ def _parse_input(raw: Any) -> AgentInput:
         raise ApplicationError(
             f"invalid AgentInput: {validation_text(e)}", type="InvalidInput", non_retryable=True
         ) from None
-
-
-def _decode(model: type[_M], raw: Any) -> _M:
-    try:
-        return model.model_validate(raw)
-    except ValidationError as e:
-        raise ValueError(validation_text(e)) from None
-
-
-def _raise_if_cancelled(error: BaseException) -> None:
-    """An activity that failed because the run is being cancelled: the cancel goes on up to
-    `run`, which closes the run as `cancelled`, rather than counting as a failed call."""
-    if is_cancelled_exception(error):
-        raise asyncio.CancelledError() from error
-
-
-def _failure_message(error: BaseException) -> str:
-    """What went wrong, beneath the ActivityError wrapper: the activity's own error, whose
-    message is written for people (not the low-level exception it was raised from)."""
-    cause: BaseException | None = error
-    while isinstance(cause, ActivityError) and cause.__cause__ is not None:
-        cause = cause.__cause__
-    if isinstance(cause, FailureError) and cause.message:
-        return cause.message
-    return str(cause or error)
-
-
-def _attempts(error: FailureError, maximum: int) -> int:
-    # The retry state says why retrying ended; the attempt count itself is not in the error.
-    state = error.retry_state if isinstance(error, ActivityError) else None
-    if state is not None:
-        return maximum if state.name == "MAXIMUM_ATTEMPTS_REACHED" else 1
-    return 1 if isinstance(error, ApplicationError) and error.non_retryable else maximum
 
 
 def _resolution_text(resolution: Resolution) -> str:

@@ -1,0 +1,40 @@
+"""How a failed activity reaches the agent's workflow, and what it says."""
+
+from __future__ import annotations
+
+import asyncio
+
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError, is_cancelled_exception
+from temporalio.exceptions import TimeoutError as TemporalTimeoutError
+
+ACTIVITY_FAILED = (ActivityError, ApplicationError, TemporalTimeoutError)
+"""How a failed activity surfaces: a regular one wrapped in ActivityError; a local one (the
+file tools, and the model call of runs recorded before it became a regular activity) as
+its own error (a non-retryable one, or the last attempt's), a timeout, or wrapped. A
+cancelled one surfaces as one of these too: `raise_if_cancelled` tells it apart."""
+
+
+def raise_if_cancelled(error: BaseException) -> None:
+    """An activity that failed because the run is being cancelled: the cancel goes on up to
+    `run`, which closes the run as `cancelled`, rather than counting as a failed call."""
+    if is_cancelled_exception(error):
+        raise asyncio.CancelledError() from error
+
+
+def failure_message(error: BaseException) -> str:
+    """What went wrong, beneath the ActivityError wrapper: the activity's own error, whose
+    message is written for people (not the low-level exception it was raised from)."""
+    cause: BaseException | None = error
+    while isinstance(cause, ActivityError) and cause.__cause__ is not None:
+        cause = cause.__cause__
+    if isinstance(cause, FailureError) and cause.message:
+        return cause.message
+    return str(cause or error)
+
+
+def attempts(error: FailureError, maximum: int) -> int:
+    # The retry state says why retrying ended; the attempt count itself is not in the error.
+    state = error.retry_state if isinstance(error, ActivityError) else None
+    if state is not None:
+        return maximum if state.name == "MAXIMUM_ATTEMPTS_REACHED" else 1
+    return 1 if isinstance(error, ApplicationError) and error.non_retryable else maximum

@@ -250,7 +250,8 @@ def _notes(data: dict[str, Any]) -> list[str]:
         "the ledger; restart → next finished step = from starting the new process until the stub is asked "
         "for a step beyond the one the kill interrupted.",
         "- **Fairness**: the peers build the same request (system prompt, goal, six tool schemas), use "
-        "the `openai` SDK with the worker's settings, validate arguments with the same code, write files "
+        "one `openai` client with the worker's settings (the worker spreads many calls in flight over "
+        "several, activities/model_clients.py), validate arguments with the same code, write files "
         "with the same path checks and atomic fsynced write, and run commands as a plain `bash -c`. "
         "durable-agent runs with its defaults: each command in its bubblewrap sandbox (`python -m bench "
         "sandbox` measures that alone) and the model's reply streamed. The peers do not keep "

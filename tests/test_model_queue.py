@@ -6,7 +6,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from subprocess import Popen
 from types import SimpleNamespace
 from typing import Any
 
@@ -35,20 +38,35 @@ from workflows.options import MODEL_START_TO_CLOSE
 from workflows.types import ModelContext, ModelContextRequest
 
 
-async def test_a_model_worker_without_the_run_reads_the_context_from_it(
-    client: Client,
+@dataclass
+class ModelQueueWorker:
+    queue: str
+    process: Popen[bytes]
+
+
+@pytest.fixture
+def model_queue_worker(
     temporal_server: EmbeddedServer,
     model_server: ModelServer,
     task_queue: str,
-    workspace: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[ModelQueueWorker]:
+    """Model calls on a queue of their own, polled only by a worker process: the agent worker
+    (this process) routes them there and does not poll it, so no cache of the worker that
+    runs a call holds its context, and every call reads it from the run with the query."""
+    queue = f"{task_queue}-model"
+    monkeypatch.setenv("DURABLE_AGENT_MODEL_TASK_QUEUE", queue)
+    process = spawn_worker(worker_env(temporal_server, model_server, queue), tmp_path / "model.log")
+    try:
+        yield ModelQueueWorker(queue, process)
+    finally:
+        stop_gently(process)
+
+
+async def test_a_model_worker_without_the_run_reads_the_context_from_it(
+    client: Client, model_server: ModelServer, task_queue: str, workspace: Path, model_queue_worker: ModelQueueWorker
 ) -> None:
-    # The agent worker (this process) routes model calls to their own queue and does not
-    # poll it; a worker process polls it, so its cache never holds the context: every call
-    # reads it from the run with the query.
-    model_queue = f"{task_queue}-model"
-    monkeypatch.setenv("DURABLE_AGENT_MODEL_TASK_QUEUE", model_queue)
     model_server.responder = Script(
         [
             tools(("write_file", {"path": "a.txt", "content": "alpha"})),
@@ -56,13 +74,9 @@ async def test_a_model_worker_without_the_run_reads_the_context_from_it(
             answer("read it"),
         ]
     )
-    model_worker = spawn_worker(worker_env(temporal_server, model_server, model_queue), tmp_path / "model.log")
-    try:
-        async with build_worker(client, task_queue):
-            handle = await start(client, task_queue, goal="write then read", workspace=str(workspace))
-            result = await asyncio.wait_for(handle.result(), timeout=60)
-    finally:
-        stop_gently(model_worker)
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="write then read", workspace=str(workspace))
+        result = await asyncio.wait_for(handle.result(), timeout=60)
     assert result.state == "completed" and result.output == "read it"
     assert len(model_server.requests) == 3
     assert "alpha" in tool_results(model_server.requests[-1])[-1]  # the whole context arrived
@@ -72,7 +86,7 @@ async def test_a_model_worker_without_the_run_reads_the_context_from_it(
         for e in history.events
         if e.activity_task_scheduled_event_attributes.activity_type.name == "call_model"
     ]
-    assert [s.task_queue.name for s in scheduled] == [model_queue] * 3
+    assert [s.task_queue.name for s in scheduled] == [model_queue_worker.queue] * 3
     model_calls = {
         e.event_id
         for e in history.events
@@ -83,41 +97,29 @@ async def test_a_model_worker_without_the_run_reads_the_context_from_it(
         for e in history.events
         if e.activity_task_started_event_attributes.scheduled_event_id in model_calls
     ]
-    assert len(started) == 3 and all(i.startswith(f"{model_worker.pid}@") for i in started)
+    assert len(started) == 3 and all(i.startswith(f"{model_queue_worker.process.pid}@") for i in started)
     # The queue is the worker's configuration: a replay without the routing still matches.
     assert (await replayer().replay_workflow(history)).replay_failure is None
 
 
 async def test_a_context_over_a_query_answers_limit_is_read_in_pages(
-    client: Client,
-    temporal_server: EmbeddedServer,
-    model_server: ModelServer,
-    task_queue: str,
-    workspace: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    client: Client, model_server: ModelServer, task_queue: str, workspace: Path, model_queue_worker: ModelQueueWorker
 ) -> None:
     # A query's answer is refused over 2 MB: a 3.4 MB context read whole could never be read.
-    model_queue = f"{task_queue}-model"
-    monkeypatch.setenv("DURABLE_AGENT_MODEL_TASK_QUEUE", model_queue)
     model_server.responder = Script([tools(("list_files", {}))], final="read it all")
-    model_worker = spawn_worker(worker_env(temporal_server, model_server, model_queue), tmp_path / "model.log")
     big = [f"note {i}: " + "x" * 850_000 for i in range(4)]
-    try:
-        async with build_worker(client, task_queue):
-            handle = await start(
-                client,
-                task_queue,
-                goal="read the notes",
-                workspace=str(workspace),
-                context={"max_context_tokens": 5_000_000},
-                limits={"max_tokens": 20_000_000, "max_cost_usd": 1_000},
-            )
-            for text in big:
-                await handle.signal("add_message", {"text": text})
-            result = await asyncio.wait_for(handle.result(), timeout=90)
-    finally:
-        stop_gently(model_worker)
+    async with build_worker(client, task_queue):
+        handle = await start(
+            client,
+            task_queue,
+            goal="read the notes",
+            workspace=str(workspace),
+            context={"max_context_tokens": 5_000_000},
+            limits={"max_tokens": 20_000_000, "max_cost_usd": 1_000},
+        )
+        for text in big:
+            await handle.signal("add_message", {"text": text})
+        result = await asyncio.wait_for(handle.result(), timeout=90)
     assert result.state == "completed" and result.output == "read it all", result
     contents = [m.get("content") for m in model_server.requests[-1]["messages"]]
     assert all(text in contents for text in big)

@@ -260,7 +260,8 @@ def retry_after(response: Any) -> timedelta | None:
     headers = response.headers
     if ms := headers.get("retry-after-ms"):
         try:
-            return _bounded_wait(float(ms) / 1000)
+            if (wait := _bounded_wait(float(ms) / 1000)) is not None:
+                return wait
         except ValueError:
             pass
     value = headers.get("retry-after")

@@ -75,6 +75,8 @@ class ModelClients:
         self._max_clients = 1 if given is not None else MAX_CLIENTS
         self._tls: Any = None
         """One TLS context for every client: making one reads the CA bundle (~20 ms)."""
+        self._making_first: asyncio.Future[tuple[Any, AsyncOpenAI]] | None = None
+        """The first client's making, shared: a new worker's first wave of calls waits for one."""
 
     @asynccontextmanager
     async def lease(self) -> AsyncIterator[AsyncOpenAI]:
@@ -114,8 +116,16 @@ class ModelClients:
         # Off the event loop: a new worker's first call can come while its warm-up import
         # still runs, and waiting for the import lock on the loop would stall every other
         # task of the worker for up to a second.
-        tls, client = await asyncio.to_thread(_first_client)
-        if not self._clients:  # calls that started together made one each: the first is kept
+        if self._making_first is None:
+            self._making_first = asyncio.ensure_future(asyncio.to_thread(_first_client))
+        making = self._making_first
+        try:
+            tls, client = await asyncio.shield(making)  # a cancelled call leaves it to the others
+        except Exception:
+            if self._making_first is making:
+                self._making_first = None  # the next call tries again
+            raise
+        if not self._clients:
             self._tls = tls
             self._clients.append(client)
             self._in_flight.append(0)

@@ -166,12 +166,13 @@ async def stream_chat_completion(
         options={"headers": {"X-Stainless-Raw-Response": "stream"}},
     )
     http = _http_module(response.http_response)
-    if response.http_response.headers.get("content-type", "").startswith("application/json"):
-        await _take_whole_reply(response, reply, progress)  # the server ignored `"stream": true`
-        return
+    whole = response.http_response.headers.get("content-type", "").lower().startswith("application/json")
     rest = None
     try:
-        rest = await _read_events(response, reply, progress)
+        if whole:  # the server ignored `"stream": true`
+            await _take_whole_reply(response, reply, progress)
+        else:
+            rest = await _read_events(response, reply, progress)
     except http.TransportError as e:
         raise ApplicationError(
             f"the model's streamed reply broke off after {progress.chunks} chunks: {e!r}", type="ModelStreamBroken"
@@ -221,14 +222,25 @@ async def _take_whole_reply(response: Any, reply: StreamedReply, progress: Strea
         await response.close()
     try:
         completion = _decode_json(body.decode(errors="replace"))
-        choices = [{**c, "delta": c.get("message") or {}} for c in completion.get("choices") or ()]
-        chunk = {**completion, "choices": choices}
+        chunk = {**completion, "choices": [_as_delta(c) for c in completion.get("choices") or ()]}
     except (ValueError, RecursionError, AttributeError, TypeError):
         raise bad_reply(f"the model endpoint's reply is not a chat completion: {bytes(body[:200])!r}") from None
+    if not chunk["choices"]:
+        raise ApplicationError("model response has no choices", type="BadModelResponse")  # as an unstreamed one
     characters = reply.add(chunk)
     if characters:
         progress.received(characters)
     reply.done = True
+    reply.usage = reply.usage or {}  # a whole reply without usage counts as an unstreamed one does: 0 tokens
+
+
+def _as_delta(choice: dict[str, Any]) -> dict[str, Any]:
+    """A whole reply's choice as a stream's: its message as the delta, each tool call indexed
+    by its place (a streamed call without index or id would continue the one before)."""
+    message = dict(choice.get("message") or {})
+    if message.get("tool_calls") is not None:
+        message["tool_calls"] = [{**call, "index": i} for i, call in enumerate(message["tool_calls"])]
+    return {**choice, "delta": message}
 
 
 _tails: set[asyncio.Task[None]] = set()

@@ -27,7 +27,8 @@ number failed the worker at start with "failed to extract field WorkerConfig.tun
 class WorkerSettings(BaseModel):
     task_queue: str
     model_task_queue: str
-    model_rps: float | None = Field(default=None, gt=0, le=MAX_SLOTS, allow_inf_nan=False)
+    model_rps: float | None = Field(default=None, ge=0.01, le=MAX_SLOTS, allow_inf_nan=False)
+    """At least one call per 100 s: a rate near 0 would hold every model call for good."""
     max_concurrent_activities: int = Field(default=1_000, ge=1, le=MAX_SLOTS)
     """Model calls and commands; the SDK's default of 100 would queue the 101st waiting agent."""
     max_concurrent_workflow_tasks: int = Field(default=100, ge=2, le=MAX_SLOTS)

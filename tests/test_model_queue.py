@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.api.workflow.v1 import PendingActivityInfo
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError
 from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
@@ -218,7 +218,7 @@ def test_a_rate_puts_model_calls_on_their_own_queue(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("DURABLE_AGENT_MODEL_RPS", "2.5")
     settings = worker_settings("q")
     assert settings.model_task_queue == "q-model" and settings.model_rps == 2.5
-    for bad in ("-1", "0", "abc", "inf", "nan", "1e300"):
+    for bad in ("-1", "0", "1e-300", "abc", "inf", "nan", "1e300"):
         monkeypatch.setenv("DURABLE_AGENT_MODEL_RPS", bad)
         with pytest.raises(SettingsError, match="DURABLE_AGENT_MODEL_RPS"):
             worker_settings("q")
@@ -256,6 +256,9 @@ async def test_cancel_while_the_model_answers_ends_the_run_cleanly(
     assert pending.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED and pending.attempt == 1
     details = await DataConverter.default.decode(pending.heartbeat_details.payloads)
     assert details[0]["phase"] == "waiting for the model" and details[0]["context_from"] == "cache"
+    # The context query, asked by hand with a malformed argument, says what is wrong.
+    with pytest.raises(WorkflowQueryFailedError, match="first_message"):
+        await handle.query("model_context", {"run_id": "r", "message_count": 1, "digest": "d", "first_message": -1})
     await handle.cancel()
     result = await asyncio.wait_for(handle.result(), timeout=20)
     release.set()

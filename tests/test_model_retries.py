@@ -64,6 +64,7 @@ async def test_a_429_waits_as_long_as_retry_after_says(
         ({"retry-after-ms": "-5000"}, 0.0),
         ({"retry-after": "-3"}, 0.0),
         ({"retry-after": "nan"}, None),
+        ({"retry-after-ms": "nan", "retry-after": "5"}, 5.0),
         ({"retry-after": "soon"}, None),
         ({}, None),
     ],

@@ -5,6 +5,7 @@ with exact usage. Real worker, real `openai` SDK over HTTP to the scripted stub.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,9 +19,9 @@ from temporalio.converter import DataConverter
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from activities import model_stream
+from activities import model_clients, model_stream
 from activities.model import MAX_REPLY_BYTES
-from activities.model_clients import CALLS_PER_CLIENT, ModelClients
+from activities.model_clients import CALLS_PER_CLIENT, ModelClients, _http_library
 from activities.model_stream import TAIL_WAIT_S, StreamedReply, StreamProgress, stream_chat_completion
 from durable_agent.model_server import Failure, ModelServer, Reply
 from tests.helpers import start, until, wait_for
@@ -285,3 +286,82 @@ def test_a_malformed_chunk_is_a_bad_reply_not_a_retry(data: str) -> None:
     with pytest.raises(ApplicationError) as raised:
         model_stream._event(data, StreamedReply(max_characters=1_000), StreamProgress())
     assert raised.value.non_retryable and raised.value.type == "BadModelResponse"
+
+
+class WholeReply:
+    """The SDK's raw response to a streamed request that a server answered with one JSON body."""
+
+    def __init__(self, *pieces: bytes | Exception) -> None:
+        self.http_response = httpx_response(200, headers={"content-type": "Application/JSON"})
+        self.pieces = pieces
+        self.closed = False
+
+    async def iter_bytes(self) -> AsyncIterator[bytes]:
+        for piece in self.pieces:
+            if isinstance(piece, Exception):
+                raise piece
+            yield piece
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+class AnsweredWith:
+    def __init__(self, response: WholeReply) -> None:
+        self.response = response
+
+    async def post(self, *args: Any, **kwargs: Any) -> WholeReply:
+        return self.response
+
+
+async def take_whole(*pieces: bytes | Exception) -> StreamedReply:
+    reply = StreamedReply(MAX_REPLY_BYTES)
+    response = WholeReply(*pieces)
+    await stream_chat_completion(AnsweredWith(response), {}, reply, StreamProgress())  # type: ignore[arg-type]
+    assert response.closed
+    return reply
+
+
+async def test_a_whole_reply_keeps_its_tool_calls_apart_and_may_lack_usage() -> None:
+    calls = [{"function": {"name": "read_file", "arguments": json.dumps({"path": p})}} for p in "ab"]
+    body = {"choices": [{"message": {"role": "assistant", "tool_calls": calls}, "finish_reason": "tool_calls"}]}
+    reply = await take_whole(json.dumps(body).encode())
+    assert [(name, arguments) for _, name, arguments in reply.tool_calls()] == [
+        ("read_file", '{"path": "a"}'),
+        ("read_file", '{"path": "b"}'),
+    ]
+    assert reply.done and reply.usage == {}  # counted as an unstreamed reply without usage is: 0 tokens
+
+
+async def test_a_whole_reply_with_no_choices_or_cut_short_is_an_error_like_any_other() -> None:
+    with pytest.raises(ApplicationError, match="no choices") as raised:
+        await take_whole(json.dumps({"choices": [], "usage": {"prompt_tokens": 1}}).encode())
+    assert raised.value.type == "BadModelResponse"
+    cut = httpx_module().RemoteProtocolError("peer closed connection without sending complete message body")
+    with pytest.raises(ApplicationError, match="broke off") as raised:
+        await take_whole(b'{"choices": [', cut)
+    assert raised.value.type == "ModelStreamBroken" and raised.value.__cause__ is None  # no library stack traces
+
+
+def httpx_module() -> Any:
+    return _http_library()
+
+
+def httpx_response(status: int, headers: dict[str, str]) -> Any:
+    return httpx_module().Response(status, headers=headers)
+
+
+async def test_a_new_workers_first_wave_of_calls_makes_one_client(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each made its own before: 300 clients and TLS contexts, 5 s in the thread pool.
+    monkeypatch.setenv("OPENAI_API_KEY", "test-key")
+    made: list[object] = []
+    real = model_clients.new_openai_client
+    monkeypatch.setattr(model_clients, "new_openai_client", lambda tls=None: made.append(tls) or real(tls))
+    clients = ModelClients()
+
+    async def call() -> None:
+        async with clients.lease():
+            await asyncio.sleep(0.05)
+
+    await asyncio.gather(*(call() for _ in range(CALLS_PER_CLIENT)))
+    assert len(made) == 1 and clients.clients() == 1

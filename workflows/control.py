@@ -219,9 +219,11 @@ class RunControl:
         )
 
     @workflow.query(name=context_delivery.MODEL_CONTEXT_QUERY)
-    def in_flight_context(self, request: ModelContextRequest) -> ModelContext:
+    def in_flight_context(self, raw: Any) -> ModelContext:
         """The in-flight model call's messages, for a `call_model` attempt that did not find
-        them in its worker's cache: a page at a time, as a query's answer is refused over 2 MB."""
+        them in its worker's cache: a page at a time, as a query's answer is refused over 2 MB.
+        The argument is decoded here, so that a malformed one says what is wrong."""
+        request = _decode(ModelContextRequest, raw)
         if self._in_flight is None or self._in_flight.ref != request.call():
             raise ValueError("no model call with this context is in flight")
         if request.first_message is None:

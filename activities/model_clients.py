@@ -3,8 +3,8 @@
 A worker keeps a connection for every model call it has in flight (`new_openai_client`).
 The HTTP client's pool walks every connection it holds whenever a request starts or ends,
 and probes the socket of each idle one, so one pool's CPU per call grows with the calls in
-flight: at 250 at once, 4.1 ms of worker CPU per call with one pool against 1.4 ms with
-up to 16 (`python -m bench clients`). So a worker spreads its calls over several clients:
+flight: at 250 at once, 4.0-4.1 ms of worker CPU per call with one pool against 1.5-1.8 ms
+with up to 16 (`python -m bench clients`, docs/fleet.md). So a worker spreads its calls over several clients:
 a call takes the first client with fewer than `CALLS_PER_CLIENT` calls in flight, and
 another client is made only when none has. A worker with a few agents uses one.
 """

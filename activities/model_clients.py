@@ -132,12 +132,16 @@ class ModelClients:
 
 
 def _first_client() -> tuple[Any, AsyncOpenAI]:
-    tls = _http_library().create_ssl_context()
+    tls = sdk_http_library().create_ssl_context()
     return tls, new_openai_client(tls)
 
 
-def _http_library() -> ModuleType:
-    """The HTTP library the installed SDK sends with (httpx, or httpx2 in newer releases)."""
+def http_library(cls: type) -> ModuleType:
+    """The HTTP library a class comes from: httpx, or httpx2 in newer `openai` releases."""
+    return sys.modules[cls.__module__.partition(".")[0]]
+
+
+def sdk_http_library() -> ModuleType:
+    """The HTTP library the installed SDK's default client is built on."""
     client_class = openai_sdk().DefaultAsyncHttpxClient
-    library = next(c for c in client_class.__mro__ if not c.__module__.startswith("openai"))
-    return sys.modules[library.__module__.partition(".")[0]]
+    return http_library(next(c for c in client_class.__mro__ if not c.__module__.startswith("openai")))

@@ -14,13 +14,13 @@ import asyncio
 import contextlib
 import json
 import logging
-import sys
 import time
 from collections.abc import AsyncGenerator
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from temporalio.exceptions import ApplicationError
+
+from activities.model_clients import http_library
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -165,7 +165,7 @@ async def stream_chat_completion(
         cast_to=object,
         options={"headers": {"X-Stainless-Raw-Response": "stream"}},
     )
-    http = _http_module(response.http_response)
+    http = http_library(type(response.http_response))
     whole = response.http_response.headers.get("content-type", "").lower().startswith("application/json")
     rest = None
     try:
@@ -213,13 +213,10 @@ async def _take_whole_reply(response: Any, reply: StreamedReply, progress: Strea
     """A whole completion where events were asked for: taken as one event whose delta is the
     message (its reply and usage are as good, and asking again would cost another call)."""
     body = bytearray()
-    try:
-        async for data in response.iter_bytes():
-            body += data
-            if len(body) > MAX_LINE_BYTES:
-                raise bad_reply(f"the model endpoint sent a reply over {MAX_LINE_BYTES:,} bytes")
-    finally:
-        await response.close()
+    async for data in response.iter_bytes():  # the caller closes the response
+        body += data
+        if len(body) > MAX_LINE_BYTES:
+            raise bad_reply(f"the model endpoint sent a reply over {MAX_LINE_BYTES:,} bytes")
     try:
         completion = _decode_json(body.decode(errors="replace"))
         chunk = {**completion, "choices": [_as_delta(c) for c in completion.get("choices") or ()]}
@@ -314,11 +311,6 @@ def _string(value: object) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {type(value).__name__}")
     return value
-
-
-def _http_module(response: object) -> ModuleType:
-    """The HTTP library the installed SDK sends with (httpx, or httpx2 in newer releases)."""
-    return sys.modules[type(response).__module__.partition(".")[0]]
 
 
 def bad_reply(message: str) -> ApplicationError:

@@ -21,7 +21,7 @@ from temporalio.worker import Worker
 
 from activities import model_clients, model_stream
 from activities.model import MAX_REPLY_BYTES
-from activities.model_clients import CALLS_PER_CLIENT, ModelClients, _http_library
+from activities.model_clients import CALLS_PER_CLIENT, ModelClients, sdk_http_library
 from activities.model_stream import TAIL_WAIT_S, StreamedReply, StreamProgress, stream_chat_completion
 from durable_agent.model_server import Failure, ModelServer, Reply
 from tests.helpers import start, until, wait_for
@@ -292,7 +292,7 @@ class WholeReply:
     """The SDK's raw response to a streamed request that a server answered with one JSON body."""
 
     def __init__(self, *pieces: bytes | Exception) -> None:
-        self.http_response = httpx_response(200, headers={"content-type": "Application/JSON"})
+        self.http_response = sdk_http_library().Response(200, headers={"content-type": "Application/JSON"})
         self.pieces = pieces
         self.closed = False
 
@@ -337,18 +337,10 @@ async def test_a_whole_reply_with_no_choices_or_cut_short_is_an_error_like_any_o
     with pytest.raises(ApplicationError, match="no choices") as raised:
         await take_whole(json.dumps({"choices": [], "usage": {"prompt_tokens": 1}}).encode())
     assert raised.value.type == "BadModelResponse"
-    cut = httpx_module().RemoteProtocolError("peer closed connection without sending complete message body")
+    cut = sdk_http_library().RemoteProtocolError("peer closed connection without sending complete message body")
     with pytest.raises(ApplicationError, match="broke off") as raised:
         await take_whole(b'{"choices": [', cut)
     assert raised.value.type == "ModelStreamBroken" and raised.value.__cause__ is None  # no library stack traces
-
-
-def httpx_module() -> Any:
-    return _http_library()
-
-
-def httpx_response(status: int, headers: dict[str, str]) -> Any:
-    return httpx_module().Response(status, headers=headers)
 
 
 async def test_a_new_workers_first_wave_of_calls_makes_one_client(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 
 from durable_agent.runs import start_agent
@@ -33,6 +34,18 @@ async def wait_for(
             await asyncio.sleep(0.1)
 
     return await asyncio.wait_for(poll(), timeout=timeout_s)
+
+
+async def tasks_run_again(handle: WorkflowHandle) -> int:
+    """Workflow tasks of the run that timed out or failed after the worker started them.
+
+    The worker ran such a task, recording its metrics and spans; the server dropped its
+    commands and the next attempt runs the same code, not as a replay, and records them
+    again. With the 1.5 s task timeout (workflows/options.py), a worker stalled for that
+    long under load does it: a count of what workflow tasks record is exact plus this.
+    """
+    dropped = {EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED}
+    return sum([event.event_type in dropped async for event in handle.fetch_history_events()])
 
 
 def temporal_cli(address: str) -> list[str]:

@@ -9,14 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client
 
 from durable_agent.connection import connect
 from durable_agent.metrics import publish_waiting_runs, worker_runtime
 from durable_agent.model_server import Failure, ModelServer, Reply, count_assistant_turns
 from durable_agent.server import EmbeddedServer, free_port
-from tests.helpers import start, wait_for
+from tests.helpers import start, tasks_run_again, wait_for
 from tests.scripts import Script, tools
 from worker import build_worker
 
@@ -48,18 +47,6 @@ async def visibility_shows_waiting(client: Client, workflow_id: str) -> None:
     query = f'WorkflowId="{workflow_id}" AND AgentState="awaiting_approval"'
     while (await client.count_workflows(query)).count != 1:
         await asyncio.sleep(0.2)
-
-
-async def tasks_run_again(handle: WorkflowHandle) -> int:
-    """Workflow tasks of the run that timed out or failed after the worker started them.
-
-    The worker ran such a task and recorded its metrics; the server dropped its commands
-    and the next attempt runs the same code, not as a replay, and records them again. With
-    the 1.5 s task timeout (workflows/options.py), a worker stalled for that long under
-    load does it.
-    """
-    dropped = {EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED}
-    return sum([event.event_type in dropped async for event in handle.fetch_history_events()])
 
 
 def fails_once(reply: Reply) -> Any:

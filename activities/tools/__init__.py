@@ -260,6 +260,9 @@ async def _in_own_thread(work: Callable[..., _T], *args: Any) -> _T:
     # The activity's context goes along: the call's journal names its run (activity.info()).
     context = contextvars.copy_context()
     threading.Thread(target=context.run, args=(target,), name="file-tool", daemon=True).start()
+    # A call that outlives its wait (timed out, or the attempt cancelled) still settles `done`;
+    # its error was reported or no longer matters, so asyncio is told it was seen.
+    done.add_done_callback(_seen)
     try:
         return await asyncio.wait_for(asyncio.shield(done), FILE_TOOL_TIME_LIMIT_S)
     except TimeoutError:
@@ -267,3 +270,8 @@ async def _in_own_thread(work: Callable[..., _T], *args: Any) -> _T:
             f"the call did not finish within {FILE_TOOL_TIME_LIMIT_S:g} s; the run goes on without its "
             "result (a write may still complete later: read the file before relying on it)"
         ) from None
+
+
+def _seen(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -220,8 +220,10 @@ def chain_span(info: workflow.Info) -> ChainSpan:
     traced = info.headers.get(TRACE_HEADER)
     parent = converter.from_payloads([traced])[0] if traced is not None else None
     first_run = info.first_execution_run_id or info.run_id
+    # When the run was started, as its history says: not its first task's start, which a task
+    # the server dropped and ran again would move after the Temporal spans the run holds.
     # Integer arithmetic: a float of the nanoseconds lands a few ns off, after the run's own span.
-    start_ns = (info.start_time - EPOCH) // timedelta(microseconds=1) * 1000
+    start_ns = (info.workflow_start_time - EPOCH) // timedelta(microseconds=1) * 1000
     return ChainSpan.first(info.workflow_id, first_run, parent or None, start_ns)
 
 

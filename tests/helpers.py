@@ -11,16 +11,31 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from temporalio.api.enums.v1 import EventType
+from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 
-from durable_agent.runs import start_agent
+from durable_agent.runs import WORKFLOW_TASK_TIMEOUT, chain_histories, start_agent
 from durable_agent.server import temporal_binary
-from workflows.types import AgentInput, AgentStatus
+from workflows.types import WORKFLOW_TYPE, AgentInput, AgentResult, AgentStatus
 
 
-async def start(client: Client, task_queue: str, **fields: object):
-    return await start_agent(client, AgentInput.model_validate(fields), f"agent-{uuid.uuid4().hex[:10]}", task_queue)
+async def start(client: Client, task_queue: str, start_signal: str | None = None, **fields: object):
+    """A run started as `start_agent` starts it; with `start_signal`, that signal comes with the
+    start (signal-with-start), so the run has it before its first step."""
+    agent = AgentInput.model_validate(fields)
+    workflow_id = f"agent-{uuid.uuid4().hex[:10]}"
+    if start_signal is None:
+        return await start_agent(client, agent, workflow_id, task_queue)
+    return await client.start_workflow(
+        WORKFLOW_TYPE,
+        agent,
+        id=workflow_id,
+        task_queue=task_queue,
+        task_timeout=WORKFLOW_TASK_TIMEOUT,
+        result_type=AgentResult,
+        start_signal=start_signal,
+    )
 
 
 async def wait_for(
@@ -44,8 +59,24 @@ async def tasks_run_again(handle: WorkflowHandle) -> int:
     again. With the 1.5 s task timeout (workflows/options.py), a worker stalled for that
     long under load does it: a count of what workflow tasks record is exact plus this.
     """
-    dropped = {EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT, EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED}
-    return sum([event.event_type in dropped async for event in handle.fetch_history_events()])
+    return sum([_ran_and_dropped(event) async for event in handle.fetch_history_events()])
+
+
+async def chain_tasks_run_again(client: Client, workflow_id: str) -> int:
+    """`tasks_run_again` over every run of a continue-as-new chain."""
+    histories = await chain_histories(client, workflow_id)
+    return sum(_ran_and_dropped(event) for history in histories for event in history.events)
+
+
+def _ran_and_dropped(event: HistoryEvent) -> bool:
+    """A task that started and was dropped; a sticky task that timed out waiting never ran."""
+    if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+        return True
+    timed_out = event.workflow_task_timed_out_event_attributes.timeout_type
+    return (
+        event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT
+        and timed_out == TimeoutType.TIMEOUT_TYPE_START_TO_CLOSE
+    )
 
 
 def temporal_cli(address: str) -> list[str]:

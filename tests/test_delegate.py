@@ -158,7 +158,7 @@ async def test_a_delegate_awaiting_approval_shows_in_the_parent_and_a_stall_need
         goal="plan",
         workspace=str(workspace),
         approval={"commands": ["^echo"]},
-        delegation={"stall_after_s": 1},
+        delegation={"stall_after_s": 3},  # the test sees the chain before the stall
     )
     status = await wait_for(handle, lambda s: bool(s.wait_chains))
     child_id = status.children[0].workflow_id
@@ -171,7 +171,7 @@ async def test_a_delegate_awaiting_approval_shows_in_the_parent_and_a_stall_need
     # with the chain as its report.
     stalled = await wait_for(handle, lambda s: s.state == "needs_attention")
     assert stalled.attention is not None
-    assert stalled.attention.what_failed == f"delegate {child_id} has made no progress for 1 s"
+    assert stalled.attention.what_failed == f"delegate {child_id} has made no progress for 3 s"
     assert f"{handle.id} → {child_id} → awaiting approval of call 1:call_0_0" in stalled.attention.last_error
     await handle.execute_update("resolve", {"action": "retry", "note": "I will approve it"})
     await wait_for(handle, lambda s: s.state == "running")

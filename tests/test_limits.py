@@ -101,10 +101,10 @@ async def test_time_limit(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
     model_server.responder = always_tools(delay_s=0.5)
-    limits = {"max_duration_s": 3, "soft_ratio": 0.5}  # a wide soft tier: no race with a slow machine
+    limits = {"max_duration_s": 6, "soft_ratio": 0.1}
     handle = await start(client, task_queue, goal="slow", workspace=str(workspace), limits=limits)
     result = await handle.result()
-    assert result.stop_reason == "time_limit" and result.usage.elapsed_s >= 3
+    assert result.stop_reason == "time_limit" and result.usage.elapsed_s >= 6
     status = await handle.query("status", result_type=AgentStatus)
     assert any(d.kind == "soft_warning" and d.detail.startswith("time") for d in status.degradations), status
 

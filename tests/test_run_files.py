@@ -21,7 +21,7 @@ from temporalio.worker import Worker
 from durable_agent.model_server import ModelServer
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
-from tests.helpers import start, until, wait_for
+from tests.helpers import start, tasks_run_again, until, wait_for
 from tests.scripts import Script, answer, tool_results, tools
 from tests.test_cli import cli_env, durable_agent, one_line_error
 from tests.test_context import command_turns, is_summary_request
@@ -101,7 +101,10 @@ async def test_a_cancelled_run_removes_its_journal_too(
     await handle.cancel()
     result = await handle.result()
     assert result.state == "cancelled"
-    assert not journal.exists() and result.files and "removed the tool journal (2 files" in result.files
+    # The closing task runs clean_up_run (a local activity); a task the server dropped ran it
+    # too, and the attempt recorded found the journal gone already.
+    removed = "(2 files" if not await tasks_run_again(handle) else ""
+    assert not journal.exists() and result.files and f"removed the tool journal {removed}" in result.files
 
 
 async def test_across_continue_as_new_one_chain_folder_and_cleanup_only_at_the_close(
@@ -117,7 +120,8 @@ async def test_across_continue_as_new_one_chain_folder_and_cleanup_only_at_the_c
     assert "clean_up_run" not in scheduled_activities(await first_run.fetch_history())
     assert (await handle.describe()).run_id != handle.first_execution_run_id  # it did continue as new
     assert [p.name for p in (workspace / RESERVED / "journal").iterdir()] == []
-    assert result.files and "removed the tool journal (3 files" in result.files  # step 12's records + chain.json
+    removed = "(3 files" if not await tasks_run_again(handle) else ""  # step 12's records + chain.json
+    assert result.files and f"removed the tool journal {removed}" in result.files
 
 
 async def test_saved_outputs_over_the_runs_cap_are_dropped_and_the_model_and_log_say_so(

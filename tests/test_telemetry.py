@@ -21,7 +21,7 @@ from durable_agent.history import emit_spans, replay_chain
 from durable_agent.model_server import ModelServer
 from durable_agent.server import EmbeddedServer
 from durable_agent.telemetry import AgentTracing, tracer_provider
-from tests.helpers import start, tasks_run_again
+from tests.helpers import chain_tasks_run_again, start, tasks_run_again
 from tests.scripts import Script, tools
 from tests.test_metrics import fails_once
 from worker import build_worker
@@ -53,12 +53,21 @@ async def traced_client(temporal_server: EmbeddedServer, exporter: InMemorySpanE
     tracing.provider.shutdown()
 
 
-def spans_of(exporter: InMemorySpanExporter, workflow_id: str) -> list[ReadableSpan]:
-    """Every span of the trace whose invoke_agent span names this run."""
+def spans_of(exporter: InMemorySpanExporter, workflow_id: str, again: int = 0) -> list[ReadableSpan]:
+    """Every span of the trace whose invoke_agent span names this run. The closing workflow
+    task emits invoke_agent; one the server dropped (`again`, tests/helpers.py) emits the
+    same span again: same ids, derived from the run."""
     finished = exporter.get_finished_spans()
     runs = [s for s in finished if s.name == "invoke_agent" and s.attributes["gen_ai.agent.id"] == workflow_id]
-    assert len(runs) == 1, [s.name for s in runs]
+    assert 1 <= len(runs) <= 1 + again and len({s.context.span_id for s in runs}) == 1, [s.name for s in runs]
     return [s for s in finished if s.context.trace_id == runs[0].context.trace_id]
+
+
+def one_per_call(spans: list[ReadableSpan], again: int) -> list[ReadableSpan]:
+    """execute_tool spans, one per call: a workflow task the server dropped ran its local
+    activities (the file tools), and its next attempt runs them again under the same call
+    id. Exact when no task was dropped."""
+    return list({s.attributes["gen_ai.tool.call.id"]: s for s in spans}.values()) if again else spans
 
 
 def genai_parent(span: ReadableSpan, by_id: dict[int, ReadableSpan]) -> ReadableSpan | None:
@@ -87,9 +96,10 @@ async def test_a_run_is_one_trace_of_genai_spans_under_its_invoke_agent_span(
         handle = await start(traced_client, task_queue, goal="write and read", workspace=str(workspace))
         result = await handle.result()
     assert result.state == "completed"
-    spans = spans_of(exporter, handle.id)
+    again = await tasks_run_again(handle)
+    spans = spans_of(exporter, handle.id, again)
     by_id = {s.context.span_id: s for s in spans}
-    run = next(s for s in spans if s.name == "invoke_agent")
+    run = by_id[next(s for s in spans if s.name == "invoke_agent").context.span_id]  # one of copies alike
     # The client's StartWorkflow span is the run's parent: the trace began where it was started.
     assert by_id[run.parent.span_id].name == "StartWorkflow:AgentWorkflow"
     assert run.attributes["durable_agent.state"] == "completed"
@@ -108,7 +118,9 @@ async def test_a_run_is_one_trace_of_genai_spans_under_its_invoke_agent_span(
     assert "error.type" not in first.attributes
     assert sum(s.attributes["gen_ai.usage.output_tokens"] for s in chats) == result.usage.output_tokens
 
-    tool_spans = sorted((s for s in spans if s.name.startswith("execute_tool ")), key=lambda s: s.start_time)
+    tool_spans = sorted(
+        one_per_call([s for s in spans if s.name.startswith("execute_tool ")], again), key=lambda s: s.start_time
+    )
     assert sorted(s.name for s in tool_spans) == [
         "execute_tool list_files",
         "execute_tool run_command",
@@ -128,9 +140,9 @@ async def test_no_span_is_emitted_twice_when_every_workflow_task_is_a_replay(
     async with build_worker(traced_client, task_queue, max_cached_workflows=0):
         handle = await start(traced_client, task_queue, goal="write and read", workspace=str(workspace))
         assert (await handle.result()).state == "completed"
-    spans = spans_of(exporter, handle.id)
-    counts = Counter(s.name for s in spans)
     again = await tasks_run_again(handle)  # each emits its workflow spans again
+    spans = spans_of(exporter, handle.id, again)
+    counts = Counter(s.name for s in spans)
     for name, expected in (
         ("RunWorkflow:AgentWorkflow", 1),
         ("CompleteWorkflow:AgentWorkflow", 1),
@@ -156,11 +168,12 @@ async def test_a_run_that_continues_as_new_stays_one_trace_under_one_invoke_agen
         )
         result = await handle.result()
     assert result.steps == steps + 1
-    spans = spans_of(exporter, handle.id)
+    again = await chain_tasks_run_again(traced_client, handle.id)
+    spans = spans_of(exporter, handle.id, again)
     by_id = {s.context.span_id: s for s in spans}
-    run = next(s for s in spans if s.name == "invoke_agent")
+    run = by_id[next(s for s in spans if s.name == "invoke_agent").context.span_id]
     counts = Counter(s.name for s in spans)
-    assert counts["RunWorkflow:AgentWorkflow"] == 2  # two runs of the chain, one trace
+    assert 2 <= counts["RunWorkflow:AgentWorkflow"] <= 2 + again  # two runs of the chain, one trace
     assert counts["chat gpt-4.1-mini"] == steps + 1
     assert all(genai_parent(s, by_id) is run for s in spans if s.name.startswith(("chat", "execute_tool")))
     assert run.attributes["durable_agent.steps"] == steps + 1
@@ -218,7 +231,8 @@ async def test_trace_from_history_yields_the_live_runs_span_tree(
     async with build_worker(traced_client, task_queue):
         handle = await start(traced_client, task_queue, goal="write and read", workspace=str(workspace))
         await handle.result()
-    live = spans_of(exporter, handle.id)
+    dropped = await tasks_run_again(handle)
+    live = spans_of(exporter, handle.id, dropped)
 
     replayed = InMemorySpanExporter()
     provider = tracer_provider([replayed], batch=False)
@@ -242,8 +256,12 @@ async def test_trace_from_history_yields_the_live_runs_span_tree(
             for s in shown
         )
 
-    assert tree(again) == tree(live)
-    live_run = next(s for s in live if s.name == "invoke_agent")
+    if dropped:  # the live run emitted a dropped task's spans twice; history holds them once
+        assert tree(again) == sorted(set(tree(live)))
+    else:
+        assert tree(again) == tree(live)
+    # The copy the recorded closing task emitted: a dropped one's copy ended earlier.
+    live_run = max((s for s in live if s.name == "invoke_agent"), key=lambda s: s.end_time)
     run = next(s for s in again if s.name == "invoke_agent")
     # The same span: same ids, same parent (the client's StartWorkflow span), same start and end.
     assert (run.context, run.parent, run.start_time, run.end_time) == (
@@ -294,11 +312,13 @@ async def test_a_child_run_is_in_its_parents_trace(
         s for s in finished if s.name == "invoke_agent" and s.context.trace_id == parent_run.context.trace_id
     )
     by_id = {s.context.span_id: s for s in finished}
+    child_run = by_id[child_run.context.span_id]  # one of a dropped task's copies, all alike
     assert by_id[child_run.parent.span_id].name == "StartChildWorkflow:AgentWorkflow"
+    again = await tasks_run_again(traced_client.get_workflow_handle(child_run.attributes["gen_ai.agent.id"]))
     child_spans = [s for s in finished if s.context.trace_id == child_run.context.trace_id]
-    under_child = [
-        s.name for s in child_spans if s.name.startswith(GENAI_KINDS) and genai_parent(s, by_id) is child_run
-    ]
+    genai = [s for s in child_spans if s.name.startswith(GENAI_KINDS) and genai_parent(s, by_id) is child_run]
+    under_child = [s.name for s in genai if not s.name.startswith("execute_tool")]
+    under_child += [s.name for s in one_per_call([s for s in genai if s.name.startswith("execute_tool")], again)]
     assert sorted(under_child) == [
         "chat gpt-4.1-mini",
         "chat gpt-4.1-mini",

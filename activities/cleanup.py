@@ -30,8 +30,15 @@ def clean_up(request: RunFilesCleanup, roots: list[str]) -> RunFilesCleaned:
     journal = run_files.remove_chain(root, "journal", request.run_folder)
     outputs = run_files.measure_chain(root, "outputs", request.run_folder)
     archive = run_files.measure_chain(root, "archive", request.run_folder)
+    # Nothing there: the run journaled no tool call, or an earlier attempt of this clean-up
+    # (a workflow task the server dropped after it ran) removed it.
+    removed = (
+        f"removed the tool journal ({journal.files} files, {journal.bytes:,} bytes)"
+        if journal.files
+        else "no tool journal was left to remove"
+    )
     note = (
-        f"removed the tool journal ({journal.files} files, {journal.bytes:,} bytes); kept the saved outputs "
+        f"{removed}; kept the saved outputs "
         f"({outputs.files} files, {outputs.bytes:,} bytes) for `durable-agent gc` ({OUTPUTS_GRACE_DAYS} days "
         f"after the close by default) and the archive ({archive.files} files, {archive.bytes:,} bytes) "
         f"for `recall` and `export`"

@@ -20,8 +20,14 @@ the value are in docs/recovery.md."""
 
 
 async def start_agent(
-    client: Client, agent: AgentInput, workflow_id: str, task_queue: str | None = None
+    client: Client,
+    agent: AgentInput,
+    workflow_id: str,
+    task_queue: str | None = None,
+    *,
+    start_signal: str | None = None,
 ) -> WorkflowHandle[Any, AgentResult]:
+    """`start_signal` (e.g. "pause") comes with the start, so the run has it before its first step."""
     return await client.start_workflow(
         WORKFLOW_TYPE,
         agent,
@@ -31,6 +37,7 @@ async def start_agent(
         result_type=AgentResult,
         static_summary=agent.goal[:400],  # the run page's "Summary" in the Web UI
         static_details=start_details(agent),
+        start_signal=start_signal,
     )
 
 

@@ -15,7 +15,7 @@ from durable_agent.connection import connect
 from durable_agent.metrics import publish_waiting_runs, worker_runtime
 from durable_agent.model_server import Failure, ModelServer, Reply, count_assistant_turns
 from durable_agent.server import EmbeddedServer, free_port
-from tests.helpers import start, tasks_run_again, wait_for
+from tests.helpers import counted, start, tasks_run_again, wait_for
 from tests.scripts import Script, tools
 from worker import build_worker
 
@@ -118,18 +118,17 @@ async def test_a_scripted_runs_metrics(
     # the server dropped after the worker had run it.
     again = await tasks_run_again(handle)
 
-    def counted(expected: int, name: str, **labels: str) -> None:
-        got = value(samples, name, **labels)
-        assert expected <= got <= expected + again, f"{name} {labels}: {got}, {again} task(s) run again"
+    def metric(expected: int, name: str, **labels: str) -> None:
+        counted(f"{name} {labels}", value(samples, name, **labels), expected, again)
 
     for tool in ("write_file", "list_files"):
-        counted(1, "durable_agent_tool_calls", tool=tool, outcome="ok", **mine)
-    counted(3, "durable_agent_steps", **mine)
-    counted(1, "durable_agent_waits", state="awaiting_approval", **mine)
-    counted(1, "durable_agent_wait_duration_count", state="awaiting_approval", **mine)
+        metric(1, "durable_agent_tool_calls", tool=tool, outcome="ok", **mine)
+    metric(3, "durable_agent_steps", **mine)
+    metric(1, "durable_agent_waits", state="awaiting_approval", **mine)
+    metric(1, "durable_agent_wait_duration_count", state="awaiting_approval", **mine)
     assert value(samples, "durable_agent_wait_duration_sum", state="awaiting_approval", **mine) > 0
-    counted(1, "durable_agent_runs_closed", state="completed", stop_reason="final_answer", **mine)
-    counted(1, "durable_agent_soft_tiers", budget="steps", **mine)
+    metric(1, "durable_agent_runs_closed", state="completed", stop_reason="final_answer", **mine)
+    metric(1, "durable_agent_soft_tiers", budget="steps", **mine)
     assert value(samples, "durable_agent_recoveries", kind="tool_retry", **mine) == 0
     # The example alert rules use metrics the worker really exports.
     exported = {name for name, _, _ in samples}

@@ -4,6 +4,11 @@
 implementation (bench/task.py, bench/harness.py: one model call, then write a file and
 run a command, per step) against the same stub model, with zero and with 50 ms latency:
 
+The peers: a plain loop with a JSONL log, one with an fsynced snapshot, LangGraph with its
+SQLite checkpointer, and the 40-line Temporal loop of bench/plain_temporal.py twice (with the
+peers' tools, and with durable-agent's own tool activities), so that what Temporal costs,
+what durable-agent's tools cost and what its workflow adds can be read apart.
+
 1. timing: ms and CPU ms per step at N steps, `--runs` runs each, interleaved in rotating
    order so load from elsewhere on the machine falls on every implementation alike;
 2. bytes persisted at rest after complete runs of N = 50, 100 (extra runs) and 200 (the
@@ -31,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import fleet
-from bench.contenders import DurableContender, Figures, PeerContender
+from bench.contenders import DurableContender, Figures, PeerContender, PlainTemporalContender
 from bench.harness import Bench, StepScript, bench
 from bench.observe import Kill, Recorder, kill_figures, ledger_check
 from bench.report import git_commit
@@ -52,6 +57,8 @@ class Options:
     kills: int = 3
     kill_steps: int = 40
     peers: list[str] = field(default_factory=lambda: ["jsonl", "snapshot", "langgraph"])
+    plain_temporal: list[bool] = field(default_factory=lambda: [False, True])
+    """The plain Temporal loop with the peers' tools (False) and with durable-agent's (True)."""
     seed: int = 4
     slow_latencies_ms: list[int] = field(default_factory=lambda: [1000, 3000])
     slow_steps: int = 10
@@ -140,6 +147,8 @@ class Session:
     async def recovery(self) -> dict[str, dict[str, Any]]:
         out = {}
         for i, c in enumerate(self.contenders):
+            if not getattr(c, "measures_recovery", True):
+                continue
             out[c.name] = await self.kill_run(c, random.Random(self.o.seed + i))
             log(f"recovery: {c.name} {out[c.name]}")
         return out
@@ -200,7 +209,11 @@ async def measure(o: Options) -> dict[str, Any]:
     load_before = os.getloadavg()
     with bench(recorder) as b:
         client = await connect(b.server.address)
-        contenders: list[Any] = [PeerContender(p, b) for p in o.peers] + [DurableContender(b, client)]
+        contenders: list[Any] = [
+            *(PeerContender(p, b) for p in o.peers),
+            *(PlainTemporalContender(b, client, product_tools) for product_tools in o.plain_temporal),
+            DurableContender(b, client),  # last: `modes` takes it from there
+        ]
         for c in contenders:
             await c.prepare()
         s = Session(b, recorder, contenders, o)

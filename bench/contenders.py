@@ -22,7 +22,8 @@ import psutil
 from temporalio.client import Client, WorkflowHandle
 
 from bench.harness import Bench, bench_input
-from bench.task import goal_for
+from bench.plain_temporal import PLAIN_WORKFLOW, PlainCall, spawn_plain_worker
+from bench.task import PeerAgent, goal_for
 from durable_agent.runs import start_agent
 
 
@@ -120,62 +121,126 @@ class PeerContender:
         )
 
 
-class DurableContender:
-    """durable-agent: one worker process (`python worker.py`) on the bench's dev server."""
+class WorkerContender:
+    """A Temporal contender: one worker process of its own on the bench's dev server.
+    Subclasses say how to start the worker and a run, and what a single run persisted."""
 
-    name = "durable-agent"
-    cpu_scope = "the worker process and its `bash` children + the Temporal dev server process"
-    bytes_scope = "historySizeBytes, summed over the run's continue-as-new chain"
+    name: str
     resumes = "yes: any running or new worker continues the run; nothing is re-submitted"
 
     def __init__(self, bench: Bench, client: Client) -> None:
         self.bench = bench
         self.client = client
         self._worker: Popen[bytes] | None = None
-        self._workspaces: dict[str, str] = {}
+        self._workspaces: dict[str, Path] = {}
 
     async def prepare(self) -> None:
         """A worker, warmed up by a short run (its start-up is not part of any figure)."""
-        self._worker = self.bench.start_worker()
+        self._worker = self._spawn_worker()
         await self.run(3, 1)
 
     async def run(self, steps: int, agents: int) -> Figures:
         worker, server = self._live_worker().pid, self.bench.server.process.pid
         cpu0, wall0 = {pid: _cpu_s(pid) for pid in (worker, server)}, time.perf_counter()
         handles = await asyncio.gather(*(self._start(i, steps) for i in range(agents)))
-        results = await asyncio.gather(*(h.result() for h in handles))
+        outputs = await asyncio.gather(*(self._output(h) for h in handles))
         wall_s = time.perf_counter() - wall0
         cpu = {pid: _cpu_s(pid) - before for pid, before in cpu0.items()}
         extra: dict[str, Any] = {"worker_cpu_s": cpu[worker], "server_cpu_s": cpu[server]}
         size = None
         if agents == 1:
-            extra["journal_bytes"] = journal_bytes(Path(self._workspaces[handles[0].id]))
-            size, extra["runs_in_chain"] = await history_bytes(self.client, handles[0].id)
-        return Figures(wall_s, sum(cpu.values()), size, [r.output for r in results], extra)
+            size, persisted = await self._persisted(handles[0])
+            extra.update(persisted)
+        return Figures(wall_s, sum(cpu.values()), size, list(outputs), extra)
 
     async def begin(self, steps: int) -> Path:
         self._handle = await self._start(0, steps)
-        return Path(self._workspaces[self._handle.id]) / "ledger.txt"
+        return self._workspaces[self._handle.id] / "ledger.txt"
 
     async def kill(self) -> None:
         self.bench.kill_worker(self._live_worker())
 
     async def restart(self) -> None:
-        self._worker = self.bench.start_worker()
+        self._worker = self._spawn_worker()
 
     async def finish(self) -> str:
-        return (await self._handle.result()).output
+        return await self._output(self._handle)
+
+    def _spawn_worker(self) -> Popen[bytes]:
+        raise NotImplementedError
+
+    async def _start(self, index: int, steps: int) -> WorkflowHandle:
+        raise NotImplementedError
+
+    async def _output(self, handle: WorkflowHandle) -> str:
+        raise NotImplementedError
+
+    async def _persisted(self, handle: WorkflowHandle) -> tuple[int, dict[str, Any]]:
+        """History bytes of a single run, and figures to keep beside them."""
+        return (await history_bytes(self.client, handle.id))[0], {}
+
+    def _live_worker(self) -> Popen[bytes]:
+        assert self._worker is not None and self._worker.poll() is None, f"the {self.name} worker is not running"
+        return self._worker
+
+
+class DurableContender(WorkerContender):
+    """durable-agent: one worker process (`python worker.py`) on the bench's dev server."""
+
+    name = "durable-agent"
+    cpu_scope = "the worker process and its `bash` children + the Temporal dev server process"
+    bytes_scope = "historySizeBytes, summed over the run's continue-as-new chain"
+
+    def _spawn_worker(self) -> Popen[bytes]:
+        return self.bench.start_worker()
 
     async def _start(self, index: int, steps: int) -> WorkflowHandle:
         workspace = self.bench.workspace()
         workflow_id = f"bench-{uuid.uuid4().hex[:10]}"
-        self._workspaces[workflow_id] = str(workspace)
+        self._workspaces[workflow_id] = workspace
         agent = bench_input(goal_for(index, steps), workspace, steps)
         return await start_agent(self.client, agent, workflow_id, self.bench.task_queue)
 
-    def _live_worker(self) -> Popen[bytes]:
-        assert self._worker is not None and self._worker.poll() is None, "the benchmark worker is not running"
-        return self._worker
+    async def _output(self, handle: WorkflowHandle) -> str:
+        return (await handle.result()).output
+
+    async def _persisted(self, handle: WorkflowHandle) -> tuple[int, dict[str, Any]]:
+        size, chain = await history_bytes(self.client, handle.id)
+        return size, {"journal_bytes": journal_bytes(self._workspaces[handle.id]), "runs_in_chain": chain}
+
+
+class PlainTemporalContender(WorkerContender):
+    """The 40-line Temporal loop of bench/plain_temporal.py, one worker process of its own;
+    with `product_tools`, calling durable-agent's tool activities instead of the peers'
+    `bash -c` and file write. Beside durable-agent it shows what Temporal itself costs
+    per step, and what durable-agent's tools do."""
+
+    cpu_scope = "the plain worker process and its `bash` children + the Temporal dev server process"
+    bytes_scope = "historySizeBytes of the run (every model call's input holds the whole transcript)"
+    measures_recovery = False
+    """Left out of `compare`'s kills: with the client's default timeouts (no heartbeat, a
+    120 s start-to-close), a kill during a tool or model call waits out those 120 s."""
+
+    def __init__(self, bench: Bench, client: Client, product_tools: bool = False) -> None:
+        super().__init__(bench, client)
+        self.name = "plain Temporal loop" + (" + durable-agent's tools" if product_tools else "")
+        self.product_tools = product_tools
+        self._queue = f"{bench.task_queue}-plain{'-tools' if product_tools else ''}"
+
+    def _spawn_worker(self) -> Popen[bytes]:
+        return spawn_plain_worker(self.bench, self._queue)
+
+    async def _start(self, index: int, steps: int) -> WorkflowHandle:
+        workspace = self.bench.workspace()
+        goal = goal_for(index, steps)
+        opening = PeerAgent.create(goal, str(workspace)).opening()
+        call = PlainCall(goal=goal, workspace=str(workspace), messages=opening, product_tools=self.product_tools)
+        workflow_id = f"plain-{uuid.uuid4().hex[:10]}"
+        self._workspaces[workflow_id] = workspace
+        return await self.client.start_workflow(PLAIN_WORKFLOW, call, id=workflow_id, task_queue=self._queue)
+
+    async def _output(self, handle: WorkflowHandle) -> str:
+        return await handle.result()
 
 
 def _cpu_s(pid: int) -> float:

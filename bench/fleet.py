@@ -8,7 +8,11 @@ process of the same options (bench/plain_temporal.py), in rotating order per rou
 
 - durable-agent, started with `start_agent`;
 - a plain Temporal loop whose model call is a regular activity, started with the
-  client's defaults.
+  client's defaults;
+- the same plain loop calling durable-agent's own `write_file` and `run_command`
+  activities (journal, sandbox, cgroup, run files) instead of a plain `bash -c` and file
+  write: beside the two above, it tells what the orchestration costs from what the tools'
+  safety costs.
 
 Per contender: run time of each run (from its start returning to its result), CPU of the
 worker process (with its `bash` children) and the server per model call, model calls
@@ -40,11 +44,15 @@ from temporalio.client import Client, WorkflowHandle
 
 from bench.contenders import _cpu_s, history_bytes
 from bench.harness import Bench, StepScript, bench, bench_input
-from bench.plain_temporal import PLAIN_WORKFLOW, PlainCall
+from bench.plain_temporal import PLAIN_WORKFLOW, PlainCall, spawn_plain_worker
 from bench.report import git_commit
 from bench.task import PeerAgent, goal_for
 from durable_agent.connection import connect
 from durable_agent.runs import start_agent
+
+DURABLE = "durable-agent"
+PLAIN = "plain Temporal loop"
+PLAIN_PRODUCT_TOOLS = "plain Temporal loop with durable-agent's tools"
 
 
 def log(message: str) -> None:
@@ -111,7 +119,7 @@ async def measure(b: Bench, client: Client, contender: Contender, agents: int, s
         "server_cpu_ms_per_model_call": round(1000 * cpu_of[pids[1]] / calls, 1),
         "workflow_task_timeouts": await task_timeouts(handles),
     }
-    if contender.name == "durable-agent":
+    if contender.name == DURABLE:
         figures["history_bytes_per_step"] = await history_bytes_per_step(client, handles, steps)
     return figures
 
@@ -123,25 +131,23 @@ def contenders(b: Bench) -> list[Contender]:
         agent = bench_input(goal_for(index, steps), b.workspace(), steps)
         return await start_agent(client, agent, f"fleet-{uuid.uuid4().hex[:10]}", b.task_queue)
 
-    async def plain(client: Client, index: int, steps: int) -> WorkflowHandle:
-        workspace = str(b.workspace())
-        goal = goal_for(index, steps)
-        call = PlainCall(goal=goal, workspace=workspace, messages=PeerAgent.create(goal, workspace).opening())
-        return await client.start_workflow(
-            PLAIN_WORKFLOW, call, id=f"plain-{uuid.uuid4().hex[:10]}", task_queue=plain_queue
-        )
+    def plain(product_tools: bool) -> Any:
+        async def start(client: Client, index: int, steps: int) -> WorkflowHandle:
+            workspace = str(b.workspace())
+            goal = goal_for(index, steps)
+            opening = PeerAgent.create(goal, workspace).opening()
+            call = PlainCall(goal=goal, workspace=workspace, messages=opening, product_tools=product_tools)
+            return await client.start_workflow(
+                PLAIN_WORKFLOW, call, id=f"plain-{uuid.uuid4().hex[:10]}", task_queue=plain_queue
+            )
 
-    plain_worker = subprocess.Popen(
-        [sys.executable, "-m", "bench.plain_temporal", "--task-queue", plain_queue],
-        env={**os.environ, **b.worker_env},
-        stdout=open(b.home / "plain-worker.log", "ab"),  # noqa: SIM115 (the process owns it)
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    b.workers.append(plain_worker)
+        return start
+
+    plain_worker = spawn_plain_worker(b, plain_queue)
     return [
-        Contender("durable-agent", b.start_worker(), durable),
-        Contender("plain Temporal loop", plain_worker, plain),
+        Contender(DURABLE, b.start_worker(), durable),
+        Contender(PLAIN, plain_worker, plain(product_tools=False)),
+        Contender(PLAIN_PRODUCT_TOOLS, plain_worker, plain(product_tools=True)),
     ]
 
 
@@ -150,19 +156,18 @@ async def run(agents: int, steps: int, latency_ms: int, rounds: int) -> dict[str
     results: dict[str, list[dict[str, Any]]] = {}
     with bench(StepScript(steps)) as b:
         client = await connect(b.server.address)
-        pair = contenders(b)
-        for c in pair:  # warm up: worker start-up and first-run costs are in no figure
+        every = contenders(b)
+        for c in every:  # warm up: worker start-up and first-run costs are in no figure
             await asyncio.gather(*(timed_run(client, c, i, steps) for i in range(2)))
         b.model.latency_s = latency_ms / 1000
         for r in range(rounds):
-            order = pair if r % 2 == 0 else pair[::-1]
+            order = every[r % len(every) :] + every[: r % len(every)]
             for c in order:
                 log(f"round {r + 1}: {c.name}, {agents} agents x {steps} steps at {latency_ms} ms")
                 figures = await measure(b, client, c, agents, steps)
                 log(json.dumps(figures))
                 results.setdefault(c.name, []).append(figures)
-    durable, plain = results["durable-agent"], results["plain Temporal loop"]
-    pairs = list(zip(durable, plain, strict=True))
+    durable = results[DURABLE]
     return {
         "commit": git_commit(),
         "agents": agents,
@@ -170,12 +175,20 @@ async def run(agents: int, steps: int, latency_ms: int, rounds: int) -> dict[str
         "latency_ms": latency_ms,
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "results": results,
-        "ratio_run_time_median": [round(d["run_time_s"]["median"] / p["run_time_s"]["median"], 2) for d, p in pairs],
-        "ratio_cpu_per_model_call": [
-            round(d["cpu_ms_per_model_call"] / p["cpu_ms_per_model_call"], 2)
-            for d, p in zip(durable, plain, strict=True)
-        ],
+        "ratio_run_time_median": ratios(durable, results[PLAIN], "run_time_s"),
+        "ratio_cpu_per_model_call": ratios(durable, results[PLAIN], "cpu_ms_per_model_call"),
+        "ratio_run_time_median_same_tools": ratios(durable, results[PLAIN_PRODUCT_TOOLS], "run_time_s"),
+        "ratio_cpu_per_model_call_same_tools": ratios(durable, results[PLAIN_PRODUCT_TOOLS], "cpu_ms_per_model_call"),
     }
+
+
+def ratios(durable: list[dict[str, Any]], other: list[dict[str, Any]], figure: str) -> list[float]:
+    """durable-agent ÷ `other` per round; run time by the median run."""
+
+    def value(figures: dict[str, Any]) -> float:
+        return figures[figure]["median"] if figure == "run_time_s" else figures[figure]
+
+    return [round(value(d) / value(o), 2) for d, o in zip(durable, other, strict=True)]
 
 
 def main() -> None:

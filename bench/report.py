@@ -90,13 +90,18 @@ def _table(data: dict[str, Any]) -> list[str]:
             )
         )
     rec = data["recovery"]
+
+    def killed(cell: Any) -> list[str]:
+        """One row of the kill figures; "–" for a contender the kills leave out (bench/contenders.py)."""
+        return [cell(rec[n]) if n in rec else "–" for n in names]
+
     rows += [
-        ("after SIGKILL: resumes by itself?", [rec[n]["resumes_by_itself"].split(":")[0] for n in names]),
-        (f"steps redone ({o['kills']} kills)", [str(rec[n]["steps_redone"]) for n in names]),
-        ("model calls repeated", [str(rec[n]["model_calls_repeated"]) for n in names]),
-        ("side effects duplicated (ledger)", [_effects(rec[n]) for n in names]),
-        ("restart → next finished step, s", [_recovery_time(rec[n]) for n in names]),
-        ("run completed correctly after the kills", ["yes" if rec[n]["completed"] else "**no**" for n in names]),
+        ("after SIGKILL: resumes by itself?", killed(lambda r: r["resumes_by_itself"].split(":")[0])),
+        (f"steps redone ({o['kills']} kills)", killed(lambda r: str(r["steps_redone"]))),
+        ("model calls repeated", killed(lambda r: str(r["model_calls_repeated"]))),
+        ("side effects duplicated (ledger)", killed(_effects)),
+        ("restart → next finished step, s", killed(_recovery_time)),
+        ("run completed correctly after the kills", killed(lambda r: "yes" if r["completed"] else "**no**")),
     ]
     lines = ["## Results", "", "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     lines += [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows]
@@ -169,7 +174,11 @@ def _slow_models(data: dict[str, Any]) -> list[str]:
             f"{statistics.median(1000 * r['wall_s'] / slow['steps'] for r in per[n]) - int(latency):.0f}" for n in names
         ]
         lines.append(f"| {int(latency) / 1000:g} s | " + " | ".join(cells) + " |")
-    d, p = fleet["results"]["durable-agent"][0], fleet["results"]["plain Temporal loop"][0]
+    rows = [
+        ("durable-agent", "durable-agent"),
+        ("plain Temporal loop", "plain Temporal loop, model call a regular activity"),
+        ("plain Temporal loop with durable-agent's tools", "the same loop calling durable-agent's tool activities"),
+    ]
     lines += [
         "",
         f"## Fleet: {fleet['agents']} agents x {fleet['steps']} steps, "
@@ -179,7 +188,10 @@ def _slow_models(data: dict[str, Any]) -> list[str]:
         "| workflow-task timeouts (start-to-close / sticky schedule-to-start) |",
         "|---|---|---|---|---|",
     ]
-    for name, f in (("durable-agent", d), ("plain Temporal loop, model call a regular activity", p)):
+    for key, name in rows:
+        if key not in fleet["results"]:  # figures written before that contender was measured
+            continue
+        f = fleet["results"][key][0]
         t, w = f["run_time_s"], f["workflow_task_timeouts"]
         lines.append(
             f"| {name} | {t['median']:.1f} s ({t['min']:.1f}-{t['max']:.1f}) | {f['cpu_ms_per_model_call']:.0f} ms "
@@ -188,7 +200,14 @@ def _slow_models(data: dict[str, Any]) -> list[str]:
     lines += [
         "",
         f"Ratios durable-agent ÷ plain loop: run time {fleet['ratio_run_time_median'][0]}, CPU per model call "
-        f"{fleet['ratio_cpu_per_model_call'][0]}. Both workers have the same options (bench/plain_temporal.py).",
+        f"{fleet['ratio_cpu_per_model_call'][0]}"
+        + (
+            f"; durable-agent ÷ the loop with its tools: run time {fleet['ratio_run_time_median_same_tools'][0]}, "
+            f"CPU per model call {fleet['ratio_cpu_per_model_call_same_tools'][0]}"
+            if "ratio_run_time_median_same_tools" in fleet
+            else ""
+        )
+        + ". All workers have the same options (bench/plain_temporal.py).",
         "",
     ]
     return lines
@@ -241,14 +260,17 @@ def _notes(data: dict[str, Any]) -> list[str]:
     lines += _durable_bytes_notes(data)
     lines += [
         f"- **throughput**: {o['agents']} agents of {o['agent_steps']} steps each, all started at once "
-        "(one process for a peer, one worker for durable-agent); steps ÷ wall time.",
+        "(one process for a peer, one worker for durable-agent and for each plain Temporal loop); "
+        "steps ÷ wall time.",
         f"- **recovery**: one run of {o['kill_steps']} steps per implementation, SIGKILLed {o['kills']} times, "
         "each at a random step and a random moment within it, and restarted at once (a peer's process "
         "with the same arguments, which resumes from its log, snapshot or thread; for durable-agent a new "
         "worker process). Steps redone = steps that had finished before a kill and ran again; model calls "
         "repeated = requests to the stub beyond one per step; side effects duplicated = extra lines in "
         "the ledger; restart → next finished step = from starting the new process until the stub is asked "
-        "for a step beyond the one the kill interrupted.",
+        "for a step beyond the one the kill interrupted. The plain Temporal loops are left out: with the "
+        "client's default timeouts (no heartbeat, 120 s start-to-close) a kill during an activity waits "
+        "out those 120 s (docs/fleet.md).",
         "- **Fairness**: the peers build the same request (system prompt, goal, six tool schemas), use "
         "one `openai` client with the worker's settings (the worker spreads many calls in flight over "
         "several, activities/model_clients.py), validate arguments with the same code, write files "
@@ -257,9 +279,13 @@ def _notes(data: dict[str, Any]) -> list[str]:
         "sandbox` measures that alone) and the model's reply streamed. The peers do not keep "
         "durable-agent's idempotency journal (fsynced records before and after each side effect): that "
         "is part of what durable-agent's durability costs. LangGraph runs with its default durability "
-        'mode ("async": a checkpoint is written while the next node runs).',
+        'mode ("async": a checkpoint is written while the next node runs). The plain Temporal loop '
+        "(bench/plain_temporal.py) runs on the same dev server as durable-agent, with its worker options; "
+        "its second column calls durable-agent's own `write_file` and `run_command` activities (journal, "
+        "sandbox, cgroup), so that column against durable-agent's is the cost of durable-agent's workflow "
+        "alone, and against the first plain Temporal column the cost of its tools.",
         "- Every implementation sends the whole conversation on each model call, so the per-step cost "
-        "grows with N for all four (the request's JSON grows with every message).",
+        "grows with N for all of them (the request's JSON grows with every message).",
         "",
     ]
     return lines

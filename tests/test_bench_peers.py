@@ -1,0 +1,38 @@
+"""The fleet benchmark's plain Temporal loop (bench/plain_temporal.py) does the benchmark
+agent's work, with the peers' tools and with durable-agent's own tool activities."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client
+
+from bench.harness import StepScript
+from bench.plain_temporal import PLAIN_WORKFLOW, PlainCall, plain_worker
+from bench.task import PeerAgent, goal_for
+from durable_agent.model_server import ModelServer
+
+STEPS = 3
+
+
+@pytest.mark.parametrize("product_tools", [False, True], ids=["peer tools", "durable-agent's tools"])
+async def test_plain_loop_does_the_benchmark_agents_work(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path, product_tools: bool
+) -> None:
+    model_server.responder = StepScript(STEPS)
+    goal = goal_for(0, STEPS)
+    opening = PeerAgent.create(goal, str(workspace)).opening()
+    call = PlainCall(goal=goal, workspace=str(workspace), messages=opening, product_tools=product_tools)
+    async with plain_worker(client, task_queue):
+        await client.execute_workflow(PLAIN_WORKFLOW, call, id=f"plain-{uuid.uuid4().hex[:8]}", task_queue=task_queue)
+
+    assert (workspace / "ledger.txt").read_text() == "".join(f"{n}\n" for n in range(1, STEPS + 1))
+    assert sorted(p.name for p in (workspace / "out").iterdir()) == [f"step-{n}.txt" for n in range(1, STEPS + 1)]
+    # Only durable-agent's activities keep a journal: the last step's two calls are in it.
+    done = list((workspace / ".durable-agent" / "journal").glob(f"*/step-{STEPS:06d}/*.done.json"))
+    assert len(done) == (2 if product_tools else 0)
+    tool_results = [m for m in model_server.requests[-1]["messages"] if m["role"] == "tool"]
+    assert len(tool_results) == 2 * STEPS
+    assert not any(m["content"].startswith("ERROR") for m in tool_results)

@@ -147,7 +147,7 @@ class Session:
     async def recovery(self) -> dict[str, dict[str, Any]]:
         out = {}
         for i, c in enumerate(self.contenders):
-            if not getattr(c, "measures_recovery", True):
+            if not c.measures_recovery:
                 continue
             out[c.name] = await self.kill_run(c, random.Random(self.o.seed + i))
             log(f"recovery: {c.name} {out[c.name]}")

@@ -23,7 +23,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from bench.harness import Bench, bench_input
 from bench.plain_temporal import PLAIN_WORKFLOW, PlainCall, spawn_plain_worker
-from bench.task import PeerAgent, goal_for
+from bench.task import goal_for
 from durable_agent.runs import start_agent
 
 
@@ -56,6 +56,7 @@ class PeerContender:
         "checkpoint": "size of the JSON snapshot file",
     }
     cpu_scope = "the peer process (loop, openai client, checkpointing) and its `bash` children"
+    measures_recovery = True
     resumes = "no: the crashed process must be run again on the same state (log, snapshot, thread)"
 
     def __init__(self, impl: str, bench: Bench) -> None:
@@ -127,6 +128,7 @@ class WorkerContender:
 
     name: str
     resumes = "yes: any running or new worker continues the run; nothing is re-submitted"
+    measures_recovery = True
 
     def __init__(self, bench: Bench, client: Client) -> None:
         self.bench = bench
@@ -232,9 +234,7 @@ class PlainTemporalContender(WorkerContender):
 
     async def _start(self, index: int, steps: int) -> WorkflowHandle:
         workspace = self.bench.workspace()
-        goal = goal_for(index, steps)
-        opening = PeerAgent.create(goal, str(workspace)).opening()
-        call = PlainCall(goal=goal, workspace=str(workspace), messages=opening, product_tools=self.product_tools)
+        call = PlainCall.start(goal_for(index, steps), str(workspace), self.product_tools)
         workflow_id = f"plain-{uuid.uuid4().hex[:10]}"
         self._workspaces[workflow_id] = workspace
         return await self.client.start_workflow(PLAIN_WORKFLOW, call, id=workflow_id, task_queue=self._queue)

@@ -46,7 +46,7 @@ from bench.contenders import _cpu_s, history_bytes
 from bench.harness import Bench, StepScript, bench, bench_input
 from bench.plain_temporal import PLAIN_WORKFLOW, PlainCall, spawn_plain_worker
 from bench.report import git_commit
-from bench.task import PeerAgent, goal_for
+from bench.task import goal_for
 from durable_agent.connection import connect
 from durable_agent.runs import start_agent
 
@@ -133,10 +133,7 @@ def contenders(b: Bench) -> list[Contender]:
 
     def plain(product_tools: bool) -> Any:
         async def start(client: Client, index: int, steps: int) -> WorkflowHandle:
-            workspace = str(b.workspace())
-            goal = goal_for(index, steps)
-            opening = PeerAgent.create(goal, workspace).opening()
-            call = PlainCall(goal=goal, workspace=workspace, messages=opening, product_tools=product_tools)
+            call = PlainCall.start(goal_for(index, steps), str(b.workspace()), product_tools)
             return await client.start_workflow(
                 PLAIN_WORKFLOW, call, id=f"plain-{uuid.uuid4().hex[:10]}", task_queue=plain_queue
             )

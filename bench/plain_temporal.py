@@ -51,6 +51,12 @@ class PlainCall(BaseModel):
     product_tools: bool = False
     """Run the tools as durable-agent's activities (module docstring)."""
 
+    @classmethod
+    def start(cls, goal: str, workspace: str, product_tools: bool = False) -> PlainCall:
+        """A run's input: the transcript opens as durable-agent's does."""
+        opening = PeerAgent.create(goal, workspace).opening()
+        return cls(goal=goal, workspace=workspace, messages=opening, product_tools=product_tools)
+
 
 @workflow.defn(name=PLAIN_WORKFLOW)
 class PlainAgentLoop:

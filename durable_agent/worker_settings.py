@@ -32,11 +32,10 @@ class WorkerSettings(BaseModel):
     max_concurrent_activities: int = Field(default=1_000, ge=1, le=MAX_SLOTS)
     """Model calls and commands; the SDK's default of 100 would queue the 101st waiting agent."""
     max_concurrent_workflow_tasks: int = Field(default=20, ge=2, le=MAX_SLOTS)
-    """Workflow tasks the worker holds at once. A task held is started on the server, so its
+    """Workflow tasks the worker holds at once. A held task is started on the server, so its
     1.5 s timeout (workflows/options.py) runs while it waits for the worker's one Python
-    thread: at 100, the 400 agents of `bench fleet --agents 400` had 536 tasks expire and be
-    redone, and each expiry replayed its run; at 20, one. Tasks beyond it wait on the server,
-    where a cached run's task only moves to the shared queue after the sticky timeout."""
+    thread; too many held after a wave of model replies expire, and each expiry replays its
+    run (docs/fleet.md, "Worker sizing"). Tasks beyond it wait on the server instead."""
     max_concurrent_local_activities: int = Field(default=200, ge=1, le=MAX_SLOTS)
     """The file tools, which take milliseconds."""
     max_cached_workflows: int = Field(default=2_000, ge=0, le=MAX_SLOTS)

@@ -11,7 +11,7 @@ from temporalio.client import Client
 
 from bench.harness import StepScript
 from bench.plain_temporal import PLAIN_WORKFLOW, PlainCall, plain_worker
-from bench.task import PeerAgent, goal_for
+from bench.task import goal_for
 from durable_agent.model_server import ModelServer
 
 STEPS = 3
@@ -22,9 +22,7 @@ async def test_plain_loop_does_the_benchmark_agents_work(
     client: Client, task_queue: str, model_server: ModelServer, workspace: Path, product_tools: bool
 ) -> None:
     model_server.responder = StepScript(STEPS)
-    goal = goal_for(0, STEPS)
-    opening = PeerAgent.create(goal, str(workspace)).opening()
-    call = PlainCall(goal=goal, workspace=str(workspace), messages=opening, product_tools=product_tools)
+    call = PlainCall.start(goal_for(0, STEPS), str(workspace), product_tools)
     async with plain_worker(client, task_queue):
         await client.execute_workflow(PLAIN_WORKFLOW, call, id=f"plain-{uuid.uuid4().hex[:8]}", task_queue=task_queue)
 

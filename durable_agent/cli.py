@@ -72,6 +72,8 @@ from workflows.types import (
 from workflows.validation_text import validation_text
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE_CLOSED = 0, 1, 2, 130, 141
+CANCEL_WAIT_S = 30.0
+"""How long `cancel` waits for the run to close: a worker takes the cancel at its next workflow task."""
 
 DEMO_MODEL_PORT = 8000
 CLOSED_STATES = {"failed": "Failed", "timed_out": "TimedOut"}
@@ -159,6 +161,9 @@ environment:
                         Temporal CLI
   DURABLE_AGENT_TASK_QUEUE  task queue (default durable-agent)
   DURABLE_AGENT_HOME    embedded server data and worker logs (default ./.durable-agent)
+  DURABLE_AGENT_UI_PORT  the Web UI port of a server `run` starts (default its port + 1000;
+                        0: none); DURABLE_AGENT_UI_URL  the Web UI link `run` prints (default:
+                        the UI of the embedded server this home started, else no link)
   DURABLE_AGENT_PRICES  extra model prices (a JSON file or inline JSON) for cost budgets
   DURABLE_AGENT_SECRET_ENV  more variables whose values are redacted (names or globs)
   DURABLE_AGENT_MODEL_TASK_QUEUE, DURABLE_AGENT_MODEL_RPS  where model calls run, and
@@ -259,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.add_argument(
         "--call", help="the call to decide, as status shows it (e.g. 4:call_3_0); without it, every open report"
     )
+    cancel = _command(commands, "cancel", cancel_run, "cancel a run: it stops cleanly, state cancelled", with_id=True)
+    cancel.add_argument("--no-wait", action="store_true", help="return at once instead of waiting for it to close")
     limits = _command(
         commands, "limits", raise_limits, "change a run's limits (any subset)", with_id=True, epilog=LIMITS_HELP
     )
@@ -271,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     _command(commands, "trace", trace_run, "emit a past run's spans from its history (OTEL_* exporter)", with_id=True)
     listing = _command(commands, "list", list_runs, "list runs with their state, step, tokens and cost")
     listing.add_argument("--state", choices=LIST_STATES, help="only runs in this state")
-    listing.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
+    listing.add_argument("--limit", type=_positive_int, default=50, help="at most this many runs (default 50)")
     _add_gc_parser(commands)
     return parser
 
@@ -308,6 +315,13 @@ def _add_gc_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     gc.add_argument("--archives", action="store_true", help="remove archives too (needs --older-than)")
     gc.add_argument("--older-than", metavar="AGE", help="with --archives: of runs closed this long ago, e.g. 30d")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
 
 
 def _version() -> str:
@@ -578,6 +592,7 @@ def _agent_input(args: argparse.Namespace, demo: bool) -> AgentInput:
         raise CliError(f"workspace {args.workspace} does not exist")
     if not workspace.is_dir():
         raise CliError(f"workspace {args.workspace} is not a folder")
+    _refuse_system_folder(args.workspace)
     fields: dict[str, Any] = {
         "goal": args.goal,
         "workspace": str(workspace),
@@ -591,6 +606,16 @@ def _agent_input(args: argparse.Namespace, demo: bool) -> AgentInput:
     if args.fallback_model:
         fields["fallback_model"] = args.fallback_model
     return AgentInput.model_validate(fields)
+
+
+def _refuse_system_folder(workspace: str) -> None:
+    """`/` and system folders are refused by every worker: say so before a run is started to be refused."""
+    from activities.workspace import WorkspaceRefused, check_allowed
+
+    try:
+        check_allowed(workspace, roots=["/"])  # the roots are the worker's to check; system folders never pass
+    except WorkspaceRefused as e:
+        raise CliError(str(e)) from None
 
 
 async def _start(
@@ -742,7 +767,8 @@ async def trace_run(args: argparse.Namespace, console: Console) -> int:
 
 async def list_runs(args: argparse.Namespace, console: Console) -> int:
     client = await connect_client()
-    query = f"WorkflowType = '{WORKFLOW_TYPE}'"
+    # A continue-as-new chain is one run to a person: its latest run stands for it.
+    query = f"WorkflowType = '{WORKFLOW_TYPE}' AND ExecutionStatus != 'ContinuedAsNew'"
     if args.state in CLOSED_STATES:
         query += f" AND ExecutionStatus = '{CLOSED_STATES[args.state]}'"
     elif args.state:
@@ -769,8 +795,9 @@ def _list_row(run: WorkflowExecution) -> tuple[str, ...]:
         state = run.status.name.lower() if run.status else "?"
     cost = found.get(AGENT_COST)
     tokens = found.get(AGENT_TOKENS) or 0
-    # The workflow leaves AgentCostUsd unset while a model without a price was used.
-    cost_text = "cost unknown" if cost is None else f"${cost:.4f}"
+    # The workflow leaves AgentCostUsd unset while a model without a price was used; a run with no
+    # model reply yet has no cost to show either way.
+    cost_text = "-" if not tokens else "cost unknown" if cost is None else f"${cost:.4f}"
     return run.id, state, str(found.get(AGENT_STEP) or 0), f"{tokens:,}", cost_text
 
 
@@ -889,6 +916,21 @@ async def resolve_run(args: argparse.Namespace, console: Console) -> int:
     outcome = await handle.execute_update("resolve", resolution, result_type=str)
     console.line(f"{args.id}: {outcome}")
     return EXIT_OK
+
+
+async def cancel_run(args: argparse.Namespace, console: Console) -> int:
+    handle, _ = await _handle(args.id, running=True)
+    await handle.cancel()
+    console.line(f"cancel sent to {args.id}: it stops cleanly with state cancelled")
+    if args.no_wait:
+        return EXIT_OK
+    try:
+        lines, _ = await asyncio.wait_for(_ended(handle), CANCEL_WAIT_S)
+    except TimeoutError:
+        console.line(f"{args.id} has not closed within {CANCEL_WAIT_S:g} s: it closes when a worker takes the cancel")
+        return EXIT_OK
+    console.lines(lines)
+    return EXIT_OK  # the cancel was delivered; the lines say how the run ended
 
 
 async def raise_limits(args: argparse.Namespace, console: Console) -> int:

@@ -23,13 +23,15 @@ from activities.workspace import ROOTS_ENV
 from durable_agent.connection import connect, connect_config, home
 from durable_agent.console import Console
 from durable_agent.processes import spawn_worker
-from durable_agent.server import DEFAULT_PORT, ServerError, port_open, start_server
+from durable_agent.server import DEFAULT_PORT, ServerError, port_open, recorded_ui_port, start_server
 from durable_agent.takeover import held_by_dead_neighbour, parse_identity, worker_identity
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 CONNECT_TIMEOUT_S = 10.0
 WORKER_READY_TIMEOUT_S = 30.0
 POLLER_FRESH_S = 90.0
+UI_URL_ENV = "DURABLE_AGENT_UI_URL"
+UI_PORT_ENV = "DURABLE_AGENT_UI_PORT"
 """A live worker polls again at least every ~70 s (a long poll's length), so a poller the
 server last saw longer ago than this is gone."""
 
@@ -56,11 +58,32 @@ def is_local(address: str) -> bool:
 
 
 def ui_url(address: str) -> str | None:
-    """The local dev server's Web UI (the temporal CLI's default: gRPC port + 1000), if it is up."""
+    """The Web UI to link to: `DURABLE_AGENT_UI_URL` when set, else the UI of an embedded server
+    that this home started on that port, while it runs. Never a guess: a port that merely
+    listens may be another user's server."""
+    given = os.environ.get(UI_URL_ENV, "").strip()
+    if given:
+        return given.rstrip("/")
     port = split_address(address)[1]
-    if not is_local(address) or not port_open("127.0.0.1", port + 1000):
+    ui_port = recorded_ui_port(home(), port) if is_local(address) else None
+    if ui_port is None or not port_open("127.0.0.1", ui_port):
         return None
-    return f"http://localhost:{port + 1000}"
+    return f"http://localhost:{ui_port}"
+
+
+def auto_ui_port(port: int) -> int | None:
+    """The Web UI port of a server `run` starts: `DURABLE_AGENT_UI_PORT` (0: no UI), else the
+    temporal CLI's pairing, gRPC port + 1000."""
+    given = os.environ.get(UI_PORT_ENV, "").strip()
+    if given:
+        try:
+            chosen = int(given)
+        except ValueError:
+            raise LaunchError(f"{UI_PORT_ENV}={given!r} is not a port number") from None
+        if not 0 <= chosen <= 65535:
+            raise LaunchError(f"{UI_PORT_ENV}={given!r} is not a port number (0-65535; 0: no Web UI)")
+        return chosen or None
+    return port + 1000 if port + 1000 <= 65535 else None
 
 
 async def connect_client(address: str | None = None, runtime: Runtime | None = None) -> Client:
@@ -86,14 +109,15 @@ async def connect_or_start_server(console: Console) -> tuple[Client, str]:
 
 def _start_background_server(console: Console, port: int) -> None:
     console.line(f"no Temporal server on port {port}: starting the embedded dev server in the background…")
-    ui_port = port + 1000 if port + 1000 <= 65535 else None  # the temporal CLI's default pairing
+    ui_port = auto_ui_port(port)
     try:
         server = start_server(home(), port=port, ui_port=ui_port)
     except ServerError as e:
         raise LaunchError(str(e).splitlines()[0]) from None
+    ui = f", Web UI {server.ui_url}" if server.ui_url else ""
     console.line(
         f"Temporal dev server at {server.address} (pid {server.process.pid}, data {server.db_file}, "
-        f"log {server.log_file}); it keeps running after this command: stop it with `kill {server.process.pid}`"
+        f"log {server.log_file}{ui}); it keeps running after this command: stop it with `kill {server.process.pid}`"
     )
 
 

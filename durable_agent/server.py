@@ -7,6 +7,7 @@ attributes registered at start so the Web UI can show and filter them.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -138,7 +139,30 @@ def start_server(
         log_file=log_file,
     )
     _wait_ready(server, ready_timeout_s)
+    _record(home, port, ui_port, process.pid)
     return server
+
+
+def _record(home: Path, port: int, ui_port: int | None, pid: int) -> None:
+    """What `run` needs to print this server's Web UI link without guessing its port."""
+    record = {"port": port, "ui_port": ui_port, "pid": pid}
+    (home / f"server-{port}.json").write_text(json.dumps(record))
+
+
+def recorded_ui_port(home: Path, port: int) -> int | None:
+    """The Web UI port of the embedded server this home started on `port`, while that server lives."""
+    try:
+        record = json.loads((home / f"server-{port}.json").read_text())
+        pid, ui_port = int(record["pid"]), record["ui_port"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # a server from an earlier session; whatever listens now is not known to be ours
+    except PermissionError:
+        pass
+    return int(ui_port) if isinstance(ui_port, int) else None
 
 
 def _wait_ready(server: EmbeddedServer, timeout_s: float) -> None:

@@ -17,7 +17,7 @@ from durable_agent import demo_model
 from durable_agent.follow import Reporter, Snapshot
 from durable_agent.model_server import ModelServer
 from durable_agent.server import EmbeddedServer, free_port
-from tests.helpers import journal_removed, tasks_run_again, wait_for
+from tests.helpers import journal_removed, start, tasks_run_again, wait_for
 from tests.scripts import Script, answer, tools
 from workflows.types import AgentStatus, Limits, Message, ToolCall, Usage
 
@@ -186,6 +186,11 @@ async def test_clear_one_line_errors(temporal_server: EmbeddedServer, tmp_path: 
     one_line_error(
         await durable_agent("run", "x", "--workspace", str(tmp_path / "file"), env=env), 2, "is not a folder"
     )
+    one_line_error(await durable_agent("run", "x", "--workspace", "/", "--id", "root-ws", env=env), 2, "system folder")
+    no_rows = await durable_agent("list", "--limit", "0", env=env)
+    assert no_rows.returncode == 2 and "must be 1 or more" in no_rows.stderr, no_rows
+    # Refused before a run was started to be refused: Temporal never heard of it.
+    one_line_error(await durable_agent("status", "root-ws", env=env), 2, "no run with id 'root-ws'")
     one_line_error(
         await durable_agent("run", "x", "--workspace", str(tmp_path), "--approve-tools", "fly", env=env),
         2,
@@ -292,3 +297,19 @@ async def test_run_asks_for_approvals_inline_at_a_terminal(
     assert (workspace / "ok.txt").read_text() == "yes\n"
     last = model_server.requests[-1]["messages"]
     assert any("denied by a person: too risky" in (m.get("content") or "") for m in last)
+
+
+async def test_cancel_verb_closes_the_run_as_cancelled(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue)
+    model_server.responder = Script([answer("never asked")])
+    handle = await start(client, task_queue, start_signal="pause", goal="x", workspace=str(workspace))
+    await wait_for(handle, lambda s: s.state == "paused")
+    cancelled = await durable_agent("cancel", handle.id, env=env)
+    assert cancelled.returncode == 0, cancelled
+    assert f"cancel sent to {handle.id}" in cancelled.stdout and "\ncancelled (cancelled) after" in cancelled.stdout
+    result = await handle.result()
+    assert (result.state, result.stop_reason) == ("cancelled", "cancelled")
+    assert model_server.requests == []
+    one_line_error(await durable_agent("cancel", handle.id, env=env), 1, "has already ended")

@@ -12,6 +12,7 @@ from durable_agent.server import EmbeddedServer
 from tests.helpers import start, wait_for
 from tests.scripts import Script, tools
 from tests.test_cli import cli_env, durable_agent
+from tests.test_command_line import listed_until
 from worker import build_worker
 from workflows.types import Message, TranscriptRequest
 
@@ -41,6 +42,11 @@ async def test_export_of_a_closed_continued_as_new_run_needs_no_worker(
 
     # No worker polls the queue now: a query would time out; export reads history.
     env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue)
+    # `list` shows the chain once, as its latest run.
+    row = await listed_until(lambda line: line.split()[:2] == [handle.id, "completed"], env)
+    assert row.split()[2] == "13", row
+    listed = (await durable_agent("list", env=env)).stdout.splitlines()
+    assert [line.split()[0] for line in listed].count(handle.id) == 1, listed
     exported = await durable_agent("export", handle.id, env=env)
     assert exported.returncode == 0, exported.stdout[-3000:] + exported.stderr[-3000:]
     messages = [Message.model_validate_json(line) for line in exported.stdout.splitlines()]

@@ -19,9 +19,10 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 
+# The lock keeps a second `make run` from emptying the folder under a run that is using it.
 run: $(STAMP)
-	rm -rf $(WORKSPACE) && mkdir $(WORKSPACE)
-	$(BIN)/durable-agent run "$(GOAL)" --workspace ./$(WORKSPACE)
+	@$(BIN)/python -m durable_agent.locked $(WORKSPACE).lock -- sh -c \
+	  'rm -rf $(WORKSPACE) && mkdir $(WORKSPACE) && exec $(BIN)/durable-agent run "$(GOAL)" --workspace ./$(WORKSPACE)'
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

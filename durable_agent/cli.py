@@ -696,15 +696,38 @@ async def status(args: argparse.Namespace, console: Console) -> int:
         return EXIT_OK
     current = await snapshot_status(handle)
     if current is None:
-        raise CliError(
-            f"{args.id} is running but no worker answered within {QUERY_TIMEOUT.seconds} s; "
-            "start one with `durable-agent worker`"
-        )
+        console.lines(await _status_from_history(handle))
+        return EXIT_OK
     console.lines(render.status_lines(args.id, current))
     waiting = await model_call_waiting(handle)
     if waiting is not None:
         console.line(f"waiting: {waiting}")
     return EXIT_OK
+
+
+async def _status_from_history(handle: WorkflowHandle[Any, AgentResult]) -> list[str]:
+    """What the server knows of a run no worker answers for: its search attributes (written at
+    once for a state change, at most every 10 s for step, tokens and cost) and pending activities."""
+    from workflows.agent import AGENT_COST, AGENT_STATE, AGENT_STEP, AGENT_TOKENS  # the workflow's own keys
+
+    description = await handle.describe()
+    found = description.typed_search_attributes
+    tokens = found.get(AGENT_TOKENS) or 0
+    cost = found.get(AGENT_COST)
+    cost_text = "" if not tokens else " · cost unknown" if cost is None else f" · cost ${cost:.4f}"
+    lines = [
+        f"{handle.id}: {found.get(AGENT_STATE) or 'running'} at step {found.get(AGENT_STEP) or 0} · "
+        f"{tokens:,} tokens{cost_text} (from its search attributes)"
+    ]
+    lines += [
+        f"pending: {activity.activity_type.name} (attempt {activity.attempt})"
+        for activity in description.raw_description.pending_activities
+    ]
+    lines.append(
+        f"no worker answered within {QUERY_TIMEOUT.seconds} s: the run makes no progress and its live status "
+        "(usage, limits, pending approvals) needs one; start one with `durable-agent worker`"
+    )
+    return lines
 
 
 async def _ended(handle: WorkflowHandle[Any, AgentResult]) -> tuple[list[str], int]:

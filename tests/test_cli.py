@@ -19,6 +19,7 @@ from durable_agent.model_server import ModelServer
 from durable_agent.server import EmbeddedServer, free_port
 from tests.helpers import journal_removed, start, tasks_run_again, wait_for
 from tests.scripts import Script, answer, tools
+from worker import build_worker
 from workflows.types import AgentStatus, Limits, Message, ToolCall, Usage
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -313,3 +314,18 @@ async def test_cancel_verb_closes_the_run_as_cancelled(
     assert (result.state, result.stop_reason) == ("cancelled", "cancelled")
     assert model_server.requests == []
     one_line_error(await durable_agent("cancel", handle.id, env=env), 1, "has already ended")
+
+
+async def test_status_without_a_worker_says_what_the_server_knows(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([answer("never asked")])
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, start_signal="pause", goal="x", workspace=str(workspace))
+        await wait_for(handle, lambda s: s.state == "paused")
+    # The worker is gone: no query can be answered; the search attributes still say paused.
+    shown = await durable_agent("status", handle.id, env=cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue))
+    assert shown.returncode == 0, shown
+    assert shown.stdout.startswith(f"{handle.id}: paused at step 0 · 0 tokens (from its search attributes)\n"), shown
+    assert "no worker answered within 5 s" in shown.stdout and "durable-agent worker" in shown.stdout
+    await handle.terminate("test over")

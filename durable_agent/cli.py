@@ -37,7 +37,15 @@ from durable_agent.codec_server import TOKEN_ENV, CodecServer, ui_origins
 from durable_agent.codecs import CodecError, EncryptionKeys, PayloadCodecChain
 from durable_agent.connection import home, task_queue
 from durable_agent.console import Console
-from durable_agent.follow import EXIT_CODES, EXIT_FAILED, QUERY_TIMEOUT, failure_text, follow, snapshot_status
+from durable_agent.follow import (
+    EXIT_CODES,
+    EXIT_FAILED,
+    QUERY_TIMEOUT,
+    caught_up,
+    failure_text,
+    follow,
+    snapshot_status,
+)
 from durable_agent.launch import (
     LaunchError,
     allow_workspace,
@@ -681,11 +689,17 @@ async def watch(args: argparse.Namespace, console: Console) -> int:
         console.lines(lines)
         return code
     current = await snapshot_status(handle)
+    reporter = None
     if current is not None:
         console.lines(render.status_lines(args.id, current))
+        reporter, done = await caught_up(handle, current)
+        console.lines(done)
     console.line("following (Ctrl-C stops watching; the run goes on)")
-    code = await _until_signalled(follow(handle, console, since=current))
-    return EXIT_INTERRUPTED if code is None else code
+    code = await _until_signalled(follow(handle, console, since=current, reporter=reporter))
+    if code is None:
+        console.line(f"stopped watching; the run goes on. Watch again: durable-agent watch {args.id}")
+        return EXIT_INTERRUPTED
+    return code
 
 
 async def status(args: argparse.Namespace, console: Console) -> int:

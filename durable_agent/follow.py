@@ -120,19 +120,31 @@ def _complete(messages: list[Message]) -> bool:
     return all(call.id in answered for call in reply.tool_calls)
 
 
+async def caught_up(handle: WorkflowHandle[object, AgentResult], since: AgentStatus) -> tuple[Reporter, list[str]]:
+    """A reporter past everything `since` shows, and the lines of the steps already finished
+    then: `watch` prints them before it starts following, so no old step reads as new."""
+    reporter = Reporter(handle.id, since)
+    snapshot = await _snapshot(handle, reporter.next_step)
+    if snapshot is None:
+        return reporter, []
+    return reporter, [line for _, line in reporter.finished_steps(snapshot)]
+
+
 async def follow(
     handle: WorkflowHandle[object, AgentResult],
     console: Console,
     since: AgentStatus | None = None,
     on_progress: ProgressHook | None = None,
     approver: Approver | None = None,
+    reporter: Reporter | None = None,
 ) -> int:
     """Print the run as it goes until it ends; returns the exit code for its outcome.
 
     With an `approver`, each newly pending approval is handed to it (in a task, so the
-    run keeps being followed while a person thinks).
+    run keeps being followed while a person thinks). `reporter`: one already past what
+    was printed (`caught_up`).
     """
-    reporter = Reporter(handle.id, since)
+    reporter = reporter or Reporter(handle.id, since)
     ending = asyncio.create_task(_ending(handle))
     asked: set[str] = set()
     prompts: list[asyncio.Task[None]] = []

@@ -329,3 +329,37 @@ async def test_status_without_a_worker_says_what_the_server_knows(
     assert shown.stdout.startswith(f"{handle.id}: paused at step 0 · 0 tokens (from its search attributes)\n"), shown
     assert "no worker answered within 5 s" in shown.stdout and "durable-agent worker" in shown.stdout
     await handle.terminate("test over")
+
+
+async def test_watch_shows_finished_steps_once_before_following_and_says_so_on_ctrl_c(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([tools(("run_command", {"command": "echo hi"}))], final="never reached")
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace), approval={"tools": ["run_command"]})
+    status = await wait_for(handle, lambda s: bool(s.pending_approvals))
+    await handle.signal("pause", {"reason": "looking"})
+    await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
+    await wait_for(handle, lambda s: s.state == "paused" and s.step == 1)
+
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "durable_agent.cli",
+        "watch",
+        handle.id,
+        cwd=ROOT,
+        env=cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    before: list[str] = []
+    while not before or not before[-1].startswith("following"):
+        before.append((await asyncio.wait_for(process.stdout.readline(), 60)).decode().rstrip("\n"))
+    assert sum(line.startswith("step 1 · run_command: echo hi") for line in before) == 1, before
+    process.send_signal(signal.SIGINT)
+    after, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 130
+    assert not any(line.startswith("step 1") for line in after.decode().splitlines()), after  # not reprinted as new
+    assert f"stopped watching; the run goes on. Watch again: durable-agent watch {handle.id}" in after.decode()
+    await handle.terminate("test over")

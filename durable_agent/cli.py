@@ -196,6 +196,8 @@ exit codes:
   141  the output pipe closed early (e.g. `| head`)
 """
 
+VERBOSE_HELP = "every note the run records (compactions, pacing, the closing clean-up), as `status` shows them"
+
 LIMITS_HELP = """\
 limits and budgets:
   Each budget has a soft tier from --soft-ratio of it (steps: from --soft-steps): the
@@ -256,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_parser(commands)
 
     _command(commands, "status", status, "show a run's state, usage, limits and pending decisions", with_id=True)
-    _command(commands, "watch", watch, "follow a run live (Ctrl-C stops watching, not the run)", with_id=True)
+    watching = _command(commands, "watch", watch, "follow a run live (Ctrl-C stops watching the run)", with_id=True)
+    watching.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     pause = _command(commands, "pause", pause_run, "pause a run before its next step", with_id=True)
     pause.add_argument("--reason", help="why (shown by status)")
     _command(commands, "resume", resume_run, "resume a paused run", with_id=True)
@@ -367,6 +370,7 @@ def _add_run_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     run.add_argument("--id", help="workflow id (default agent-<random>)")
     run.add_argument("--no-worker", action="store_true", help="do not start a worker if none is polling")
     run.add_argument("--detach", action="store_true", help="start the run and return at once")
+    run.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     run.add_argument(
         "--approve-tools",
         nargs="+",
@@ -556,7 +560,7 @@ async def run_agent(args: argparse.Namespace, console: Console) -> int:
     if demo:
         if args.no_worker or args.detach:
             console.line("note: the demo ignores --no-worker and --detach: its model and worker live in this command")
-        return await _run_demo(client, address, agent_input, run_id, console)
+        return await _run_demo(client, address, agent_input, run_id, console, args.verbose)
     queue = task_queue()
     if not args.no_worker:
         await ensure_worker(client, queue, address, console)
@@ -569,7 +573,8 @@ async def run_agent(args: argparse.Namespace, console: Console) -> int:
     if args.detach:
         console.line(f"detached: follow it with `durable-agent watch {run_id}`")
         return EXIT_OK
-    code = await _until_signalled(follow(handle, console, approver=terminal_approver(handle, console)))
+    following = follow(handle, console, approver=terminal_approver(handle, console), verbose=args.verbose)
+    code = await _until_signalled(following)
     if code is None:
         console.line(f"detached; the run goes on. Re-attach: durable-agent watch {run_id}")
         return EXIT_INTERRUPTED
@@ -657,7 +662,9 @@ async def _refuse_closed_id(client: Client, run_id: str) -> None:
         )
 
 
-async def _run_demo(client: Client, address: str, agent_input: AgentInput, run_id: str, console: Console) -> int:
+async def _run_demo(
+    client: Client, address: str, agent_input: AgentInput, run_id: str, console: Console, verbose: bool
+) -> int:
     from durable_agent.demo import Demo
 
     console.line(
@@ -667,7 +674,7 @@ async def _run_demo(client: Client, address: str, agent_input: AgentInput, run_i
     with Demo(console, address, run_id) as demo:
         await demo.wait_ready(client)
         handle = await _start(client, agent_input, run_id, demo.queue, address, console)
-        code = await _until_signalled(follow(handle, console, on_progress=demo.on_progress))
+        code = await _until_signalled(follow(handle, console, on_progress=demo.on_progress, verbose=verbose))
         if code is None:
             # The demo's model and worker live in this command, so the run cannot go on without it.
             await handle.terminate("the offline demo was interrupted")
@@ -692,10 +699,10 @@ async def watch(args: argparse.Namespace, console: Console) -> int:
     reporter = None
     if current is not None:
         console.lines(render.status_lines(args.id, current))
-        reporter, done = await caught_up(handle, current)
+        reporter, done = await caught_up(handle, current, args.verbose)
         console.lines(done)
     console.line("following (Ctrl-C stops watching; the run goes on)")
-    code = await _until_signalled(follow(handle, console, since=current, reporter=reporter))
+    code = await _until_signalled(follow(handle, console, since=current, reporter=reporter, verbose=args.verbose))
     if code is None:
         console.line(f"stopped watching; the run goes on. Watch again: durable-agent watch {args.id}")
         return EXIT_INTERRUPTED

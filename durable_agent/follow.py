@@ -23,6 +23,7 @@ from workflows.types import (
     AgentResult,
     AgentStatus,
     AttentionReport,
+    Degradation,
     Message,
     PendingApproval,
     TranscriptRequest,
@@ -54,9 +55,10 @@ class Snapshot:
 class Reporter:
     """Turns successive snapshots into lines, each step and each state change printed once."""
 
-    def __init__(self, run_id: str, since: AgentStatus | None = None) -> None:
+    def __init__(self, run_id: str, since: AgentStatus | None = None, verbose: bool = False) -> None:
         # `since`: the status already shown (watch); its step and notes are not repeated.
         self.run_id = run_id
+        self.verbose = verbose
         self.next_step = max(since.step, 1) if since else 1
         self._state: str | None = since.state if since else None
         self._approvals_seen = {p.call_id for p in since.pending_approvals} if since else set()
@@ -89,7 +91,8 @@ class Reporter:
         return f"{line} · {text} so far"
 
     def state_lines(self, status: AgentStatus) -> list[str]:
-        lines = [f"note: {d.kind}: {d.detail}" for d in status.degradations[self._notes_seen :]]
+        notes = (note_line(d, self.verbose) for d in status.degradations[self._notes_seen :])
+        lines = [note for note in notes if note]
         self._notes_seen = len(status.degradations)
         new_approvals = [p for p in status.pending_approvals if p.call_id not in self._approvals_seen]
         self._approvals_seen.update(p.call_id for p in new_approvals)
@@ -111,6 +114,21 @@ class Reporter:
         return lines
 
 
+def note_line(note: Degradation, verbose: bool) -> str | None:
+    """A degradation as a person following the run needs it: what changed for the run, in plain
+    words; the bookkeeping (a compaction with nothing to fold, the early soft tier, the stop
+    the result states anyway) only with --verbose, where every note is shown as recorded."""
+    if verbose:
+        return f"note: {note.kind}: {note.detail}"
+    if note.kind == "soft_warning":
+        return f"note: the run nears a limit ({note.detail.split(':', 1)[0]}): the model was told to wrap up"
+    if note.kind == "fallback_model":
+        return f"note: {note.detail} (a budget's soft tier)"
+    if note.kind == "compaction" and note.detail.startswith("folded"):
+        return "note: older steps were summarised to keep the context within its budget (`recall` brings them back)"
+    return None
+
+
 def _complete(messages: list[Message]) -> bool:
     """A step is finished once its model reply is in and every tool call it made has a result."""
     reply = next((m for m in messages if m.role == "assistant"), None)
@@ -120,10 +138,12 @@ def _complete(messages: list[Message]) -> bool:
     return all(call.id in answered for call in reply.tool_calls)
 
 
-async def caught_up(handle: WorkflowHandle[object, AgentResult], since: AgentStatus) -> tuple[Reporter, list[str]]:
+async def caught_up(
+    handle: WorkflowHandle[object, AgentResult], since: AgentStatus, verbose: bool = False
+) -> tuple[Reporter, list[str]]:
     """A reporter past everything `since` shows, and the lines of the steps already finished
     then: `watch` prints them before it starts following, so no old step reads as new."""
-    reporter = Reporter(handle.id, since)
+    reporter = Reporter(handle.id, since, verbose)
     snapshot = await _snapshot(handle, reporter.next_step)
     if snapshot is None:
         return reporter, []
@@ -137,6 +157,7 @@ async def follow(
     on_progress: ProgressHook | None = None,
     approver: Approver | None = None,
     reporter: Reporter | None = None,
+    verbose: bool = False,
 ) -> int:
     """Print the run as it goes until it ends; returns the exit code for its outcome.
 
@@ -144,7 +165,7 @@ async def follow(
     run keeps being followed while a person thinks). `reporter`: one already past what
     was printed (`caught_up`).
     """
-    reporter = reporter or Reporter(handle.id, since)
+    reporter = reporter or Reporter(handle.id, since, verbose)
     ending = asyncio.create_task(_ending(handle))
     asked: set[str] = set()
     prompts: list[asyncio.Task[None]] = []
@@ -160,9 +181,9 @@ async def follow(
                         asked.add(pending.call_id)
                         prompts.append(asyncio.create_task(approver(pending)))
                 if snapshot.status.result is not None:
-                    return _report_end(console, snapshot.status.result)
+                    return _report_end(console, snapshot.status.result, reporter.verbose)
             if ended:
-                return _report_end(console, ending.result())
+                return _report_end(console, ending.result(), reporter.verbose)
             if snapshot is None and not waiting_noted:
                 waiting_noted = True
                 console.line(
@@ -233,9 +254,9 @@ def failure_text(error: WorkflowFailureError) -> str:
     return f"failed: {message}"
 
 
-def _report_end(console: Console, outcome: AgentResult | str) -> int:
+def _report_end(console: Console, outcome: AgentResult | str, verbose: bool) -> int:
     if isinstance(outcome, str):
         console.line(f"run ended: {outcome}")
         return EXIT_FAILED
-    console.lines(render.result_lines(outcome))
+    console.lines(render.result_lines(outcome, files=verbose))
     return EXIT_CODES[outcome.state]

@@ -81,7 +81,8 @@ def attention_reports(status: AgentStatus) -> list[AttentionReport]:
     return status.attention_reports or ([status.attention] if status.attention is not None else [])
 
 
-def result_lines(result: AgentResult) -> list[str]:
+def result_lines(result: AgentResult, files: bool = True) -> list[str]:
+    """`files`: the closing clean-up's note (what was removed and kept in .durable-agent/)."""
     lines = [
         f"{result.state} ({result.stop_reason}) after {result.steps} steps",
         f"usage: {full_usage_text(result.usage)}",
@@ -89,7 +90,7 @@ def result_lines(result: AgentResult) -> list[str]:
         textwrap.indent(result.output.strip() or "(empty)", "  "),
     ]
     lines += [f"unfinished: {item}" for item in result.unfinished]
-    if result.files:
+    if result.files and files:
         lines.append(f"files: {result.files}")
     return lines
 

@@ -14,13 +14,13 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from durable_agent import demo_model
-from durable_agent.follow import Reporter, Snapshot
+from durable_agent.follow import Reporter, Snapshot, note_line
 from durable_agent.model_server import ModelServer
 from durable_agent.server import EmbeddedServer, free_port
 from tests.helpers import journal_removed, start, tasks_run_again, wait_for
 from tests.scripts import Script, answer, tools
 from worker import build_worker
-from workflows.types import AgentStatus, Limits, Message, ToolCall, Usage
+from workflows.types import AgentStatus, Degradation, Limits, Message, ToolCall, Usage
 
 ROOT = Path(__file__).resolve().parent.parent
 LABEL = demo_model.LABEL
@@ -87,6 +87,7 @@ async def test_run_follows_the_steps_then_status_export_and_list(
     assert "completed (final_answer) after 3 steps" in lines
     assert "  wrote a.txt and b.txt" in lines
     assert LABEL not in run.stdout
+    assert not any(line.startswith(("files:", "note:")) for line in lines), run.stdout  # bookkeeping: --verbose
 
     status = await durable_agent("status", f"cli-{task_queue}", env=env)
     assert status.returncode == 0 and "completed (final_answer) after 3 steps" in status.stdout
@@ -363,3 +364,15 @@ async def test_watch_shows_finished_steps_once_before_following_and_says_so_on_c
     assert not any(line.startswith("step 1") for line in after.decode().splitlines()), after  # not reprinted as new
     assert f"stopped watching; the run goes on. Watch again: durable-agent watch {handle.id}" in after.decode()
     await handle.terminate("test over")
+
+
+def test_notes_say_what_changed_for_the_run_and_keep_bookkeeping_for_verbose() -> None:
+    folded = Degradation(step=9, kind="compaction", detail="folded steps 1-4 (size), ~9,000 → ~2,000 tokens; summary")
+    idle = Degradation(step=2, kind="compaction", detail="nothing to fold yet (~887 tokens in context)")
+    pacing = Degradation(step=4, kind="early_soft_tier", detail="step 4 used 730 tokens, over twice the average")
+    warned = Degradation(step=8, kind="soft_warning", detail="steps: you have 2 steps left; wrap up")
+    assert note_line(folded, verbose=False).startswith("note: older steps were summarised")
+    assert note_line(warned, verbose=False) == "note: the run nears a limit (steps): the model was told to wrap up"
+    assert note_line(idle, verbose=False) is None and note_line(pacing, verbose=False) is None
+    assert note_line(idle, verbose=True) == "note: compaction: nothing to fold yet (~887 tokens in context)"
+    assert note_line(pacing, verbose=True) == f"note: early_soft_tier: {pacing.detail}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,8 +18,15 @@ every ~1.7 s for a command (5 s), every ~3.3 s for a model call (10 s); the work
 at most one per 0.5 s."""
 
 
+LIVE_BEAT_S = 1.0
+"""While `live()` says so (a model reply arriving), a beat every second: the beats carry the
+reply so far to `run` and `watch` (the worker forwards at most one per 0.5 s)."""
+
+
 @asynccontextmanager
-async def heartbeating(*details: Any, release_sticky: bool = True) -> AsyncIterator[None]:
+async def heartbeating(
+    *details: Any, release_sticky: bool = True, live: Callable[[], bool] | None = None
+) -> AsyncIterator[None]:
     """Heartbeat from a background task for as long as the block runs.
 
     A callable detail is called at each beat, so a beat sends the latest progress (however
@@ -37,12 +44,20 @@ async def heartbeating(*details: Any, release_sticky: bool = True) -> AsyncItera
     timeout = activity.info().heartbeat_timeout
     interval_s = timeout.total_seconds() / BEATS_PER_TIMEOUT if timeout else 1.0
 
+    tick_s = min(interval_s, LIVE_BEAT_S) if live is not None else interval_s
+    loop = asyncio.get_running_loop()
+
     async def beat() -> None:
         # The first beat waits an interval: a call that ends sooner (most commands) costs the
         # server no heartbeat at all, and the server's heartbeat timeout covers the gap.
+        last = loop.time()
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(tick_s)
+            due = interval_s if live is None or not live() else LIVE_BEAT_S
+            if loop.time() - last < due - 0.01:
+                continue
             activity.heartbeat(*(detail() if callable(detail) else detail for detail in details))
+            last = loop.time()
 
     task = asyncio.create_task(beat())
     try:

@@ -57,6 +57,10 @@ class ModelActivities:
 
     def __init__(self, client: AsyncOpenAI | None = None) -> None:
         self._clients = ModelClients(client)
+        self._live = os.environ.get("DURABLE_AGENT_LIVE_REPLY", "1") != "0"
+        """While someone follows the run (`ModelCallInput.live`), beat every second as a reply
+        arrives, with its text so far: the live view of `run` and `watch`. Off, or unwatched,
+        the details carry counts only, at the usual pace."""
         self._stream = os.environ.get("DURABLE_AGENT_MODEL_STREAM", "1") != "0"
         """Ask for streamed replies; off for good once the endpoint shows it cannot stream
         with usage."""
@@ -65,7 +69,10 @@ class ModelActivities:
     async def call_model(self, input: ModelCallInput) -> ModelReply:
         progress: dict[str, Any] = {"model": input.model, "phase": "reading the context"}
         streamed = StreamProgress()
-        async with self._clients.lease() as client, heartbeating(lambda: {**progress, **streamed.details()}):
+        live_view = self._live and input.live
+        receiving = (lambda: streamed.receiving) if live_view else None
+        live = heartbeating(lambda: {**progress, **streamed.details()}, live=receiving)
+        async with self._clients.lease() as client, live:
             messages = input.messages
             if input.context is not None:
                 messages, progress["context_from"] = await model_context.fetch(input.context)
@@ -73,7 +80,7 @@ class ModelActivities:
             request = _request(input.model, messages, input.tools)
             with _endpoint_errors():
                 if self._stream:
-                    reply = await self._streamed_reply(client, input.model, request, streamed)
+                    reply = await self._streamed_reply(client, input.model, request, streamed, live_view)
                     if reply is not None:
                         return reply
                     streamed = StreamProgress()  # the details describe the call made now
@@ -81,11 +88,13 @@ class ModelActivities:
         return _reply(input.model, response)
 
     async def _streamed_reply(
-        self, client: AsyncOpenAI, model: str, request: dict[str, Any], progress: StreamProgress
+        self, client: AsyncOpenAI, model: str, request: dict[str, Any], progress: StreamProgress, live: bool = False
     ) -> ModelReply | None:
         """The reply, streamed; None when this endpoint cannot stream with exact usage, and
         from then on this worker does not ask it to."""
         streamed = StreamedReply(MAX_REPLY_BYTES)
+        if live:
+            progress.reply = streamed
         try:
             await stream_chat_completion(client, request, streamed, progress)
         except openai_sdk().BadRequestError as e:

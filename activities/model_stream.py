@@ -46,6 +46,11 @@ TAIL_MAX_BYTES = 64 * 1024
 """After the end marker, how much of the body's rest is read before the connection is given up."""
 
 
+LIVE_TEXT_CHARS = 4000
+"""How much of the reply's text a heartbeat carries: a follower that polls every second or
+so sees every line of a model writing at any human-readable speed."""
+
+
 class StreamProgress:
     """What has arrived so far, for the heartbeat details. Chunks are the server's events
     with text or tool-call arguments in them: one per token on OpenAI and vLLM, but a server
@@ -56,6 +61,8 @@ class StreamProgress:
         self.first_chunk_at: float | None = None
         self.chunks = 0
         self.characters = 0
+        self.reply: StreamedReply | None = None
+        """The reply being assembled: its text so far goes in the details, for the live view."""
 
     def received(self, characters: int) -> None:
         if self.first_chunk_at is None:
@@ -63,16 +70,23 @@ class StreamProgress:
         self.chunks += 1
         self.characters += characters
 
+    @property
+    def receiving(self) -> bool:
+        return self.first_chunk_at is not None
+
     def details(self) -> dict[str, Any]:
         if self.first_chunk_at is None:
             return {}
-        return {
+        details: dict[str, Any] = {
             "phase": "receiving the reply",
             "chunks_received": self.chunks,
             "characters_received": self.characters,
             "first_chunk_after_s": round(self.first_chunk_at - self.requested_at, 1),
             "receiving_for_s": round(time.monotonic() - self.first_chunk_at, 1),
         }
+        if self.reply is not None:
+            details.update(self.reply.live_view())
+        return details
 
 
 class StreamedReply:
@@ -103,6 +117,16 @@ class StreamedReply:
                 "(reading stopped there); ask for a shorter reply (add a message), then retry"
             )
         return added
+
+    def live_view(self) -> dict[str, Any]:
+        """The reply so far, for `run` and `watch`: the text's last LIVE_TEXT_CHARS characters
+        (and how many came before them) and the names of the tools asked for."""
+        text = "".join(self.content or ())
+        return {
+            "text": text[-LIVE_TEXT_CHARS:],
+            "text_offset": max(0, len(text) - LIVE_TEXT_CHARS),
+            "tool_calls": [call[1] for _, call in sorted(self.calls.items()) if call[1]],
+        }
 
     def tool_calls(self) -> list[tuple[str, str, str]]:
         """(id, name, arguments) in index order."""

@@ -27,6 +27,7 @@ from pydantic import BaseModel
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.worker import (
     ActivityInboundInterceptor,
+    ActivityOutboundInterceptor,
     ExecuteActivityInput,
     Interceptor,
 )
@@ -199,6 +200,9 @@ class RedactingInterceptor(Interceptor):
 
 
 class _RedactingActivityInbound(ActivityInboundInterceptor):
+    def init(self, outbound: ActivityOutboundInterceptor) -> None:
+        super().init(_RedactingActivityOutbound(outbound))
+
     async def execute_activity(self, input: ExecuteActivityInput) -> Any:
         try:
             result = await super().execute_activity(input)
@@ -208,3 +212,10 @@ class _RedactingActivityInbound(ActivityInboundInterceptor):
             redacted = worker_redactor().error(e)
             raise redacted from redacted.__cause__
         return worker_redactor().value(result)
+
+
+class _RedactingActivityOutbound(ActivityOutboundInterceptor):
+    """Heartbeat details reach the server, `durable-agent run`'s live view and, on a timeout, history."""
+
+    def heartbeat(self, *details: Any) -> None:
+        super().heartbeat(*worker_redactor().value(details))

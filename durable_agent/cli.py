@@ -41,6 +41,7 @@ from durable_agent.follow import (
     EXIT_CODES,
     EXIT_FAILED,
     QUERY_TIMEOUT,
+    WATCH_LEASE_S,
     caught_up,
     failure_text,
     follow,
@@ -76,6 +77,7 @@ from workflows.types import (
     Resolution,
     RunState,
     UserMessage,
+    WatchRequest,
 )
 from workflows.validation_text import validation_text
 
@@ -178,6 +180,9 @@ environment:
                         their rate across all workers
   DURABLE_AGENT_MODEL_STREAM=0  model replies unstreamed (default: streamed, the chunks
                         received so far in the pending call's heartbeat details)
+  DURABLE_AGENT_LIVE_REPLY=0  no live view of replies: by default a streamed reply's text
+                        so far is in its call's heartbeat details, a beat a second, and `run`
+                        and `watch` show it line by line
   DURABLE_AGENT_METRICS_PORT  a worker serves Prometheus metrics on this port
   DURABLE_AGENT_JOURNAL_MAX_BYTES, DURABLE_AGENT_OUTPUTS_MAX_BYTES,
   DURABLE_AGENT_ARCHIVE_MAX_BYTES  what one run keeps in its workspace's .durable-agent/
@@ -569,7 +574,7 @@ async def run_agent(args: argparse.Namespace, console: Console) -> int:
             f"no worker polls task queue {queue}: the run makes no progress until one does "
             "(start one with `durable-agent worker`)"
         )
-    handle = await _start(client, agent_input, run_id, queue, address, console)
+    handle = await _start(client, agent_input, run_id, queue, address, console, detach=args.detach)
     if args.detach:
         console.line(f"detached: follow it with `durable-agent watch {run_id}`")
         return EXIT_OK
@@ -632,11 +637,19 @@ def _refuse_system_folder(workspace: str) -> None:
 
 
 async def _start(
-    client: Client, agent_input: AgentInput, run_id: str, queue: str, address: str, console: Console
+    client: Client,
+    agent_input: AgentInput,
+    run_id: str,
+    queue: str,
+    address: str,
+    console: Console,
+    detach: bool = False,
 ) -> WorkflowHandle[Any, AgentResult]:
     await _refuse_closed_id(client, run_id)
     try:
-        handle = await start_agent(client, agent_input, run_id, queue)
+        # A followed run is watched from its first model call on (see follow.WATCH_LEASE_S).
+        watch = {} if detach else {"start_signal": "watch", "start_signal_args": [WatchRequest(for_s=WATCH_LEASE_S)]}
+        handle = await start_agent(client, agent_input, run_id, queue, **watch)
     except WorkflowAlreadyStartedError:
         raise CliError(f"a run with id {run_id!r} already exists; pick another --id") from None
     where = ui_url(address)

@@ -1,23 +1,29 @@
 """Following a run live, shared by `run` and `watch`.
 
-It only reads: the `status` and `transcript` queries every POLL_S, plus one long poll on
-the run's result, which also notices endings no query can report (a run terminated or
-failed from outside). Nothing here changes the run, so a follower may come and go.
+It only reads: the `status` and `transcript` queries every POLL_S (and, while the model
+replies, its call's heartbeat details: the reply so far), plus one long poll on the run's
+result, which also notices endings no query can report (a run terminated or failed from
+outside). Nothing here changes the run, so a follower may come and go.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from temporalio import exceptions as temporal_errors
 from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowQueryFailedError
 from temporalio.service import RPCError
 
 from durable_agent import render
+from durable_agent.codecs import CodecError
+from durable_agent.connection import data_converter
 from durable_agent.console import Console
+from durable_agent.model_queue import MODEL_ACTIVITY
 from workflows.types import (
     TERMINAL_STATES,
     AgentResult,
@@ -28,9 +34,14 @@ from workflows.types import (
     PendingApproval,
     TranscriptRequest,
     Usage,
+    WatchRequest,
 )
 
 POLL_S = 0.4
+WATCH_LEASE_S, WATCH_RENEW_S = 120.0, 60.0
+"""A follower tells the run it watches (the `watch` signal) for the next 120 s, renewed every
+60 s: a run nobody follows pays nothing for the live view (a beat a second while a reply
+streams); a followed one, one signal in its history a minute."""
 QUERY_TIMEOUT = timedelta(seconds=5)
 """A query waits for a worker to answer; none within this time means no worker is up."""
 
@@ -114,6 +125,49 @@ class Reporter:
         return lines
 
 
+class LiveReply:
+    """The model's reply while it streams, from its call's heartbeat details: each complete
+    line of text once, then the tools it asks for, tagged with the step. A retried call's
+    reply starts over, and says so, rather than running on from the failed attempt's text."""
+
+    def __init__(self) -> None:
+        self._call: tuple[int, int] | None = None
+        self._printed = 0
+        """Characters of the reply's text shown so far (whole lines)."""
+        self._tools_shown = 0
+
+    def lines(self, step: int, attempt: int, details: dict[str, Any]) -> list[str]:
+        lines: list[str] = []
+        if self._call != (step, attempt):
+            if self._call is not None and self._call[0] == step:
+                lines.append(f"step {step} … attempt {attempt}: the model's reply starts over")
+            self._call, self._printed, self._tools_shown = (step, attempt), 0, 0
+        text, offset = str(details.get("text") or ""), int(details.get("text_offset") or 0)
+        tools = [str(name) for name in details.get("tool_calls") or []]
+        unseen = text[max(0, self._printed - offset) :]
+        whole, newline, rest = unseen.rpartition("\n")
+        if tools and rest:  # the text is over once tool calls come: show its last line too
+            whole, newline, rest = unseen, "\n", ""
+        if newline:
+            lines += [f"step {step} … {line}" for line in whole.split("\n") if line.strip()]
+            self._printed = offset + len(text) - len(rest)
+        lines += [f"step {step} … asks for {name}" for name in tools[self._tools_shown :]]
+        self._tools_shown = max(self._tools_shown, len(tools))
+        return lines
+
+
+async def live_reply_details(handle: WorkflowHandle[object, AgentResult]) -> tuple[int, dict[str, Any]] | None:
+    """(attempt, heartbeat details) of the run's model call while it receives a reply, else None."""
+    description = await handle.describe()
+    for pending in description.raw_description.pending_activities:
+        if pending.activity_type.name != MODEL_ACTIVITY or not pending.heartbeat_details.payloads:
+            continue
+        decoded = await data_converter().decode(pending.heartbeat_details.payloads)
+        if decoded and isinstance(decoded[0], dict) and decoded[0].get("phase") == "receiving the reply":
+            return pending.attempt, decoded[0]
+    return None
+
+
 def note_line(note: Degradation, verbose: bool) -> str | None:
     """A degradation as a person following the run needs it: what changed for the run, in plain
     words; the bookkeeping (a compaction with nothing to fold, the early soft tier, the stop
@@ -166,6 +220,8 @@ async def follow(
     was printed (`caught_up`).
     """
     reporter = reporter or Reporter(handle.id, since, verbose)
+    live = LiveReply()
+    lease_sent_at: float | None = None
     ending = asyncio.create_task(_ending(handle))
     asked: set[str] = set()
     prompts: list[asyncio.Task[None]] = []
@@ -173,9 +229,14 @@ async def follow(
     try:
         while True:
             ended = ending.done()  # read before the snapshot, so the snapshot sees the end
+            if not ended and (lease_sent_at is None or time.monotonic() - lease_sent_at > WATCH_RENEW_S):
+                lease_sent_at = time.monotonic()
+                await _renew_watch(handle)
             snapshot = await _snapshot(handle, reporter.next_step)
             if snapshot is not None:
                 _show(snapshot, reporter, console, on_progress)
+                if snapshot.status.state == "running" and not ending.done():
+                    console.lines(await _live_lines(handle, live, snapshot.status.step))
                 for pending in snapshot.status.pending_approvals if approver else []:
                     if pending.call_id not in asked:
                         asked.add(pending.call_id)
@@ -198,6 +259,22 @@ async def follow(
         ending.cancel()
         for prompt in prompts:
             prompt.cancel()
+
+
+async def _renew_watch(handle: WorkflowHandle[object, AgentResult]) -> None:
+    """Tell the run someone follows it, so its model calls send their reply as it comes."""
+    try:
+        await handle.signal("watch", WatchRequest(for_s=WATCH_LEASE_S))
+    except RPCError:  # closed meanwhile: the result says so
+        pass
+
+
+async def _live_lines(handle: WorkflowHandle[object, AgentResult], live: LiveReply, step: int) -> list[str]:
+    try:
+        found = await live_reply_details(handle)
+    except (RPCError, CodecError):  # the live view is a nicety: the step's line comes either way
+        return []
+    return live.lines(step, *found) if found else []
 
 
 def _show(snapshot: Snapshot, reporter: Reporter, console: Console, on_progress: ProgressHook | None) -> None:

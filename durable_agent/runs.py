@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from temporalio.client import Client, WorkflowHandle, WorkflowHistory
@@ -26,8 +27,10 @@ async def start_agent(
     task_queue: str | None = None,
     *,
     start_signal: str | None = None,
+    start_signal_args: Sequence[Any] = (),
 ) -> WorkflowHandle[Any, AgentResult]:
-    """`start_signal` (e.g. "pause") comes with the start, so the run has it before its first step."""
+    """`start_signal` (e.g. "pause", or "watch" from a follower) comes with the start, so the
+    run has it before its first step."""
     return await client.start_workflow(
         WORKFLOW_TYPE,
         agent,
@@ -38,6 +41,7 @@ async def start_agent(
         static_summary=agent.goal[:400],  # the run page's "Summary" in the Web UI
         static_details=start_details(agent),
         start_signal=start_signal,
+        start_signal_args=start_signal_args,
     )
 
 

@@ -14,7 +14,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from durable_agent import demo_model
-from durable_agent.follow import Reporter, Snapshot, note_line
+from durable_agent.follow import LiveReply, Reporter, Snapshot, note_line
 from durable_agent.model_server import ModelServer
 from durable_agent.server import EmbeddedServer, free_port
 from tests.helpers import journal_removed, start, tasks_run_again, wait_for
@@ -376,3 +376,41 @@ def test_notes_say_what_changed_for_the_run_and_keep_bookkeeping_for_verbose() -
     assert note_line(idle, verbose=False) is None and note_line(pacing, verbose=False) is None
     assert note_line(idle, verbose=True) == "note: compaction: nothing to fold yet (~887 tokens in context)"
     assert note_line(pacing, verbose=True) == f"note: early_soft_tier: {pacing.detail}"
+
+
+def test_the_live_reply_shows_each_line_once_and_starts_over_on_a_retry() -> None:
+    live = LiveReply()
+    assert live.lines(3, 1, {"text": "I will re", "text_offset": 0}) == []  # no whole line yet
+    assert live.lines(3, 1, {"text": "I will read it.\nThen fi", "text_offset": 0}) == ["step 3 … I will read it."]
+    assert live.lines(3, 1, {"text": "I will read it.\nThen fi", "text_offset": 0}) == []
+    # The text so far keeps its last characters only: what scrolled out was shown already.
+    assert live.lines(3, 1, {"text": "it.\nThen fix it.\nAnd", "text_offset": 12}) == ["step 3 … Then fix it."]
+    # Tool calls end the text: its last line shows too.
+    assert live.lines(
+        3, 1, {"text": "it.\nThen fix it.\nAnd test.", "text_offset": 12, "tool_calls": ["read_file"]}
+    ) == [
+        "step 3 … And test.",
+        "step 3 … asks for read_file",
+    ]
+    assert live.lines(3, 2, {"text": "Let me", "text_offset": 0}) == [
+        "step 3 … attempt 2: the model's reply starts over"
+    ]
+    assert live.lines(4, 1, {"text": "Next.\n", "text_offset": 0}) == ["step 4 … Next."]
+
+
+async def test_run_shows_the_reply_while_the_model_writes_it(
+    worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    text = "".join(f"line {n:02} of a reply written slowly\n" for n in range(1, 9))
+    model_server.stream_interval_s = 0.06  # 4 characters an event: about 4 s for the reply
+    model_server.responder = Script([], final=text)
+    env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue)
+    run = await durable_agent("run", "x", "--workspace", str(workspace), "--no-worker", env=env)
+    assert run.returncode == 0, run
+    lines = run.stdout.splitlines()
+    live = [line for line in lines if line.startswith("step 1 … ")]
+    final = next(i for i, line in enumerate(lines) if line.startswith("step 1 · final answer"))
+    assert live, run.stdout  # the reply showed while it came, before its step ended
+    assert all(lines.index(line) < final for line in live)
+    shown = [line.removeprefix("step 1 … ") for line in live]
+    assert shown == sorted(set(shown)) and set(shown) <= set(text.splitlines()), shown  # in order, each once

@@ -173,8 +173,28 @@ async def test_the_pending_call_shows_the_chunks_received_so_far(
     last = seen[-1]
     assert last["phase"] == "receiving the reply" and last["characters_received"] == 4 * (last["chunks_received"])
     assert last["receiving_for_s"] > 0
+    assert "text" not in last  # nobody follows the run: counts only, no live view
     result = await asyncio.wait_for(handle.result(), 60)
     assert result.output == "word " * 160 and len(model_server.requests) == 1
+
+
+async def test_a_followed_run_beats_with_its_reply_so_far_redacted(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    # "test-key" is OPENAI_API_KEY's value (the model_server fixture): a secret of the worker.
+    model_server.stream_interval_s = 0.08
+    model_server.responder = Script([], final="test-key " + "word " * 160)
+    handle = await start(client, task_queue, start_signal="watch", goal="x", workspace=str(workspace))
+    texts: list[str] = []
+    while len(texts) < 3:
+        pending = await pending_model_call(handle)
+        [details] = await DataConverter.default.decode(pending.heartbeat_details.payloads)
+        if details.get("text") and details["text"] not in texts:
+            texts.append(details["text"])
+        await asyncio.sleep(0.2)
+    assert all(t.startswith("[REDACTED:OPENAI_API_KEY] word word") for t in texts), texts
+    assert len(texts[-1]) > len(texts[0])  # it grows as the reply comes: more than one beat
+    assert (await asyncio.wait_for(handle.result(), 60)).output.startswith("[REDACTED:OPENAI_API_KEY] word")
 
 
 def refuses_streaming(reply: Reply):

@@ -115,6 +115,8 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
         self._metrics = RunMetrics()
         self._in_flight: ModelContext | None = None
         self._ignored_signals: list[str] = []
+        self._watched_until: datetime | None = None
+        """Until when someone follows the run live (the `watch` signal)."""
         self._folded: list[Message] = []
         """Messages folded during this run: the `transcript` query shows them; earlier runs'
         are in the archive only."""
@@ -464,7 +466,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
         try:
             return await workflow.execute_activity(
                 "call_model",
-                ModelCallInput(context=ref, tools=tools, model=self._carry.model),
+                ModelCallInput(context=ref, tools=tools, model=self._carry.model, live=self._watched()),
                 result_type=ModelReply,
                 start_to_close_timeout=options.MODEL_START_TO_CLOSE,
                 heartbeat_timeout=options.MODEL_HEARTBEAT_TIMEOUT,
@@ -473,6 +475,9 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
             )
         finally:
             self._in_flight = None
+
+    def _watched(self) -> bool:
+        return self._watched_until is not None and workflow.now() < self._watched_until
 
     def _record_reply(self, reply: ModelReply) -> None:
         self._charge(reply)

@@ -6,7 +6,7 @@ and the internal `child_report` and `model_context`. A part of `AgentWorkflow`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         TranscriptRequest,
         UserMessage,
         WaitLink,
+        WatchRequest,
     )
     from workflows.validation_text import validation_text
     from workflows.wait_graph import wait_chains
@@ -38,7 +39,7 @@ with workflow.unsafe.imports_passed_through():
 
 _M = TypeVar("_M", bound=BaseModel)
 
-SIGNALS = ("pause", "resume", "add_message")
+SIGNALS = ("pause", "resume", "add_message", "watch")
 IGNORED_SIGNALS_KEPT = 10
 
 
@@ -85,6 +86,17 @@ class RunControl:
             self._ignore_signal(f'add_message ignored: {validation_text(e)} (expected {{"text": "..."}})')
             return
         self._carry.pending_user_messages.append(message.text)
+
+    @workflow.signal(name="watch")
+    def watch(self, raw: Any = None) -> None:
+        """Sent by `durable-agent run` and `watch` while they follow the run (not recorded
+        beyond the signal itself: the lease is not carried across continue-as-new)."""
+        try:
+            lease = WatchRequest.model_validate(raw or {})
+        except ValidationError as e:
+            self._ignore_signal(f'watch ignored: {validation_text(e)} (expected {{"for_s": 1-3600}})')
+            return
+        self._watched_until = workflow.now() + timedelta(seconds=lease.for_s)
 
     @workflow.signal(dynamic=True)
     def unknown_signal(self, name: str, args: Sequence[RawValue]) -> None:

@@ -338,6 +338,9 @@ class ModelCallInput(BaseModel):
     workflow for it (the `model_context` query)."""
     tools: list[str]
     model: str
+    live: bool = False
+    """Someone follows the run (the `watch` signal's lease): the call beats every second or
+    so with the reply's text so far, for their live view; otherwise its beats carry counts."""
 
 
 class ModelContextRequest(ModelContextRef):
@@ -588,6 +591,13 @@ class Resolution(BaseModel):
 
 class PauseRequest(_Strict):
     reason: str | None = None
+
+
+class WatchRequest(_Strict):
+    """The `watch` signal: someone follows the run live for the next `for_s` seconds (a lease
+    the follower renews), so its model calls carry their reply so far in their heartbeats."""
+
+    for_s: float = Field(default=120.0, ge=1.0, le=3600.0)
 
 
 class UserMessage(_Strict):

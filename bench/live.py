@@ -1,0 +1,97 @@
+"""What the live view of model replies costs: CPU per model call with it on and off, in one run.
+
+`python -m bench live [--agents 20] [--reply-s 3] [--rounds 4]`: `--agents` one-step runs at
+once, whose model reply (750 characters of text) streams over `--reply-s` seconds, on one
+worker process, in two modes alternating per round: followed (started with the `watch`
+signal, as `durable-agent run` starts them) and not followed. Per mode: CPU of the worker
+process and of the dev server per model call; the difference is what the live view costs a
+followed run (a heartbeat a second while the reply streams, carrying its last 4,000
+characters, redacted, and the signal). A run nobody follows pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+import uuid
+from typing import Any
+
+from bench.contenders import _cpu_s
+from bench.harness import Bench, bench, bench_input
+from bench.report import git_commit
+from durable_agent.connection import connect
+from durable_agent.model_server import Reply
+from durable_agent.runs import start_agent
+from workflows.types import WatchRequest
+
+TEXT = "word " * 150
+CHUNK_CHARS = 4
+
+
+def reply(request: dict[str, Any]) -> Reply:
+    return Reply(content=TEXT, input_tokens=50, output_tokens=150)
+
+
+async def measure(b: Bench, client: Any, worker_pid: int, agents: int, followed: bool) -> dict[str, float]:
+    pids = (worker_pid, b.server.process.pid)
+    cpu0 = {pid: _cpu_s(pid) for pid in pids}
+    b.model.requests.clear()
+    watch: dict[str, Any] = {"start_signal": "watch", "start_signal_args": [WatchRequest()]} if followed else {}
+    handles = [
+        await start_agent(client, bench_input("a", b.workspace(), 1), f"live-{uuid.uuid4().hex[:8]}", b.task_queue, **watch)
+        for _ in range(agents)
+    ]
+    await asyncio.gather(*(h.result() for h in handles))
+    calls = len(b.model.requests)
+    worker_ms, server_ms = (1000 * (_cpu_s(pid) - cpu0[pid]) / calls for pid in pids)
+    return {"worker_ms": round(worker_ms, 2), "server_ms": round(server_ms, 2), "calls": calls}
+
+
+async def run(agents: int, reply_s: float, rounds: int) -> dict[str, Any]:
+    with bench(reply) as b:
+        b.model.stream_interval_s = reply_s / (len(TEXT) / CHUNK_CHARS)
+        client = await connect(b.server.address)
+        worker = b.start_worker()
+        modes = {"followed": True, "not followed": False}
+        for followed in modes.values():  # warm up: start-up costs are in no figure
+            await measure(b, client, worker.pid, 2, followed)
+        results: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
+        for r in range(rounds):
+            for mode in list(modes) if r % 2 == 0 else list(reversed(modes)):
+                figures = await measure(b, client, worker.pid, agents, modes[mode])
+                stamp = time.strftime("%H:%M:%S")
+                print(f"[live {stamp}] round {r + 1} {mode}: {json.dumps(figures)}", file=sys.stderr)
+                results[mode].append(figures)
+    medians = {
+        mode: {k: statistics.median(f[k] for f in rows) for k in ("worker_ms", "server_ms")}
+        for mode, rows in results.items()
+    }
+    on, off = medians["followed"], medians["not followed"]
+    return {
+        "commit": git_commit(),
+        "agents": agents,
+        "reply_s": reply_s,
+        "rounds": rounds,
+        "median_cpu_ms_per_model_call": medians,
+        "live_view_cost_ms_per_followed_model_call": round(
+            on["worker_ms"] + on["server_ms"] - off["worker_ms"] - off["server_ms"], 2
+        ),
+        "results": results,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--agents", type=int, default=20)
+    parser.add_argument("--reply-s", type=float, default=3.0, help="how long each reply takes to stream")
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(run(args.agents, args.reply_s, args.rounds)), indent=2))
+
+
+if __name__ == "__main__":
+    main()

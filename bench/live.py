@@ -41,10 +41,8 @@ async def measure(b: Bench, client: Any, worker_pid: int, agents: int, followed:
     cpu0 = {pid: _cpu_s(pid) for pid in pids}
     b.model.requests.clear()
     watch: dict[str, Any] = {"start_signal": "watch", "start_signal_args": [WatchRequest()]} if followed else {}
-    handles = [
-        await start_agent(client, bench_input("a", b.workspace(), 1), f"live-{uuid.uuid4().hex[:8]}", b.task_queue, **watch)
-        for _ in range(agents)
-    ]
+    inputs = [bench_input("answer", b.workspace(), 1) for _ in range(agents)]
+    handles = [await start_agent(client, i, f"live-{uuid.uuid4().hex[:8]}", b.task_queue, **watch) for i in inputs]
     await asyncio.gather(*(h.result() for h in handles))
     calls = len(b.model.requests)
     worker_ms, server_ms = (1000 * (_cpu_s(pid) - cpu0[pid]) / calls for pid in pids)

@@ -833,11 +833,16 @@ async def list_runs(args: argparse.Namespace, console: Console) -> int:
     if args.state and args.state not in TERMINAL_STATES and args.state not in CLOSED_STATES:
         # A run terminated by the server keeps the AgentState it had: live means Running.
         query += " AND ExecutionStatus = 'Running'"
-    rows = [_list_row(run) async for run in client.list_workflows(query, limit=args.limit)]
+    rows: dict[str, tuple[str, ...]] = {}
+    async for run in client.list_workflows(query):
+        # Newest first: a run continued with `durable-agent continue` shows as its latest run.
+        rows.setdefault(run.id, _list_row(run))
+        if len(rows) >= args.limit:
+            break
     if not rows:
         console.line("no runs" + (f" in state {args.state}" if args.state else ""))
         return EXIT_OK
-    console.lines(_table([("ID", "STATE", "STEP", "TOKENS", "COST"), *rows]))
+    console.lines(_table([("ID", "STATE", "STEP", "TOKENS", "COST"), *rows.values()]))
     return EXIT_OK
 
 

@@ -32,7 +32,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.redaction import worker_redactor
-from durable_agent import demo_model, render, telemetry
+from durable_agent import cli_agents, demo_model, render, telemetry
 from durable_agent.codec_server import TOKEN_ENV, CodecServer, ui_origins
 from durable_agent.codecs import CodecError, EncryptionKeys, PayloadCodecChain
 from durable_agent.connection import home, task_queue
@@ -273,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--state", choices=LIST_STATES, help="only runs in this state")
     listing.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
     _add_gc_parser(commands)
+    cli_agents.add_parser(commands)
     return parser
 
 
@@ -338,6 +339,7 @@ def _add_run_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     run = _command(commands, "run", run_agent, "start a run and follow it live (Ctrl-C detaches)", epilog=LIMITS_HELP)
     run.add_argument("goal", help="what the agent should do")
     run.add_argument("--workspace", required=True, help="folder the agent works in (its tools cannot leave it)")
+    run.add_argument("--agent", help="run the agent file agents/NAME.md (see `durable-agent agents`)")
     run.add_argument("--model", help=f"model name (default {AgentInput.model_fields['model'].default})")
     run.add_argument("--fallback-model", help="model to switch to in the soft tier of a budget")
     tools = ", ".join(ALL_TOOLS)
@@ -578,13 +580,14 @@ def _agent_input(args: argparse.Namespace, demo: bool) -> AgentInput:
         raise CliError(f"workspace {args.workspace} does not exist")
     if not workspace.is_dir():
         raise CliError(f"workspace {args.workspace} is not a folder")
-    fields: dict[str, Any] = {
-        "goal": args.goal,
-        "workspace": str(workspace),
-        "tools": args.tools,
-        "limits": _limit_values(args),
-        "approval": {"tools": args.approve_tools, "commands": args.approve_commands},
-    }
+    # Only what was given: an agent file (--agent) fills in the rest.
+    fields: dict[str, Any] = {"goal": args.goal, "workspace": str(workspace), "agent": args.agent}
+    if args.tools is not None:
+        fields["tools"] = args.tools
+    if limits := _limit_values(args):
+        fields["limits"] = limits
+    if args.approve_tools or args.approve_commands:
+        fields["approval"] = {"tools": args.approve_tools, "commands": args.approve_commands}
     model = args.model or (demo_model.MODEL if demo else None)
     if model:
         fields["model"] = model
@@ -754,7 +757,7 @@ async def list_runs(args: argparse.Namespace, console: Console) -> int:
     if not rows:
         console.line("no runs" + (f" in state {args.state}" if args.state else ""))
         return EXIT_OK
-    console.lines(_table([("ID", "STATE", "STEP", "TOKENS", "COST"), *rows]))
+    console.lines(render.table([("ID", "STATE", "STEP", "TOKENS", "COST"), *rows]))
     return EXIT_OK
 
 
@@ -772,11 +775,6 @@ def _list_row(run: WorkflowExecution) -> tuple[str, ...]:
     # The workflow leaves AgentCostUsd unset while a model without a price was used.
     cost_text = "cost unknown" if cost is None else f"${cost:.4f}"
     return run.id, state, str(found.get(AGENT_STEP) or 0), f"{tokens:,}", cost_text
-
-
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
 # --- gc --------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ REVIEWER = agent_text(
     description="Reviews a change",
     model="reviewer-model",
     tools="[read_file, list_files]",
-    limits="{max_tool_calls: 7}",
+    limits="{max_tool_calls: 7, max_tokens: 90000}",
 )
 
 
@@ -80,7 +80,7 @@ async def test_the_file_reaches_the_model_and_the_input_overrides_it(
             agent="reviewer",
             model="given-model",
             tools=["read_file"],
-            limits={"max_model_calls": 9},
+            limits={"max_model_calls": 9, "max_tool_calls": 8},
         )
         assert (await overridden.result()).output == "overridden"
         over_status = await overridden.query("status", result_type=AgentStatus)
@@ -99,7 +99,8 @@ async def test_the_file_reaches_the_model_and_the_input_overrides_it(
     second = by_goal["overridden"]
     assert second["model"] == "given-model" and tool_names(second) == {"read_file"}
     assert system_messages(second)[0] == "You are REVIEWER-PROMPT."
-    assert over_status.limits.max_model_calls == 9 and over_status.limits.max_tool_calls == 7
+    assert (over_status.limits.max_model_calls, over_status.limits.max_tool_calls) == (9, 8)
+    assert over_status.limits.max_tokens == 90_000  # limits merge field by field
     # Found in DURABLE_AGENT_AGENTS_DIR; its preset sets the limits.
     assert system_messages(by_goal["shared"])[0] == "WRITER-PROMPT"
     assert shared_status.agent == f"writer ({shared / 'writer.md'})"
@@ -168,6 +169,8 @@ async def test_an_edit_after_the_start_changes_nothing_and_the_history_replays(
         ("yamly", agent_text("x", description="d", limits="{max_tokens: [}"), "agents/yamly.md: malformed front"),
         ("nofront", "just a prompt\n", "agents/nofront.md: malformed front matter: the file must start with"),
         ("preset", agent_text("x", description="d", preset="huge"), "agents/preset.md: limits.preset: input should"),
+        # Each is valid alone; the input's soft limit over the file's hard one is not.
+        ("clash", agent_text("x", description="d", limits="{hard_steps: 5}"), "agents/clash.md with the run's input"),
     ],
 )
 async def test_a_bad_or_unknown_agent_closes_the_run_at_its_start(
@@ -183,7 +186,8 @@ async def test_a_bad_or_unknown_agent_closes_the_run_at_its_start(
     if text is not None:
         write_agent(workspace / "agents", name, text)
     model_server.responder = Script([], final="must not be asked")
-    handle = await start(client, task_queue, goal="x", workspace=str(workspace), agent=name)
+    given = {"limits": {"soft_steps": 10}} if name == "clash" else {}
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace), agent=name, **given)
     with pytest.raises(WorkflowFailureError) as failure:
         await handle.result()
     assert expected in str(failure.value.cause), failure.value.cause

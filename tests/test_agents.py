@@ -14,7 +14,8 @@ from temporalio.worker import Worker
 
 from durable_agent.model_server import ModelServer, Reply
 from durable_agent.runs import chain_histories
-from tests.helpers import start, wait_for
+from durable_agent.server import EmbeddedServer
+from tests.helpers import cli_start_agent, start, wait_for
 from tests.scripts import ByGoal, Script, answer, goal_of, tools
 from tests.test_cli import cli_env, durable_agent
 from tests.test_replay import replay_failure
@@ -296,3 +297,31 @@ async def test_a_delegate_runs_its_agent_within_its_parents_bounds(
     assert tool_names(requests[0]) == {"read_file", "list_files"}
     assert child_status.agent == "helper (agents/helper.md)"
     assert child_status.limits.max_tokens <= 50_000
+
+
+async def test_a_run_started_from_the_temporal_cli_reads_its_file_once_across_its_restart(
+    temporal_server: EmbeddedServer,
+    client: Client,
+    worker: Worker,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+) -> None:
+    # `temporal workflow start` gives the server's 10 s task timeout: the run continues as new
+    # at once with the short one (workflows/agent.py), carrying what it read from the file.
+    write_agent(workspace / "agents", "reviewer", REVIEWER)
+    model_server.responder = Script([], final="from the cli")
+    run_id = f"temporal-cli-{task_queue}"
+    given = {"goal": "review", "workspace": str(workspace), "agent": "reviewer", "context": {"keep_recent_steps": 3}}
+    started = await cli_start_agent(temporal_server.address, task_queue, run_id, given)
+    assert started.returncode == 0, started
+    handle = client.get_workflow_handle(run_id, result_type=AgentResult)
+    assert (await handle.result()).output == "from the cli"
+    histories = await chain_histories(client, run_id)
+    assert len(histories) == 2
+    first, second = ([b"REVIEWER-PROMPT" in e.SerializeToString() for e in h.events] for h in histories)
+    assert not first[0] and any(first[1:])  # not in the first run's input; read and recorded by it
+    assert second[0] and not any(second[1:])  # carried in the second run's input; not read again
+    request = model_server.requests[0]
+    assert request["model"] == "reviewer-model" and system_messages(request)[0] == "You are REVIEWER-PROMPT."
+    assert tool_names(request) == {"read_file", "list_files"}

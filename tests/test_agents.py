@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
@@ -242,11 +243,16 @@ async def test_run_with_agent_runs_the_file_and_status_names_it(
     assert run.returncode == 0, run
     await asyncio.to_thread(reached.wait, 30)
     status = await durable_agent("status", run_id, env=env)
+    handle = client.get_workflow_handle(run_id, result_type=AgentResult)
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    described = await handle.describe()
     go_on.set()
+    # The Web UI: the run page's Current Details and its fixed Details.
+    assert "step 1 · reviewer-model · agent reviewer (agents/reviewer.md)" in metadata.current_details
+    assert (await described.static_details()).startswith("**Agent:** reviewer")
     assert status.returncode == 0, status
     assert f"{run_id}: running · step 1 · model reviewer-model · agent reviewer (agents/reviewer.md)" in status.stdout
     assert "tool calls 5" in status.stdout  # the option given beats the file's 7
-    handle = client.get_workflow_handle(run_id, result_type=AgentResult)
     assert (await handle.result()).output == "reviewed"
     request = model_server.requests[0]
     assert request["model"] == "reviewer-model" and system_messages(request)[0] == "You are REVIEWER-PROMPT."

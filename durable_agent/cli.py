@@ -586,8 +586,8 @@ def _agent_input(args: argparse.Namespace, demo: bool) -> AgentInput:
         fields["tools"] = args.tools
     if limits := _limit_values(args):
         fields["limits"] = limits
-    if args.approve_tools or args.approve_commands:
-        fields["approval"] = {"tools": args.approve_tools, "commands": args.approve_commands}
+    if approval := {k: v for k, v in (("tools", args.approve_tools), ("commands", args.approve_commands)) if v}:
+        fields["approval"] = approval
     model = args.model or (demo_model.MODEL if demo else None)
     if model:
         fields["model"] = model

@@ -13,6 +13,7 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.worker import Worker
 
+from durable_agent import cli
 from durable_agent.model_server import ModelServer, Reply
 from durable_agent.runs import chain_histories
 from durable_agent.server import EmbeddedServer
@@ -219,6 +220,19 @@ async def test_agents_lists_each_file_where_it_was_found_and_what_shadows_it(wor
 
     empty = await durable_agent("agents", "--workspace", str(tmp_path), env=cli_env(DURABLE_AGENT_AGENTS_DIR=None))
     assert empty.returncode == 0 and "no agent files in" in empty.stdout and "is not set" in empty.stdout
+
+
+def test_run_sends_only_the_options_given(workspace: Path) -> None:
+    # What is sent is what the agent file gives way to: an option not given must not be sent,
+    # not even as an empty list (an empty `approval.commands` would drop the file's gates).
+    args = ("run", "g", "--workspace", str(workspace), "--agent", "reviewer", "--approve-tools", "read_file")
+    given = cli._agent_input(cli.build_parser().parse_args(args), demo=False).model_dump(exclude_unset=True)
+    assert given == {
+        "goal": "g",
+        "workspace": str(workspace),
+        "agent": "reviewer",
+        "approval": {"tools": ["read_file"]},
+    }
 
 
 async def test_run_with_agent_runs_the_file_and_status_names_it(

@@ -62,7 +62,8 @@ async def test_the_file_reaches_the_model_and_the_input_overrides_it(
     shared = tmp_path / "shared-agents"
     write_agent(workspace / "agents", "reviewer", REVIEWER)
     write_agent(shared, "reviewer", agent_text("SHADOWED-PROMPT", description="shadowed", model="shadowed-model"))
-    write_agent(shared, "writer", agent_text("WRITER-PROMPT", description="Writes", preset="simple_qa"))
+    writer = agent_text("WRITER-PROMPT", description="Writes", preset="simple_qa", tools="write_file, read_file")
+    write_agent(shared, "writer", writer)
     monkeypatch.setenv("DURABLE_AGENT_AGENTS_DIR", str(shared))
     model_server.responder = ByGoal(
         {
@@ -106,6 +107,7 @@ async def test_the_file_reaches_the_model_and_the_input_overrides_it(
     assert over_status.limits.max_tokens == 90_000  # limits merge field by field
     # Found in DURABLE_AGENT_AGENTS_DIR; its preset sets the limits.
     assert system_messages(by_goal["shared"])[0] == "WRITER-PROMPT"
+    assert tool_names(by_goal["shared"]) == {"write_file", "read_file"}  # a comma-separated list, too
     assert shared_status.agent == f"writer ({shared / 'writer.md'})"
     assert shared_status.limits.max_model_calls == 3 and shared_status.limits.max_duration_s == 10
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from workflows.types import AgentInput
 from workflows.validation_text import validation_text
@@ -64,6 +64,12 @@ class AgentFrontMatter(BaseModel):
     approval: Any = None
     context: Any = None
     success_criteria: Any = None
+
+    @field_validator("tools", "mcp_servers", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: Any) -> Any:
+        # `tools: read_file, list_files`, as Claude Code's agent files write it, is a list too.
+        return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
 
     def input_fields(self, body: str) -> dict[str, Any]:
         """The `AgentInput` fields this file sets: only those it names, and its body."""

@@ -304,9 +304,10 @@ async def test_a_delegate_runs_its_agent_within_its_parents_bounds(
         tools=["read_file", "list_files", "delegate"],
         limits={"max_tokens": 100_000},
     )
-    child_id = (await wait_for(handle, lambda s: bool(s.children))).children[0].workflow_id
-    child = client.get_workflow_handle(child_id, result_type=AgentResult)
     # The file's approval gate is added to the parent's (none): its list_files waits for a person.
+    # Waited for through the parent's view: a query to the child could come before it exists.
+    waiting = await wait_for(handle, lambda s: any(c.state == "awaiting_approval" for c in s.children), 60)
+    child = client.get_workflow_handle(waiting.children[0].workflow_id, result_type=AgentResult)
     gated = await wait_for(child, lambda s: bool(s.pending_approvals))
     await child.execute_update("approve", {"call_id": gated.pending_approvals[0].call_id, "approved": True})
     assert (await handle.result()).output == "planned"

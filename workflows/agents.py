@@ -41,7 +41,8 @@ class AgentFileError(ValueError):
 
 
 def agent_path(name: str) -> str:
-    """Where an agent lives, relative to the workspace or DURABLE_AGENT_AGENTS_DIR's parent."""
+    """Where a workspace's agent file lies, relative to the workspace (in DURABLE_AGENT_AGENTS_DIR
+    it is `<dir>/<name>.md`)."""
     return f"{AGENTS_FOLDER}/{name}.md"
 
 

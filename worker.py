@@ -17,6 +17,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.worker import Interceptor, UnsandboxedWorkflowRunner, Worker
 
+from activities.agents import AgentActivities
 from activities.archive import ArchiveActivities
 from activities.cleanup import CleanupActivities
 from activities.model import ModelActivities
@@ -92,10 +93,11 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
 
 
 def workflow_activities() -> list[Callable[..., Any]]:
-    """The tools, the archive, the skills and the run's cleanup: some run as local activities,
-    which only the worker running the workflow can run."""
+    """The tools, the archive, the skills, the agent files and the run's cleanup: some run as
+    local activities, which only the worker running the workflow can run."""
     return [
         *ToolActivities().all(),
+        *AgentActivities().all(),
         *ArchiveActivities().all(),
         *SkillActivities().all(),
         *CleanupActivities().all(),

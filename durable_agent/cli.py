@@ -32,7 +32,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.redaction import worker_redactor
-from durable_agent import demo_model, render, telemetry
+from durable_agent import cli_agents, demo_model, render, telemetry
 from durable_agent.codec_server import TOKEN_ENV, CodecServer, ui_origins
 from durable_agent.codecs import CodecError, EncryptionKeys, PayloadCodecChain
 from durable_agent.connection import home, task_queue
@@ -296,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--state", choices=LIST_STATES, help="only runs in this state")
     listing.add_argument("--limit", type=_positive_int, default=50, help="at most this many runs (default 50)")
     _add_gc_parser(commands)
+    cli_agents.add_parser(commands)
     return parser
 
 
@@ -368,6 +369,7 @@ def _add_run_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     run = _command(commands, "run", run_agent, "start a run and follow it live (Ctrl-C detaches)", epilog=LIMITS_HELP)
     run.add_argument("goal", help="what the agent should do")
     run.add_argument("--workspace", required=True, help="folder the agent works in (its tools cannot leave it)")
+    run.add_argument("--agent", help="run the agent file agents/NAME.md (see `durable-agent agents`)")
     run.add_argument("--model", help=f"model name (default {AgentInput.model_fields['model'].default})")
     run.add_argument("--fallback-model", help="model to switch to in the soft tier of a budget")
     tools = ", ".join(ALL_TOOLS)
@@ -611,13 +613,14 @@ def _agent_input(args: argparse.Namespace, demo: bool) -> AgentInput:
     if not workspace.is_dir():
         raise CliError(f"workspace {args.workspace} is not a folder")
     _refuse_system_folder(args.workspace)
-    fields: dict[str, Any] = {
-        "goal": args.goal,
-        "workspace": str(workspace),
-        "tools": args.tools,
-        "limits": _limit_values(args),
-        "approval": {"tools": args.approve_tools, "commands": args.approve_commands},
-    }
+    # Only what was given: an agent file (--agent) fills in the rest.
+    fields: dict[str, Any] = {"goal": args.goal, "workspace": str(workspace), "agent": args.agent}
+    if args.tools is not None:
+        fields["tools"] = args.tools
+    if limits := _limit_values(args):
+        fields["limits"] = limits
+    if approval := {k: v for k, v in (("tools", args.approve_tools), ("commands", args.approve_commands)) if v}:
+        fields["approval"] = approval
     model = args.model or (demo_model.MODEL if demo else None)
     if model:
         fields["model"] = model
@@ -842,7 +845,7 @@ async def list_runs(args: argparse.Namespace, console: Console) -> int:
     if not rows:
         console.line("no runs" + (f" in state {args.state}" if args.state else ""))
         return EXIT_OK
-    console.lines(_table([("ID", "STATE", "STEP", "TOKENS", "COST"), *rows.values()]))
+    console.lines(render.table([("ID", "STATE", "STEP", "TOKENS", "COST"), *rows.values()]))
     return EXIT_OK
 
 
@@ -861,11 +864,6 @@ def _list_row(run: WorkflowExecution) -> tuple[str, ...]:
     # model reply yet has no cost to show either way.
     cost_text = "-" if not tokens else "cost unknown" if cost is None else f"${cost:.4f}"
     return run.id, state, str(found.get(AGENT_STEP) or 0), f"{tokens:,}", cost_text
-
-
-def _table(rows: list[tuple[str, ...]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
 # --- gc --------------------------------------------------------------------------------

@@ -95,9 +95,16 @@ def result_lines(result: AgentResult, files: bool = True) -> list[str]:
     return lines
 
 
+def table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows as left-aligned columns, the first row their heading."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
 def status_lines(run_id: str, status: AgentStatus) -> list[str]:
     lines = [
-        f"{run_id}: {status.state} · step {status.step} · model {status.model}",
+        f"{run_id}: {status.state} · step {status.step} · model {status.model}"
+        + (f" · agent {status.agent}" if status.agent else ""),
         f"usage: {full_usage_text(status.usage)}",
         f"limits: {limits_text(status.limits)}",
     ]

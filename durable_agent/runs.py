@@ -31,9 +31,12 @@ async def start_agent(
 ) -> WorkflowHandle[Any, AgentResult]:
     """`start_signal` (e.g. "pause", or "watch" from a follower) comes with the start, so the
     run has it before its first step."""
+    # An agent run's input holds only the fields given: the run lays them over its agent file
+    # and must tell them from defaults (workflows/agents.py).
+    payload = agent.model_dump(mode="json", exclude_unset=True) if agent.agent else agent
     return await client.start_workflow(
         WORKFLOW_TYPE,
-        agent,
+        payload,
         id=workflow_id,
         task_queue=task_queue or default_task_queue(),
         task_timeout=WORKFLOW_TASK_TIMEOUT,

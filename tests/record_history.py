@@ -1,5 +1,6 @@
 """Record a real run's history for the replay test: `python -m tests.record_history`
-(`--compaction`: a run with compactions; `--delegate`: a parent's and a delegate's histories).
+(`--compaction`: a run with compactions; `--delegate`: a parent's and a delegate's histories;
+`--agent-file`: a run of an agent file, read at its start).
 
 The scenario touches every kind of command the workflow emits: parallel tool activities,
 an approval (update), a pause and a user message (signals), raised limits, a model
@@ -33,6 +34,7 @@ from workflows.types import AgentInput
 
 HISTORY_FILE = Path(__file__).parent / "histories" / "agent_run.json"
 COMPACTION_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_compaction.json")
+AGENT_FILE_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_agent_file.json")
 DELEGATE_FILES = (
     Path(__file__).parent / "histories" / "delegate" / "parent.json",
     Path(__file__).parent / "histories" / "delegate" / "child.json",
@@ -94,6 +96,22 @@ async def record_compaction(client: Client, task_queue: str, workspace: Path, mo
     return await handle.fetch_history()
 
 
+async def record_agent_file(client: Client, task_queue: str, workspace: Path, model: ModelServer) -> WorkflowHistory:
+    """A run of `agents/recorder.md` (model, tools, a preset, a prompt), with one field given."""
+    (workspace / "agents").mkdir()
+    (workspace / "agents" / "recorder.md").write_text(
+        "---\ndescription: Records a history\nmodel: recorder-model\ntools: [write_file, read_file]\n"
+        "preset: report\n---\nYou record histories.\n"
+    )
+    model.responder = Script([tools(("write_file", {"path": "a.txt", "content": "a"}))], final="recorded")
+    agent = AgentInput(
+        goal="record an agent file", workspace=str(workspace), agent="recorder", limits={"hard_steps": 9}
+    )
+    handle = await start_agent(client, agent, f"replay-{uuid.uuid4().hex[:8]}", task_queue)
+    await handle.result()
+    return await handle.fetch_history()
+
+
 def delegate_scenario() -> ByGoal:
     return ByGoal(
         {
@@ -141,11 +159,21 @@ async def main(kind: str) -> None:
             workspace = home / "ws"
             workspace.mkdir()
             async with build_worker(client, "record"):
-                recorders = {"compaction": record_compaction, "delegate": record_delegate, "agent": record}
+                recorders = {
+                    "compaction": record_compaction,
+                    "delegate": record_delegate,
+                    "agent-file": record_agent_file,
+                    "agent": record,
+                }
                 histories = await recorders[kind](client, "record", workspace, model)
     finally:
         server.stop()  # a failed recording must not leave a dev server behind
-    files = {"compaction": (COMPACTION_HISTORY_FILE,), "delegate": DELEGATE_FILES, "agent": (HISTORY_FILE,)}[kind]
+    files = {
+        "compaction": (COMPACTION_HISTORY_FILE,),
+        "delegate": DELEGATE_FILES,
+        "agent-file": (AGENT_FILE_HISTORY_FILE,),
+        "agent": (HISTORY_FILE,),
+    }[kind]
     if not isinstance(histories, tuple):
         histories = (histories,)
     for path, history in zip(files, histories, strict=True):
@@ -157,7 +185,7 @@ async def main(kind: str) -> None:
 
 
 if __name__ == "__main__":
-    kinds = [a.removeprefix("--") for a in sys.argv[1:] if a in ("--compaction", "--delegate")]
+    kinds = [a.removeprefix("--") for a in sys.argv[1:] if a in ("--compaction", "--delegate", "--agent-file")]
     asyncio.run(main(kinds[0] if kinds else "agent"))
     sys.stdout.flush()
     os._exit(0)

@@ -26,6 +26,7 @@ from temporalio.exceptions import ApplicationError, FailureError
 with workflow.unsafe.imports_passed_through():
     from activities import model_context as context_delivery
     from workflows import compaction, limits, options
+    from workflows.agents import AgentDefinition, AgentFileError, AgentRequest, effective_input
     from workflows.context import (
         WireContext,
         estimate_tokens,
@@ -169,6 +170,8 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
 
     async def _begin(self) -> None:
         """Before the first step; a cancel that comes with the start lands in `run`'s handler."""
+        if self._agent.agent and not self._carry.agent_file:
+            await self._load_agent()  # before any continue-as-new, which carries the result
         if self._task_timeout_too_long():
             await workflow.wait_condition(workflow.all_handlers_finished)
             workflow.continue_as_new(self._input_for_next_run(), task_timeout=options.WORKFLOW_TASK_TIMEOUT)
@@ -194,6 +197,33 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
             result.files = cleaned.note
         except ACTIVITY_FAILED as e:
             result.files = f"cleaning up the run's files failed: {failure_message(e)}; `durable-agent gc` can retry"
+
+    async def _load_agent(self) -> None:
+        """The agent file, read once and recorded (a later edit cannot change a replay), under
+        the input: the run goes on as if the merged input had been given. A bad or unknown
+        file closes the run here, before any model call."""
+        name = self._agent.agent
+        self._doing = f"loading agent {name}"
+        try:
+            definition = await workflow.execute_local_activity(
+                "load_agent",
+                AgentRequest(workspace=self._agent.workspace, name=name or ""),
+                result_type=AgentDefinition,
+                start_to_close_timeout=options.AGENT_FILE_TIMEOUT,
+                retry_policy=options.TOOL_RETRY,
+                local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
+                summary=f"load_agent: {name}",
+            )
+            merged = effective_input(self._agent, definition)
+        except ACTIVITY_FAILED as e:
+            raise_if_cancelled(e)
+            raise ApplicationError(failure_message(e), type="AgentFileError", non_retryable=True) from None
+        except AgentFileError as e:
+            raise ApplicationError(str(e), type="AgentFileError", non_retryable=True) from None
+        self._input, self._limits = merged, merged.limits
+        self._carry.model = merged.model
+        self._carry.view = ModelView(session=initial_messages(merged))
+        self._carry.agent_file = definition.path
 
     def _run_folder(self) -> str:
         return compaction.run_folder(workflow.info().workflow_id, self._carry.first_run_id)

@@ -176,6 +176,7 @@ class RunControl:
             state=self._state() if self._input else "starting",
             step=self._carry.step,
             model=self._carry.model,
+            agent=self._agent_label(),
             usage=self._result.usage if self._result else spend.usage,
             limits=self._limits,
             pending_approvals=list(self._pending_approvals.values()),
@@ -192,6 +193,11 @@ class RunControl:
             children=list(self._delegates.running.values()),
             wait_chains=self._wait_chains() if self._input else [],
         )
+
+    def _agent_label(self) -> str | None:
+        """`name (file)` once the agent file is read; its bare name until then."""
+        name = self._input.agent if self._input else None
+        return f"{name} ({self._carry.agent_file})" if name and self._carry.agent_file else name
 
     def _wait_chains(self) -> list[list[WaitLink]]:
         return wait_chains(

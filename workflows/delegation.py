@@ -108,9 +108,11 @@ def carve_limits(limits: Limits, usage: Usage, elapsed_s: float, reserved: list[
 
 
 def child_input(
-    parent: AgentInput, goal: str, tools: list[str], limits: Limits, model: str, link: ParentLink
+    parent: AgentInput, goal: str, tools: list[str], limits: Limits, model: str, link: ParentLink, agent: str | None
 ) -> AgentInput:
+    """With `agent`, the child runs that agent file within these fields as bounds (workflows/agents.py)."""
     return AgentInput(
+        agent=agent,
         goal=goal,
         workspace=parent.workspace,
         model=model,
@@ -205,6 +207,7 @@ class Delegates:
         goal: str,
         tools: list[str] | None,
         budget_share: float | None,
+        agent_name: str | None,
         parent: ParentSide,
         on_wait_problem: AttentionHandler,
     ) -> ToolOutcome:
@@ -217,7 +220,7 @@ class Delegates:
             )
             depth = (agent.parent.depth if agent.parent else 0) + 1
             link = ParentLink(workflow_id=workflow.info().workflow_id, depth=depth)
-            child = child_input(agent, goal, child_tools(agent, tools), carved, parent.model, link)
+            child = child_input(agent, goal, child_tools(agent, tools), carved, parent.model, link, agent_name)
         except DelegateRefused as e:
             return ToolOutcome(ok=False, error=str(e))
         child_id = child_workflow_id(key)

@@ -98,6 +98,8 @@ SKILLS_PATCH = "skills-catalog"
 """`workflow.patched` id: runs recorded before skills existed list none at their start."""
 SKILLS_TIMEOUT = timedelta(seconds=30)
 """Listing the skill folders at a run's start."""
+AGENT_FILE_TIMEOUT = timedelta(seconds=30)
+"""Reading the input's agent file at a run's start (a local activity: one small file)."""
 LOCAL_TOOLS_PATCH = "file-tools-local"
 """`workflow.patched` id: runs recorded before the change replay with regular activities."""
 WAITS_NOT_TIMED_PATCH = "waits-not-timed"

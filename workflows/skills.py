@@ -76,9 +76,9 @@ def check_name(name: str) -> str:
     return name
 
 
-def parse_skill(folder_name: str, text: str) -> SkillFile:
-    """A SKILL.md's front matter and body, or SkillError saying what is wrong with it."""
-    where = f"{SKILLS_FOLDER}/{folder_name}/{SKILL_FILE}"
+def split_front_matter(text: str, where: str) -> tuple[str, str]:
+    """(front matter, body) of a file that starts with front matter between '---' lines, as
+    skills and agent files (workflows/agents.py) do; SkillError names `where` otherwise."""
     lines = text.splitlines()
     if not lines or lines[0].strip() != "---":
         raise SkillError(f"{where}: malformed front matter: the file must start with a '---' line")
@@ -86,8 +86,15 @@ def parse_skill(folder_name: str, text: str) -> SkillFile:
         end = next(i for i, line in enumerate(lines[1:], start=1) if line.strip() == "---")
     except StopIteration:
         raise SkillError(f"{where}: malformed front matter: no closing '---' line") from None
+    return "\n".join(lines[1:end]), "\n".join(lines[end + 1 :])
+
+
+def parse_skill(folder_name: str, text: str) -> SkillFile:
+    """A SKILL.md's front matter and body, or SkillError saying what is wrong with it."""
+    where = f"{SKILLS_FOLDER}/{folder_name}/{SKILL_FILE}"
+    header, body = split_front_matter(text, where)
     fields: dict[str, str] = {}
-    for number, line in enumerate(lines[1:end], start=2):
+    for number, line in enumerate(header.splitlines(), start=2):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         key, sep, value = line.partition(":")
@@ -102,7 +109,7 @@ def parse_skill(folder_name: str, text: str) -> SkillFile:
         raise SkillError(f"{where}: front matter names {name!r}, but the folder is {folder_name!r}")
     if len(description) > MAX_DESCRIPTION_CHARS:
         raise SkillError(f"{where}: description is longer than {MAX_DESCRIPTION_CHARS} characters")
-    return SkillFile(name=name, description=description, body="\n".join(lines[end + 1 :]).strip())
+    return SkillFile(name=name, description=description, body=body.strip())
 
 
 def catalog_text(catalog: SkillCatalog) -> str | None:

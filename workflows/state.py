@@ -152,6 +152,9 @@ class Carry(BaseModel):
     """The offline estimate of the last request, to compare with its reported input tokens."""
     livelock: LivelockTracker = Field(default_factory=LivelockTracker)
     first_run_id: str = ""
+    agent_file: str = ""
+    """The agent file read at the chain's start and laid under its input (workflows/agents.py);
+    empty until then, or without one."""
     skills_listed: bool = False
     """The skills were listed (once per chain, at its first run that reaches its loop)."""
     loaded_skills: list[str] = Field(default_factory=list)

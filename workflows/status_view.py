@@ -48,6 +48,8 @@ def budget_block(status: AgentStatus) -> list[str]:
 
 def details_markdown(status: AgentStatus) -> str:
     lines = [f"**{status.state}** · step {status.step} · {plain(status.model)}"]
+    if status.agent:
+        lines[0] += f" · agent {plain(status.agent)}"
     if status.activity:
         lines += ["", f"Now: {plain(status.activity)}"]
     if status.pending_approvals:
@@ -113,7 +115,9 @@ def start_details(agent: AgentInput) -> str:
     """The run page's fixed "Details": what the run was given and how to steer it."""
     limits, fallback = agent.limits, agent.fallback_model
     gated = [*agent.approval.tools, *(f"run_command ~ /{c}/" for c in agent.approval.commands)]
+    named = [f"**Agent:** {plain(agent.agent)} (its file gives what this input does not)", ""] if agent.agent else []
     lines = [
+        *named,
         f"**Workspace:** {plain(agent.workspace)}",
         "",
         f"**Model:** {plain(agent.model)}" + (f", falls back to {plain(fallback)}" if fallback else ""),

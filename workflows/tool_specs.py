@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from workflows.types import ALL_TOOLS, ToolCall
+from workflows.types import AGENT_NAME, ALL_TOOLS, ToolCall
 
 
 class _Args(BaseModel):
@@ -104,6 +104,11 @@ class DelegateArgs(_Args):
     )
     budget_share: float | None = Field(
         default=None, gt=0, le=1, description="Fraction of your remaining budget it may spend (default 0.5)."
+    )
+    agent: str | None = Field(
+        default=None,
+        pattern=AGENT_NAME,
+        description="An agent definition (agents/<name>.md) for the delegate to run: its prompt, model and tools.",
     )
 
 

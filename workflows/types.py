@@ -201,6 +201,9 @@ class SandboxSettings(_Strict):
     """Let commands reach the network (and with it any service the worker's host can reach)."""
 
 
+AGENT_NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+"""An agent's name is its file's name without `.md`: lowercase letters, digits, `.`, `_`, `-`."""
+
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_PREFIXES = ("TEMPORAL_", "DURABLE_AGENT_", "OPENAI_")
 """The worker's own connection settings and secrets: no run may pass them to its commands."""
@@ -231,6 +234,13 @@ class AgentInput(_Strict):
     env_allow: list[str] = Field(default_factory=list)
     """Names of worker environment variables that commands may see, besides PATH, the locale,
     TERM, HOME and TMPDIR (which are the sandbox's own)."""
+    agent: str | None = Field(default=None, pattern=AGENT_NAME)
+    """An agent file's name (`agents/<name>.md`, workflows/agents.py): its fields fill in what
+    this input does not give. The run's first activity reads it; the run then carries the result."""
+    mcp_servers: list[str] = Field(default_factory=list)
+    """Reserved (DESIGN.md §5c): accepted and carried, not used yet."""
+    success_criteria: str | None = None
+    """Reserved (a definition of done): accepted and carried, not used yet."""
 
     @field_validator("env_allow")
     @classmethod
@@ -658,6 +668,8 @@ class AgentStatus(BaseModel):
     state: RunState | Literal["starting"]
     step: int
     model: str
+    agent: str | None = None
+    """The agent file the run runs, as `name (path)`; None for a run without one."""
     usage: Usage
     limits: Limits
     pending_approvals: list[PendingApproval] = Field(default_factory=list)

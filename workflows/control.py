@@ -39,7 +39,8 @@ with workflow.unsafe.imports_passed_through():
 
 _M = TypeVar("_M", bound=BaseModel)
 
-SIGNALS = ("pause", "resume", "add_message", "watch")
+SIGNALS = ("pause", "resume", "add_message")
+"""The signals a person sends; `watch` (from `run` and `watch`) and `child_report` are the tools' own."""
 IGNORED_SIGNALS_KEPT = 10
 
 

@@ -45,6 +45,18 @@ def open_regular(path: str | Path, shown: str | None = None) -> BinaryIO:
         raise
 
 
+def fdopen_regular(fd: int, shown: str) -> BinaryIO:
+    """An opened descriptor (non-blocking) as a blocking binary reader, if it is a regular
+    file; closes it and raises NotRegularFile or IsADirectoryError otherwise."""
+    try:
+        _check(os.fstat(fd).st_mode, shown, shown)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def create_regular(path: str | Path) -> BinaryIO:
     """A new regular file at `path` for binary writing, replacing whatever was there: a FIFO
     or link left in its place is removed, never opened (a FIFO's open would block)."""

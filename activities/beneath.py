@@ -2,14 +2,17 @@
 the file tools use can lead out of it, however a command races them.
 
 A path checked and then opened by name can be swapped in between: a command that keeps
-replacing a folder by a symlink to `/etc` wins that race now and then. Here every path is
-resolved by the kernel relative to the workspace's descriptor, in one step:
-`openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` (Linux 5.6) follows symlinks only while
-they stay inside, and fails with EXDEV the moment one leads out. Where the kernel lacks
-openat2, each component is opened with O_NOFOLLOW from the one before, and any symlink
-on the way is refused. A file is replaced by writing a temporary file in the same opened
-folder and renaming it there (`renameat` through that descriptor): the rename cannot
-land anywhere else, and replaces a symlink rather than writing through it.
+replacing a folder by a symlink to `/etc` wins that race now and then. Here a path is
+resolved relative to the workspace's descriptor, never by name:
+`openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)` (Linux 5.6) opens a file's folder in one
+step, following symlinks only while they stay inside and failing with EXDEV the moment one
+leads out. Where the kernel lacks openat2, where it refuses a symlink that may still stay
+inside (an absolute one into the workspace), and for a symlink at the end, `_walk` goes
+component by component, each folder opened with O_NOFOLLOW from the one before and each
+symlink read and walked the same way, never above the workspace. A file is replaced by
+writing a temporary file in the opened folder and renaming it there (`renameat` through
+that descriptor): the rename cannot land anywhere else, and replaces a symlink swapped in
+at the name rather than writing through it.
 """
 
 from __future__ import annotations

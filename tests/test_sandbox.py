@@ -902,3 +902,30 @@ async def test_an_unsandboxed_command_swapping_durable_agent_never_gets_the_jour
     await asyncio.wait_for(handle.result(), timeout=60)
     assert [str(p.relative_to(outside)) for p in outside.rglob("*")] == []
     assert "symlink" in tool_results(model_server.requests[-1])[0]
+
+
+SYSCALLS = textwrap.dedent(
+    """
+    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    def tried(name, result):
+        print(name, "allowed" if result >= 0 else os.strerror(ctypes.get_errno()))
+    tried("ptrace", libc.ptrace(0, 0, None, None))  # PTRACE_TRACEME: needs no capability
+    tried("unshare-user", libc.unshare(0x10000000))  # CLONE_NEWUSER: needs no capability
+    tried("keyctl", libc.syscall(250, 0, -3, 0))  # KEYCTL_GET_KEYRING_ID of the session keyring
+    tried("perf_event_open", libc.syscall(298, None, 0, -1, -1, 0))
+    tried("bpf", libc.syscall(321, 0, None, 0))
+    tried("clone-newns", libc.syscall(56, 0x00020000 | 17, 0, 0, 0, 0))  # CLONE_NEWNS | SIGCHLD
+    """
+)
+"""System calls an unprivileged process may make, or fails at only for want of a capability,
+each tried directly (x86_64 numbers): the seccomp filter must refuse every one with EPERM."""
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the script uses x86_64 system call numbers")
+async def test_the_seccomp_filter_refuses_what_no_capability_would(workspace: Path) -> None:
+    call = tool_call(workspace, command=f"python3 -c {shlex.quote(SYSCALLS)}")
+    outcome = await ActivityEnvironment().run(ToolActivities().run_command, call)
+    results = dict(line.split(" ", 1) for line in outcome.output.splitlines() if " " in line and ":" not in line)
+    expected = ["ptrace", "unshare-user", "keyctl", "perf_event_open", "bpf", "clone-newns"]
+    assert results == {name: "Operation not permitted" for name in expected}, outcome.output

@@ -21,6 +21,8 @@ Entries are authenticated: each holds an HMAC-SHA256 of its stage, its idempoten
 its content, under a key that no command can read (`journal_key`: outside every
 workspace). An entry whose HMAC does not verify, forged or moved from another call's
 name, is never trusted: the call fails with a `JournalForged` tool error that says so.
+Entries are read and written through the journal folder's descriptor, opened level by level
+from the workspace with O_NOFOLLOW (`Journal._opened`): never through a swapped-in symlink.
 """
 
 from __future__ import annotations

@@ -16,15 +16,27 @@ it and reports the call as interrupted, and a `write_file` writes the same bytes
 The journal lives in the workspace because the workspace is what every worker that runs
 its tools can see. Entries are redacted of secrets (activities/redaction.py) and readable
 by the worker's user only.
+
+Entries are authenticated: each holds an HMAC-SHA256 of its stage, its idempotency key and
+its content, under a key that no command can read (`journal_key`: outside every
+workspace). An entry whose HMAC does not verify, forged or moved from another call's
+name, is never trusted: the call fails with a `JournalForged` tool error that says so.
+Entries are read and written through the journal folder's descriptor, opened level by level
+from the workspace with O_NOFOLLOW (`Journal._opened`): never through a swapped-in symlink.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import hmac
 import json
 import os
+import secrets
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +45,55 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.redaction import worker_redactor
-from activities.regular_files import NotRegularFile, read_regular
+from activities.regular_files import NotRegularFile, fdopen_regular, read_regular
 from activities.workspace import RESERVED_DIR
 from workflows.types import ToolOutcome
 
 JOURNAL_DIR = f"{RESERVED_DIR}/journal"
 ENTRY_MODE = 0o600
+KEY_ENV = "DURABLE_AGENT_JOURNAL_KEY"
+KEY_FILE = "journal.key"
+MAC_FIELD = "mac"
+
+
+@cache
+def journal_key() -> bytes:
+    """The key of the journal's HMACs: `DURABLE_AGENT_JOURNAL_KEY` (workers that share
+    workspaces on several machines set the same one), else `journal.key` in
+    `DURABLE_AGENT_HOME`, made on first use, 0600. Commands never see either: the sandbox
+    binds no home and passes no `DURABLE_AGENT_*` variable."""
+    from durable_agent.connection import home  # here: durable_agent.connection imports the tools
+
+    given = os.environ.get(KEY_ENV)
+    if given:
+        return given.encode()
+    path = home() / KEY_FILE
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        key = read_regular(path)
+        if len(key) < 32:
+            raise ValueError(f"{path} holds {len(key)} bytes, not a journal key: remove it to make a new one") from None
+        return key
+    with os.fdopen(fd, "wb") as f:
+        key = secrets.token_bytes(32)
+        f.write(key)
+    return key
+
+
+def _mac(stage: str, key: str, entry: dict[str, Any]) -> str:
+    body = json.dumps({"stage": stage, "key": key, "entry": entry}, sort_keys=True, ensure_ascii=False)
+    return hmac.new(journal_key(), body.encode(), hashlib.sha256).hexdigest()
 
 
 def key_digest(idempotency_key: str) -> str:
     """A file-name-safe digest of an idempotency key (which may hold any characters)."""
     return hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]
+
+
+class JournalUnsafe(Exception):
+    """A folder on the way to the journal is a symlink or not a folder; the message is written for the model."""
 
 
 class JournalFull(Exception):
@@ -62,6 +112,7 @@ class Journal:
         `make_folder` before the first entry is written (a run that only reads leaves no
         folder); default the workspace's shared `journal/` of calls recorded before
         per-chain folders, uncapped."""
+        self.workspace_root = str(workspace_root)
         self.folder = folder if folder is not None else Path(workspace_root) / JOURNAL_DIR
         self._shared = folder is None
         self.max_bytes = max_bytes
@@ -87,38 +138,74 @@ class Journal:
             )
 
     def completed(self, key: str) -> ToolOutcome | None:
-        entry = self._load(self._path(key, "done"))
+        entry = self._load(key, "done")
         if entry is None:
             return None
         try:
             return ToolOutcome.model_validate(entry["outcome"])
         except (KeyError, ValidationError) as e:
-            raise _corrupt(self._path(key, "done")) from e
+            raise _corrupt(self._shown(self._path(key, "done"))) from e
 
     def started(self, key: str) -> dict[str, Any] | None:
         """The record of an attempt that began but never completed, if any. An empty one still
         says the attempt began: it is a synced record whose unsynced update (a command's
         process group) a machine crash cut short, never grounds to act again."""
-        return self._load(self._path(key, "started"), empty={})
+        return self._load(key, "started", empty={})
 
     def start(self, key: str, record: dict[str, Any], durable: bool = True) -> None:
         """Note (or update) what an attempt is about to do or is doing. `durable`: on disk
         before returning; an update that only adds detail to a durable record need not be."""
         self._ensure_folder()
-        atomic_write(self._path(key, "started"), _dumps({"key": key, **record}), ENTRY_MODE, durable=durable)
+        entry = _signed("started", {"key": key, **record})
+        with self._opened(create=True) as folder_fd:
+            write_at(folder_fd, self._name(key, "started"), entry, ENTRY_MODE, durable=durable)
 
     def complete(self, key: str, outcome: ToolOutcome) -> None:
         self._ensure_folder()
-        atomic_write(self._path(key, "done"), _dumps({"key": key, "outcome": outcome.model_dump()}), ENTRY_MODE)
-        if self._shared:
-            # The shared journal of calls recorded before per-step folders: nothing prunes it.
-            # A step folder keeps the start record until the next step removes the folder:
-            # should a machine crash leave the done record empty, the start record remains.
-            self._path(key, "started").unlink(missing_ok=True)
+        entry = _signed("done", {"key": key, "outcome": outcome.model_dump()})
+        with self._opened(create=True) as folder_fd:
+            write_at(folder_fd, self._name(key, "done"), entry, ENTRY_MODE)
+            if self._shared:
+                # The shared journal of calls recorded before per-step folders: nothing prunes it.
+                # A step folder keeps the start record until the next step removes the folder:
+                # should a machine crash leave the done record empty, the start record remains.
+                _unlink_at(folder_fd, self._name(key, "started"))
 
     def forget_start(self, key: str) -> None:
         """Drop a start record for an attempt that provably did nothing."""
-        self._path(key, "started").unlink(missing_ok=True)
+        try:
+            with self._opened() as folder_fd:
+                _unlink_at(folder_fd, self._name(key, "started"))
+        except FileNotFoundError:
+            pass
+
+    @contextmanager
+    def _opened(self, create: bool = False) -> Iterator[int]:
+        """The journal's folder, opened level by level from the workspace with O_NOFOLLOW: a
+        `.durable-agent` (or any folder below it) swapped for a symlink is refused, never
+        written through, whenever it was swapped. `create`: missing levels are made."""
+        fd = os.open(self.workspace_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in self.folder.relative_to(self.workspace_root).parts:
+                if create:
+                    try:
+                        os.mkdir(part, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                try:
+                    below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                except OSError as e:
+                    if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+                        raise
+                    raise JournalUnsafe(
+                        f"not run: {self._shown(self.folder)} is a symlink or a file, or lies under one; "
+                        "durable-agent never keeps its journal through one: remove it"
+                    ) from None
+                os.close(fd)
+                fd = below
+            yield fd
+        finally:
+            os.close(fd)
 
     def _ensure_folder(self) -> None:
         if self._make_folder is not None:
@@ -126,17 +213,31 @@ class Journal:
             self._make_folder = None
 
     def _path(self, key: str, stage: str) -> Path:
-        return self.folder / f"{key_digest(key)}.{stage}.json"
+        return self.folder / self._name(key, stage)
 
     @staticmethod
-    def _load(path: Path, empty: dict[str, Any] | None = None) -> dict[str, Any] | None:
-        """The entry at `path`, None if there is none, `empty` if the file is empty."""
+    def _name(key: str, stage: str) -> str:
+        return f"{key_digest(key)}.{stage}.json"
+
+    def _load(self, key: str, stage: str, empty: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The entry of `key` at `stage`, None if there is none, `empty` if the file is empty;
+        raises JournalForged unless it is the authenticated entry of that key and stage."""
+        path = self._path(key, stage)
         try:
-            data = read_regular(path)
+            with self._opened() as folder_fd:
+                fd = os.open(
+                    self._name(key, stage), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder_fd
+                )
+                with fdopen_regular(fd, self._shown(path)) as f:
+                    data = f.read()
         except FileNotFoundError:
             return None
         except (NotRegularFile, IsADirectoryError) as e:
-            raise _corrupt(path) from e
+            raise _corrupt(self._shown(path)) from e
+        except OSError as e:
+            if e.errno != errno.ELOOP:  # the entry itself is a symlink
+                raise
+            raise _corrupt(self._shown(path)) from e
         if not data:
             # What a machine crash can leave of a record that was not synced: a done record
             # reads as never written, so a command or edit falls back on its start record.
@@ -144,10 +245,23 @@ class Journal:
         try:
             entry = json.loads(data)
         except (ValueError, RecursionError) as e:
-            raise _corrupt(path) from e
+            raise _corrupt(self._shown(path)) from e
         if not isinstance(entry, dict):
-            raise _corrupt(path)
+            raise _corrupt(self._shown(path))
+        mac = entry.pop(MAC_FIELD, None)
+        if not isinstance(mac, str) or not hmac.compare_digest(mac, _mac(stage, key, entry)):
+            activity.logger.warning("journal entry %s fails authentication: not trusted", path)
+            raise ApplicationError(
+                f"tool journal entry {self._shown(path)} fails authentication: it was forged, or moved from "
+                "another call, or written by a worker without this journal key; it is not trusted and the "
+                "call was not run: inspect it, then delete it to let the call run",
+                type="JournalForged",
+                non_retryable=True,
+            )
         return entry
+
+    def _shown(self, path: Path) -> str:
+        return os.path.relpath(path, self.workspace_root)
 
 
 def atomic_write(path: Path, data: bytes, mode: int | None = None, durable: bool = False) -> None:
@@ -178,6 +292,32 @@ def atomic_write(path: Path, data: bytes, mode: int | None = None, durable: bool
         _fsync_folder(path.parent)
 
 
+def write_at(folder_fd: int, name: str, data: bytes, mode: int, durable: bool = False) -> None:
+    """atomic_write through an opened folder: temp file and rename both in `folder_fd`."""
+    temp = f".{name}.{uuid.uuid4().hex[:8]}.tmp"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=folder_fd)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            os.fchmod(f.fileno(), mode)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.rename(temp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    except BaseException:
+        _unlink_at(folder_fd, temp)
+        raise
+    if durable:
+        os.fsync(folder_fd)  # the rename is durable only once the folder entry is on disk
+
+
+def _unlink_at(folder_fd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=folder_fd)
+    except FileNotFoundError:
+        pass
+
+
 def _existing_mode(path: Path) -> int | None:
     try:
         return path.stat().st_mode & 0o7777
@@ -194,14 +334,17 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def _dumps(entry: dict[str, Any]) -> bytes:
-    return json.dumps(worker_redactor().value(entry), ensure_ascii=False, indent=1).encode()
+def _signed(stage: str, entry: dict[str, Any]) -> bytes:
+    """The entry redacted, then with its HMAC (of what is written, so that it verifies)."""
+    redacted = worker_redactor().value(entry)
+    mac = _mac(stage, entry["key"], redacted)
+    return json.dumps({**redacted, MAC_FIELD: mac}, ensure_ascii=False, indent=1).encode()
 
 
-def _corrupt(path: Path) -> ApplicationError:
+def _corrupt(shown: str) -> ApplicationError:
     # Retrying cannot repair the file; a person has to look at it.
     return ApplicationError(
-        f"tool journal entry {path} is unreadable; inspect it, then delete it to let the call run again",
+        f"tool journal entry {shown} is unreadable; inspect it, then delete it to let the call run again",
         type="JournalCorrupt",
         non_retryable=True,
     )

@@ -45,11 +45,27 @@ def open_regular(path: str | Path, shown: str | None = None) -> BinaryIO:
         raise
 
 
-def create_regular(path: str | Path) -> BinaryIO:
-    """A new regular file at `path` for binary writing, replacing whatever was there: a FIFO
-    or link left in its place is removed, never opened (a FIFO's open would block)."""
-    Path(path).unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+def fdopen_regular(fd: int, shown: str) -> BinaryIO:
+    """An opened descriptor (non-blocking) as a blocking binary reader, if it is a regular
+    file; closes it and raises NotRegularFile or IsADirectoryError otherwise."""
+    try:
+        _check(os.fstat(fd).st_mode, shown, shown)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def create_regular(name: str, dir_fd: int) -> BinaryIO:
+    """A new regular file `name` of the opened folder `dir_fd` for binary writing, replacing
+    whatever was there: a FIFO or link left in its place is removed, never opened (a FIFO's
+    open would block)."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666, dir_fd=dir_fd)
     return os.fdopen(fd, "wb")
 
 

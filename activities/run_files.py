@@ -22,7 +22,7 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
@@ -246,6 +246,19 @@ def remove_chain(workspace_root: str, kind: str, chain: str) -> ChainFiles:
     except FileNotFoundError:
         pass  # nothing there (any more): removing is idempotent
     return removed
+
+
+@contextmanager
+def reserved_folder(workspace_root: str, *names: str) -> Iterator[int]:
+    """`.durable-agent/<names...>` of the workspace, opened level by level without following
+    a link: one swapped in at any level, whenever, is refused (HostileLayout), never used."""
+    with ExitStack() as stack:
+        fd = stack.enter_context(_opened(workspace_root, None, workspace_root))
+        shown = "."
+        for name in (RESERVED_DIR, *names):
+            fd = stack.enter_context(_opened(name, fd, shown))
+            shown = f"{shown}/{name}"
+        yield fd
 
 
 @contextmanager

@@ -2,16 +2,19 @@
 
 A workspace must lie in one of the worker's workspace roots (`DURABLE_AGENT_WORKSPACE_ROOTS`,
 folders separated by `os.pathsep`; default the worker's working directory), and never be
-`/` or a system folder. The model names paths; `Workspace.resolve` turns them into real paths or refuses with a
-message the model can act on. This guards against mistaken and confused models, not
-against a hostile process racing the tools on the same files: a symlink swapped in
-between the check and the use would win.
+`/` or a system folder. The model names paths; `Workspace.relative` checks them lexically and the file tools then
+open them through the workspace's folder descriptor (`Workspace.opened`,
+activities/beneath.py), where no symlink swapped in by a racing command can lead out.
+`Workspace.resolve` (list_files, search_files, skills) still resolves a path by name,
+then uses it: it guards against mistaken models, not against a process racing it.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 RESERVED_DIR = ".durable-agent"
@@ -76,6 +79,47 @@ class Workspace:
         if not os.path.isdir(self.root):
             raise WorkspaceError(f"workspace folder does not exist: {folder}")
 
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """The absolute paths of the workspace (as given and resolved): an absolute path or
+        symlink target under one of them lies inside."""
+        return (self.given, self.root)
+
+    @contextmanager
+    def opened(self) -> Iterator[int]:
+        """The workspace's folder descriptor, every file tool path is resolved under it."""
+        fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def relative(self, path: str, *, for_write: bool = False) -> str:
+        """`path` as a normalized path relative to the workspace, checked lexically: no NUL,
+        no `..` above the workspace, an absolute path only inside it; for a write, not the
+        workspace itself and not under `.durable-agent/`. Symlinks are the kernel's to
+        check, when the path is opened (activities/beneath.py)."""
+        if "\0" in path:
+            raise WorkspaceError(f"path contains a NUL byte: {path!r}")
+        if os.path.isabs(path):
+            normal = os.path.normpath(path)
+            inside = [alias for alias in self.aliases if _inside(normal, alias)]
+            if not inside:
+                raise WorkspaceError(f"path is outside the workspace: {path} (use a path relative to the workspace)")
+            relative = os.path.relpath(normal, inside[0])
+        else:
+            relative = os.path.normpath(path or ".")
+            if relative == ".." or relative.startswith("../"):
+                raise WorkspaceError(f"path escapes the workspace: {path}")
+        if for_write and relative == ".":
+            raise WorkspaceError(f"{path!r} names the workspace folder itself; give the path of a file in it")
+        if for_write and relative.split("/")[0] == RESERVED_DIR:
+            raise WorkspaceError(
+                f"{path} is inside {RESERVED_DIR}/, where durable-agent keeps its journal and "
+                "saved outputs; write somewhere else"
+            )
+        return relative
+
     def resolve(self, path: str, *, for_write: bool = False) -> Path:
         """The real path behind `path`, refusing anything that ends up outside the workspace.
 
@@ -106,7 +150,7 @@ class Workspace:
     def _escape_message(self, path: str, joined: str, real: str) -> str:
         lexical = os.path.normpath(joined)
         if _inside(lexical, self.given) or _inside(lexical, self.root):
-            return f"path escapes the workspace through a symlink: {path} (resolves to {real})"
+            return f"path escapes the workspace through a symlink: {path}"  # never where to: a host path
         if os.path.isabs(path):
             return f"path is outside the workspace: {path} (use a path relative to the workspace)"
         return f"path escapes the workspace: {path}"

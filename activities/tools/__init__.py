@@ -30,7 +30,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
-from activities.journal import JournalFull
+from activities.journal import JournalFull, JournalUnsafe
 from activities.regular_files import NotRegularFile
 from activities.run_files import HostileLayout, RunFileCaps, run_file_caps
 from activities.tools import files, search
@@ -43,7 +43,7 @@ from workflows.types import ToolCallInput, ToolOutcome
 
 __all__ = ["INTERRUPTED", "ToolActivities"]
 
-_EXPECTED = (ToolError, WorkspaceError, ToolArgumentError, NotRegularFile, JournalFull, HostileLayout)
+_EXPECTED = (ToolError, WorkspaceError, ToolArgumentError, NotRegularFile, JournalFull, JournalUnsafe, HostileLayout)
 
 Work = Callable[[OpenCall, Any], Awaitable[ToolOutcome]]
 _T = TypeVar("_T")

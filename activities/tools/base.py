@@ -121,6 +121,8 @@ def describe_os_error(e: OSError, workspace: str) -> str:
     filename = os.fsdecode(e.filename)
     if filename.startswith(root + os.sep):
         filename = os.path.relpath(filename, root)
+    elif os.path.isabs(filename):
+        return f"a path outside the workspace: {reason}"  # never a host path: the model need not learn them
     return f"{filename}: {reason}"
 
 

@@ -6,8 +6,8 @@ import os
 from collections.abc import Iterator
 from typing import BinaryIO
 
-from activities.journal import atomic_write
-from activities.regular_files import open_regular
+from activities.beneath import Resolved, make_parents, open_regular_beneath, open_resolved, replace_file, resolve
+from activities.regular_files import fdopen_regular
 from activities.tools.base import ToolCallContext, ToolError, binary, clip, decode_text, exactly_once, sha256
 from workflows.tool_specs import EditFileArgs, ReadFileArgs, WriteFileArgs
 from workflows.types import ToolOutcome
@@ -19,11 +19,15 @@ MAX_EDIT_BYTES = 16 * 2**20
 """edit_file holds the file and its edited copy in memory: larger files are refused."""
 
 
+def _open_file(call: ToolCallContext, root_fd: int, path: str) -> BinaryIO:
+    relative = call.workspace.relative(path)
+    return fdopen_regular(open_regular_beneath(root_fd, relative, call.workspace.aliases, path), path)
+
+
 def read_file(call: ToolCallContext, args: ReadFileArgs) -> ToolOutcome:
-    path = call.workspace.resolve(args.path)
     first = args.offset or 1
     last = first + args.limit - 1 if args.limit else None
-    with open_regular(path, args.path) as f:
+    with call.workspace.opened() as root_fd, _open_file(call, root_fd, args.path) as f:
         size = os.fstat(f.fileno()).st_size
         if b"\0" in f.read(SNIFF_BYTES):
             raise binary(args.path, size)
@@ -74,14 +78,17 @@ def _lines(f: BinaryIO) -> Iterator[bytes]:
 
 
 def write_file(call: ToolCallContext, args: WriteFileArgs) -> ToolOutcome:
+    relative = call.workspace.relative(args.path, for_write=True)  # before the journal writes anything
+    aliases = call.workspace.aliases
+
     def act() -> ToolOutcome:
-        path = call.workspace.resolve(args.path, for_write=True)
         data = args.content.encode()
-        atomic_write(path, data)
+        with call.workspace.opened() as root_fd:
+            make_parents(root_fd, relative, aliases, args.path)
+            with resolve(root_fd, relative, aliases, args.path) as found:
+                replace_file(root_fd, found, data)
         lines = len(args.content.splitlines())
-        return ToolOutcome(
-            ok=True, output=f"wrote {call.workspace.display(path)} ({len(data):,} bytes, {lines:,} lines)"
-        )
+        return ToolOutcome(ok=True, output=f"wrote {found.shown} ({len(data):,} bytes, {lines:,} lines)")
 
     return exactly_once(call, act)
 
@@ -94,34 +101,39 @@ def edit_file(call: ToolCallContext, args: EditFileArgs) -> ToolOutcome:
     applied the edit, and reports it instead of applying it twice (or failing with
     "old_text not found").
     """
-    key = call.input.idempotency_key
+    relative = call.workspace.relative(args.path, for_write=True)
 
     def act() -> ToolOutcome:
-        path = call.workspace.resolve(args.path, for_write=True)
-        with open_regular(path, args.path) as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_EDIT_BYTES:
-                raise ToolError(
-                    f"{args.path} is {size:,} bytes, over edit_file's {MAX_EDIT_BYTES // 2**20} MiB; "
-                    "change it with run_command (sed, a script) instead"
-                )
-            data = f.read()
-        earlier = call.journal.started(key)
-        if earlier is not None and earlier.get("after") == sha256(data):
-            return ToolOutcome.model_validate(earlier["outcome"])
-        text = decode_text(data)
-        if text is None:
-            raise binary(args.path, len(data))
-        count = text.count(args.old_text)
-        _check_matches(count, args.replace_all, call.workspace.display(path))
-        new_data = text.replace(args.old_text, args.new_text).encode()
-        times = "1 occurrence" if count == 1 else f"{count:,} occurrences"
-        outcome = ToolOutcome(ok=True, output=f"replaced {times} of old_text in {call.workspace.display(path)}")
-        call.journal.start(key, {"after": sha256(new_data), "outcome": outcome.model_dump()})
-        atomic_write(path, new_data)
-        return outcome
+        with call.workspace.opened() as root_fd, resolve(root_fd, relative, call.workspace.aliases, args.path) as found:
+            return _edit(call, args, root_fd, found)
 
     return exactly_once(call, act)
+
+
+def _edit(call: ToolCallContext, args: EditFileArgs, root_fd: int, found: Resolved) -> ToolOutcome:
+    key = call.input.idempotency_key
+    with fdopen_regular(open_resolved(found), found.shown) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_EDIT_BYTES:
+            raise ToolError(
+                f"{found.shown} is {size:,} bytes, over edit_file's {MAX_EDIT_BYTES // 2**20} MiB; "
+                "change it with run_command (sed, a script) instead"
+            )
+        data = f.read()
+    earlier = call.journal.started(key)
+    if earlier is not None and earlier.get("after") == sha256(data):
+        return ToolOutcome.model_validate(earlier["outcome"])
+    text = decode_text(data)
+    if text is None:
+        raise binary(found.shown, len(data))
+    count = text.count(args.old_text)
+    _check_matches(count, args.replace_all, found.shown)
+    new_data = text.replace(args.old_text, args.new_text).encode()
+    times = "1 occurrence" if count == 1 else f"{count:,} occurrences"
+    outcome = ToolOutcome(ok=True, output=f"replaced {times} of old_text in {found.shown}")
+    call.journal.start(key, {"after": sha256(new_data), "outcome": outcome.model_dump()})
+    replace_file(root_fd, found, new_data)
+    return outcome
 
 
 def _check_matches(count: int, replace_all: bool, shown: str) -> None:

@@ -133,7 +133,12 @@ class OutputCapture:
             self._path.parent.mkdir(parents=True, exist_ok=True)
         else:
             run_files.chain_folder(self._workspace_root, "outputs", *self._chain)
-        self.dropped = drop_oldest_outputs(self._path.parent, self._max_bytes - self._save_max)
+        # Through the folder's descriptor from here: a `.durable-agent` swapped for a symlink
+        # since the check above is refused, never written through.
+        folders = ("outputs", self._chain[0]) if self._chain else ("outputs",)
+        with run_files.reserved_folder(self._workspace_root, *folders) as folder_fd:
+            self.dropped = drop_oldest_outputs(folder_fd, self._max_bytes - self._save_max)
+            self._file = create_regular(self._path.name, folder_fd)
         if self.dropped:
             activity.logger.warning(
                 "%s over its cap of %d bytes: replaced %d saved output(s) (%d bytes) by a note: %s",
@@ -143,28 +148,27 @@ class OutputCapture:
                 sum(size for _, size in self.dropped),
                 ", ".join(name for name, _ in self.dropped),
             )
-        self._file = create_regular(self._path)
         self._file.write(self._head + self._tail)  # everything so far: nothing was dropped yet
         self._saved = len(self._head) + len(self._tail)
 
 
-def drop_oldest_outputs(folder: Path, keep_bytes: int) -> list[tuple[str, int]]:
-    """Replace the oldest saved outputs by a line saying so until the folder holds at most
-    `keep_bytes`; returns what was replaced: (file name, bytes it held)."""
+def drop_oldest_outputs(folder_fd: int, keep_bytes: int) -> list[tuple[str, int]]:
+    """Replace the oldest saved outputs of the opened folder by a line saying so until it
+    holds at most `keep_bytes`; returns what was replaced: (file name, bytes it held)."""
     entries = []
-    for entry in os.scandir(folder):
+    for entry in os.scandir(folder_fd):
         if entry.is_file(follow_symlinks=False) and entry.name != run_files.IDENTITY_FILE:
             stat = entry.stat(follow_symlinks=False)
-            entries.append((stat.st_mtime, stat.st_size, entry.path))
+            entries.append((stat.st_mtime, stat.st_size, entry.name))
     total = sum(size for _, size, _ in entries)
     dropped: list[tuple[str, int]] = []
-    for _, size, path in sorted(entries):
+    for _, size, name in sorted(entries):
         if total <= keep_bytes:
             break
         note = f"[dropped: this output held {size:,} bytes; the folder keeps {keep_bytes:,} bytes of older outputs]\n"
-        with create_regular(path) as f:
+        with create_regular(name, folder_fd) as f:
             f.write(note.encode())
-        dropped.append((os.path.basename(path), size))
+        dropped.append((name, size))
         total -= size - len(note)
     return dropped
 

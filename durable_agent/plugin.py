@@ -70,12 +70,16 @@ class DurableAgentPlugin(SimplePlugin):
             workflows=[AgentWorkflow],
         )
         self._tool_activities: dict[str, UserToolActivities] = {}
+        self._tool_queues: set[str] = set()
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
-        config = super().configure_worker(config)
         queue = config["task_queue"]  # type: ignore[typeddict-item]
+        if queue in self._tool_queues:
+            return config  # a tool's own worker (it inherits the client's plugins): only its tool
+        config = super().configure_worker(config)
         tools = UserToolActivities(self.tools, queue)
         self._tool_activities[queue] = tools
+        self._tool_queues.update(tools.queues())
         ours = list(self._activities) if self._activities is not None else [ModelActivities().call_model]
         given = [*(config.get("activities") or []), *ours]
         config["activities"] = with_missing(given, [*workflow_activities(), tools.tool_catalog])
@@ -86,6 +90,9 @@ class DurableAgentPlugin(SimplePlugin):
         """The worker, and beside it one activity worker per tool on its own task queue: a run
         whose tool no live worker serves waits in that queue until one does."""
         config = worker.config()
+        if config["task_queue"] in self._tool_queues:  # type: ignore[typeddict-item]
+            await next(worker)
+            return
         tools = self._tool_activities.get(config["task_queue"])  # type: ignore[typeddict-item]
         async with AsyncExitStack() as stack:
             for queue, activities in (tools.queues() if tools else {}).items():

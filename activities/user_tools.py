@@ -27,6 +27,7 @@ from temporalio import activity
 
 from activities.heartbeat import heartbeating
 from activities.redaction import worker_redactor
+from durable_agent.metrics import record_tool_cost
 from durable_agent.tools import Tool, ToolContext, enter_context, leave_context, thread_safe, tool_queue
 from workflows.tool_catalog import CatalogRequest, ToolCatalog
 from workflows.types import ToolCallInput, ToolOutcome
@@ -108,6 +109,9 @@ class UserToolActivities:
             return self._failed(tool, input, e)
         finally:
             leave_context(token)
+        if tool.spec.cost_usd:
+            record_tool_cost(tool.name, tool.spec.cost_usd)
+        # Redacted here as well as by the worker's interceptor: the cache keeps this text.
         outcome = capped(render(value), input.output_chars)
         if (cache := self._caches.get(tool.name)) is not None:
             cache.put(_cache_key(input), outcome.output)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -241,3 +242,13 @@ async def test_an_activity_tool_is_served_by_another_teams_worker(
     assert opened["title"] == "printer on fire" and opened["key"].startswith(handle.id)
     # The other worker's answer reached the model capped and redacted of token shapes.
     assert tool_results(model_server.requests[-1]) == ["ticket opened: printer on fire (token [REDACTED:openai-key])"]
+
+
+async def test_the_worker_command_loads_tool_modules_and_names_one_it_cannot(
+    temporal_server: EmbeddedServer, model_server: ModelServer, task_queue: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, **worker_env(temporal_server, model_server, task_queue)}
+    command = [sys.executable, "-m", "durable_agent.cli", "worker", "--tools", FIXTURES, "--tools", "tests.no_such"]
+    failed = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert failed.returncode != 0
+    assert "tool module 'tests.no_such' could not be imported" in failed.stderr

@@ -9,37 +9,28 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
 
-from temporalio import activity
 from temporalio.client import Client
-from temporalio.worker import Interceptor, UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from activities.agents import AgentActivities
-from activities.archive import ArchiveActivities
-from activities.cleanup import CleanupActivities
 from activities.model import ModelActivities
 from activities.model_clients import openai_sdk
-from activities.redaction import RedactingInterceptor
-from activities.skills import SkillActivities
-from activities.tools import ToolActivities
 from activities.tools.sandbox import remove_stale_cgroups
 from durable_agent import telemetry
 from durable_agent.connection import connect
 from durable_agent.metrics import (
-    MetricsInterceptor,
     client_meter,
     count_recoveries,
     prometheus_address,
     publish_waiting_runs,
     worker_runtime,
 )
-from durable_agent.model_queue import ModelQueueInterceptor
+from durable_agent.plugin import DurableAgentPlugin, interceptors
 from durable_agent.takeover import take_over, worker_identity
+from durable_agent.tools import ToolLoadError, configured_tools
 from durable_agent.worker_settings import SettingsError, worker_settings
-from workflows.agent import AgentWorkflow
 
 STICKY_TIMEOUT = timedelta(seconds=1)
 """How long the server holds a run's next task for the worker that has it cached. The
@@ -66,17 +57,24 @@ forwards each of our beats, one per third of the timeout, as it comes (~1-3 ms o
 CPU each); only commands run long enough to send more than the first."""
 
 
-def build_worker(client: Client, queue: str | None = None, **overrides: object) -> Worker:
-    """The worker of the agent task queue: the workflows, the tools and, unless they have a
-    queue of their own, the model calls."""
+def build_worker(
+    client: Client, queue: str | None = None, *, tool_modules: Sequence[str] = (), **overrides: object
+) -> Worker:
+    """The worker of the agent task queue, built on `DurableAgentPlugin`: the workflows, the
+    tools (the built-in ones, and those of `tool_modules`, `DURABLE_AGENT_TOOLS` and the
+    `durable_agent.tools` entry points) and, unless they have a queue of their own, the model calls."""
     settings = worker_settings(queue)
+    plugin = DurableAgentPlugin(
+        tools=configured_tools(tool_modules),
+        model_task_queue=settings.model_task_queue if settings.model_queue_is_separate else None,
+        activities=overrides.pop("activities", None),  # type: ignore[arg-type]
+    )
     options: dict[str, object] = {
         "task_queue": settings.task_queue,
         # Names this process so that a replacement can tell, at start, that it is gone.
         "identity": worker_identity(),
-        "workflows": [AgentWorkflow],
+        "plugins": [plugin],
         "workflow_runner": WORKFLOW_RUNNER,
-        "interceptors": interceptors(settings.model_task_queue if settings.model_queue_is_separate else None),
         "sticky_queue_schedule_to_start_timeout": STICKY_TIMEOUT,
         "max_heartbeat_throttle_interval": HEARTBEAT_THROTTLE,
         "graceful_shutdown_timeout": timedelta(seconds=5),
@@ -84,43 +82,8 @@ def build_worker(client: Client, queue: str | None = None, **overrides: object) 
     }
     if not settings.model_queue_is_separate and settings.model_rps is not None:
         options["max_task_queue_activities_per_second"] = settings.model_rps
-    given = overrides.pop("activities", None)
-    options["activities"] = (
-        [ModelActivities().call_model, *workflow_activities()] if given is None else _with_workflow_activities(given)  # type: ignore[arg-type]
-    )
     options.update(overrides)
     return Worker(client, **options)  # type: ignore[arg-type]
-
-
-def workflow_activities() -> list[Callable[..., Any]]:
-    """The tools, the archive, the skills, the agent files and the run's cleanup: some run as
-    local activities, which only the worker running the workflow can run."""
-    return [
-        *ToolActivities().all(),
-        *AgentActivities().all(),
-        *ArchiveActivities().all(),
-        *SkillActivities().all(),
-        *CleanupActivities().all(),
-    ]
-
-
-def _with_workflow_activities(activities: list[Callable[..., Any]]) -> list[Callable[..., Any]]:
-    """`activities`, plus any of `workflow_activities()` it lacks by name: a worker given its own
-    list (a test's model, other tool limits) must still run the workflow's local activities,
-    or a run would fail its workflow task on every attempt."""
-    names = {_activity_name(a) for a in activities}
-    return [*activities, *(a for a in workflow_activities() if _activity_name(a) not in names)]
-
-
-def _activity_name(function: Callable[..., Any]) -> str:
-    return activity._Definition.must_from_callable(function).name  # the SDK's own name lookup
-
-
-def interceptors(model_queue: str | None) -> list[Interceptor]:
-    """Every worker's interceptors. Redaction is innermost, so what leaves an activity for
-    history, metrics or traces is redacted first; `model_queue` routes model calls there."""
-    routing = [ModelQueueInterceptor(model_queue)] if model_queue else []
-    return [MetricsInterceptor(), *routing, RedactingInterceptor()]
 
 
 def build_model_worker(client: Client, queue: str | None = None) -> Worker | None:
@@ -163,7 +126,7 @@ def start_waiting_runs(worker: Worker) -> asyncio.Task[None] | None:
     return asyncio.create_task(publish_waiting_runs(config["client"], config["task_queue"]))
 
 
-async def run_worker(client: Client | None = None, queue: str | None = None) -> None:
+async def run_worker(client: Client | None = None, queue: str | None = None, tool_modules: Sequence[str] = ()) -> None:
     """Run until SIGINT or SIGTERM, then give in-flight tasks a few seconds and shut down.
 
     The one worker runtime: `python worker.py` and `durable-agent worker` both run this.
@@ -172,7 +135,7 @@ async def run_worker(client: Client | None = None, queue: str | None = None) -> 
     settings = worker_settings(queue)  # a bad setting fails before anything connects
     watch_commands_by_pidfd()
     client = client or await connect(None, worker_runtime())
-    workers = [build_worker(client, queue)]
+    workers = [build_worker(client, queue, tool_modules=tool_modules)]
     model_worker = build_model_worker(client, queue)
     if model_worker is not None:
         workers.append(model_worker)
@@ -230,7 +193,7 @@ def _report_takeover(takeover: asyncio.Task[int]) -> None:
 def main() -> None:
     try:
         asyncio.run(run_worker())
-    except SettingsError as e:
+    except (SettingsError, ToolLoadError) as e:
         print(f"worker.py: {e}", file=sys.stderr, flush=True)
         os._exit(2)
     telemetry.shutdown()  # export the last spans: os._exit below skips the exporters' own exit hooks

@@ -77,7 +77,7 @@ class ModelActivities:
             if input.context is not None:
                 messages, progress["context_from"] = await model_context.fetch(input.context)
             progress.update(phase="waiting for the model", messages=len(messages))
-            request = _request(input.model, messages, input.tools)
+            request = _request(input.model, messages, input.tools, input.tool_schemas)
             with _endpoint_errors():
                 if self._stream:
                     reply = await self._streamed_reply(client, input.model, request, streamed, live_view)
@@ -135,10 +135,14 @@ async def post_chat_completion(client: AsyncOpenAI, request: dict[str, Any]) -> 
     return await client.post("/chat/completions", body=request, cast_to=chat.ChatCompletion)
 
 
-def _request(model: str, messages: list[dict[str, Any]], tools: list[str]) -> dict[str, Any]:
+def _request(
+    model: str, messages: list[dict[str, Any]], tools: list[str], schemas: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """`schemas`: the catalog's tools (the run's tools beyond the built-ins), in `tools`' order."""
     request: dict[str, Any] = {"model": model, "messages": messages}
+    given = {schema["function"]["name"]: schema for schema in schemas}
     if tools:
-        request["tools"] = openai_tool_schemas(tools)
+        request["tools"] = [given[name] if name in given else openai_tool_schemas([name])[0] for name in tools]
     return request
 
 

@@ -49,7 +49,7 @@ def serve(reply: str, interval_ms: float) -> None:
 async def calls(client: Any, streamed: bool, count: int) -> float:
     """CPU seconds of `count` calls, one after another."""
     model = ModelActivities(client)
-    request = _request("gpt-4.1-mini", CONTEXT, ["read_file", "write_file", "run_command"])
+    request = _request("gpt-4.1-mini", CONTEXT, ["read_file", "write_file", "run_command"], [])
     started = time.process_time()
     for _ in range(count):
         if streamed:

@@ -251,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--cors-origin", action="append", default=[], metavar="ORIGIN", help="another origin browsers may call from"
     )
 
-    _command(commands, "worker", work, "run a worker for the task queue until Ctrl-C or SIGTERM")
+    worker = _command(commands, "worker", work, "run a worker for the task queue until Ctrl-C or SIGTERM")
+    worker.add_argument("--tools", action="append", default=[], metavar="MODULE", help="load @tool functions of MODULE")
     demo = commands.add_parser(
         "demo-model",
         help="serve the offline demo model (a fixed script, not an LLM) as an OpenAI-compatible endpoint",
@@ -525,7 +526,7 @@ async def work(args: argparse.Namespace, console: Console) -> int:
         raise CliError(str(e)) from None
     client = await connect_client(runtime=worker_runtime())
     try:
-        await run_worker(client, task_queue())
+        await run_worker(client, task_queue(), tool_modules=args.tools)
     except Exception as e:  # a fatal worker error, e.g. the server went away for good
         raise CliError(f"the worker stopped: {e}") from None
     return EXIT_OK

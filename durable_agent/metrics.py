@@ -125,6 +125,14 @@ class _MetricsActivityInbound(ActivityInboundInterceptor):
             )
 
 
+def record_tool_cost(tool: str, cost_usd: float) -> None:
+    """`durable_agent_tool_cost_usd{tool}`: what one call of a priced tool cost (its `cost_usd`)."""
+    meter = activity.metric_meter()
+    meter.create_histogram_float("durable_agent_tool_cost_usd", "cost of each tool call", "USD").record(
+        cost_usd, {"tool": tool}
+    )
+
+
 async def publish_waiting_runs(client: Client, task_queue: str) -> None:
     """`durable_agent_runs_waiting{state}`: running agents of this task queue that wait for a
     person, counted from visibility (the `AgentState` search attribute) every 30 s. Every

@@ -25,8 +25,15 @@ def full_usage_text(usage: Usage) -> str:
     return (
         f"{usage.tokens:,} tokens (in {usage.input_tokens:,} / out {usage.output_tokens:,}) · "
         f"{usage.model_calls} model calls · {usage.tool_calls} tool calls · "
-        f"{cost_text(usage)} · {usage.elapsed_s:.1f} s"
+        f"{cost_text(usage)}{tool_costs_text(usage)} · {usage.elapsed_s:.1f} s"
     )
+
+
+def tool_costs_text(usage: Usage) -> str:
+    """` (tools: refund $0.1000)`: the priced tools' share of the cost; empty when none."""
+    if not usage.tool_costs:
+        return ""
+    return " (tools: " + ", ".join(f"{tool} ${usd:.4f}" for tool, usd in sorted(usage.tool_costs.items())) + ")"
 
 
 def limits_text(limits: Limits) -> str:

@@ -124,6 +124,8 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
         self._delegates = Delegates()
         self._reporter = ParentReporter(None)
         self._baseline: bool | None = None
+        self._tool_waits: dict[str, str] = {}
+        """Tools whose calls wait for a worker to poll their task queue, and since when."""
         try:
             self._start(_parse_input(raw_input))
         except ApplicationError as e:
@@ -177,6 +179,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
             workflow.continue_as_new(self._input_for_next_run(), task_timeout=options.WORKFLOW_TASK_TIMEOUT)
         if self._patched(options.WORKSPACE_CHECK_PATCH):
             await self._check_workspace()
+        await self._resolve_tools()
         self._publish()
 
     async def _clean_up_files(self, result: AgentResult) -> None:
@@ -496,7 +499,13 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
         try:
             return await workflow.execute_activity(
                 "call_model",
-                ModelCallInput(context=ref, tools=tools, model=self._carry.model, live=self._watched()),
+                ModelCallInput(
+                    context=ref,
+                    tools=tools,
+                    model=self._carry.model,
+                    tool_schemas=self._tool_schemas(tools),
+                    live=self._watched(),
+                ),
                 result_type=ModelReply,
                 start_to_close_timeout=options.MODEL_START_TO_CLOSE,
                 heartbeat_timeout=options.MODEL_HEARTBEAT_TIMEOUT,
@@ -508,6 +517,10 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
 
     def _watched(self) -> bool:
         return self._watched_until is not None and workflow.now() < self._watched_until
+
+    def _tool_schemas(self, tools: list[str]) -> list[dict[str, Any]]:
+        specs = self._catalog_specs()
+        return [specs[name].schema() for name in tools if name in specs]
 
     def _record_reply(self, reply: ModelReply) -> None:
         self._charge(reply)
@@ -665,6 +678,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
             usage=self._usage_now(),
             unfinished=unfinished,
             summary=compaction.run_summary(self._carry.view, self._agent.goal, output, unfinished),
+            degraded=[d.detail for d in self._carry.degradations if d.kind == "cached_tool_result"],
         )
         self._doing = f"finished ({reason})"
         self._publish()

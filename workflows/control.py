@@ -193,6 +193,7 @@ class RunControl:
             context=self._context_status() if self._input else None,
             children=list(self._delegates.running.values()),
             wait_chains=self._wait_chains() if self._input else [],
+            tool_waits=[f"waiting for a worker with tool {t} since {since}" for t, since in self._tool_waits.items()],
         )
 
     def _agent_label(self) -> str | None:

@@ -38,3 +38,24 @@ def attempts(error: FailureError, maximum: int) -> int:
     if state is not None:
         return maximum if state.name == "MAXIMUM_ATTEMPTS_REACHED" else 1
     return 1 if isinstance(error, ApplicationError) and error.non_retryable else maximum
+
+
+def timed_out(error: BaseException, kind: str | None = None) -> bool:
+    """The activity timed out (of `kind`, a `TimeoutType` name such as "SCHEDULE_TO_START", if given)."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, TemporalTimeoutError):
+            return kind is None or (cause.type is not None and cause.type.name == kind)
+        cause = cause.__cause__
+    return False
+
+
+def worker_lost(error: BaseException) -> bool:
+    """The attempt ended because its worker stopped: timed out, or failed by a replacement
+    worker that found its process gone (durable_agent/takeover.py's "WorkerGone")."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ApplicationError) and cause.type == "WorkerGone":
+            return True
+        cause = cause.__cause__
+    return timed_out(error)

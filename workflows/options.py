@@ -195,3 +195,22 @@ BASELINE_PATCHES = frozenset(
         LOCAL_CLEAN_UP_PATCH,
     }
 )
+
+
+TOOL_WORKER_WAIT = timedelta(seconds=10)
+"""How long a user tool's call waits in its task queue for a worker before the run says it is
+"waiting for a worker with tool X" (a schedule-to-start timeout, which Temporal never
+retries); it is then scheduled again, and so on until a worker with the tool polls."""
+CATALOG_TIMEOUT = timedelta(seconds=10)
+USER_TOOL_TIMEOUT_S = 120.0
+
+
+def catalog_tool_retry(effect: str, retries: int | None) -> RetryPolicy:
+    """A write tool runs once: a worker that died mid-call is reported, never retried blindly."""
+    attempts = 1 if effect == "write" else retries or 3
+    return RetryPolicy(
+        initial_interval=RETRY_FIRST,
+        backoff_coefficient=RETRY_GROWTH,
+        maximum_interval=timedelta(seconds=10),
+        maximum_attempts=attempts,
+    )

@@ -22,6 +22,7 @@ from pydantic import AliasChoices, BaseModel, Field, field_serializer, field_val
 
 from workflows.livelock import LivelockTracker
 from workflows.summary import StructuredSummary
+from workflows.tool_catalog import ToolSpec
 from workflows.types import AgentInput, AgentStatus, Degradation, Message, Price, Usage, pack_messages, unpack_messages
 
 SESSION_KINDS = frozenset({"system_prompt", "goal", "skills", "skill"})
@@ -159,6 +160,9 @@ class Carry(BaseModel):
     """The skills were listed (once per chain, at its first run that reaches its loop)."""
     loaded_skills: list[str] = Field(default_factory=list)
     """Skills loaded so far; their bodies are `skill` messages in the session layer."""
+    catalog: list[ToolSpec] | None = None
+    """The run's tools beyond the built-ins, as its workers offered them at the chain's start
+    (`tool_catalog`, recorded once); None: not resolved (a run of built-in tools only)."""
 
     @model_validator(mode="before")
     @classmethod

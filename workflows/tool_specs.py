@@ -146,7 +146,13 @@ class ToolArgumentError(ValueError):
 
 
 def parse_tool_call(name: str, raw_arguments: str, enabled: list[str]) -> _Args:
-    """Parse and validate one tool call, or raise ToolArgumentError with a clear message."""
+    """Parse and validate one call of a built-in tool, or raise ToolArgumentError with a clear message."""
+    return validate_arguments(name, decode_arguments(name, raw_arguments, enabled))
+
+
+def decode_arguments(name: str, raw_arguments: str, enabled: list[str]) -> dict[str, Any]:
+    """The call's arguments as a JSON object, or ToolArgumentError. A tool beyond the built-ins
+    validates them itself, against its own model (activities/user_tools.py) or its own code."""
     if name not in enabled:
         raise ToolArgumentError(f"unknown tool {name!r}; available tools: {', '.join(enabled)}")
     try:
@@ -164,7 +170,7 @@ def parse_tool_call(name: str, raw_arguments: str, enabled: list[str]) -> _Args:
             f"arguments for {name} hold an unpaired UTF-16 surrogate (a \\ud800-\\udfff escape "
             "without its pair), which is not text; write the character itself"
         ) from None
-    return validate_arguments(name, decoded)
+    return decoded
 
 
 def unique_call_ids(calls: list[ToolCall]) -> list[ToolCall]:
@@ -196,11 +202,11 @@ def validate_arguments(name: str, arguments: dict[str, Any]) -> _Args:
 
 
 def openai_tool_schemas(names: list[str]) -> list[dict[str, Any]]:
-    return [_function_schema(name) for name in names]
+    return [function_schema(name) for name in names]
 
 
 @functools.cache
-def _function_schema(name: str) -> dict[str, Any]:
+def function_schema(name: str) -> dict[str, Any]:
     """Built once per tool: pydantic's schema generation is ~1 ms a tool, on every model call.
     Shared by every request: callers serialize it and never change it."""
     return {

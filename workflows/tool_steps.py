@@ -6,22 +6,27 @@ detection, delegation, and their results in the context. A part of `AgentWorkflo
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import timedelta
 from typing import Any
 
+from pydantic import ValidationError
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.redaction import Redactor
     from workflows import limits, options
     from workflows.approval import approval_reason
     from workflows.delegation import WAIT_ACTIONS, ParentSide
-    from workflows.failures import ACTIVITY_FAILED, failure_message, raise_if_cancelled
+    from workflows.failures import ACTIVITY_FAILED, failure_message, raise_if_cancelled, timed_out, worker_lost
     from workflows.livelock import LIVELOCK_REPEATS, call_key
     from workflows.skills import (
         already_loaded,
         take_loaded_skill,
     )
-    from workflows.tool_specs import RecallArgs, ToolArgumentError, call_summary, parse_tool_call
+    from workflows.tool_catalog import CatalogRequest, ToolCatalog, ToolSpec
+    from workflows.tool_specs import RecallArgs, ToolArgumentError, call_summary, decode_arguments, parse_tool_call
     from workflows.types import (
         ApprovalDecision,
         Message,
@@ -33,8 +38,122 @@ with workflow.unsafe.imports_passed_through():
     )
 
 
+OUTCOME_UNKNOWN = (
+    "the outcome is unknown: the worker running {tool} stopped before it reported ({error}). The call "
+    "may or may not have taken effect, and it was not run again; check its effect before repeating it"
+)
+
+
+SHAPES_ONLY = Redactor({})
+"""Token shapes (API keys, private keys, bearer tokens): pure, so the workflow may apply it."""
+
+
+def activity_outcome(raw: Any, budget_chars: int) -> ToolOutcome:
+    """An activity tool's result: a `ToolOutcome`-shaped object (`{"ok", "output", "error"}`),
+    or any other value, shown as text; capped to the run's tool output budget, head and tail,
+    and redacted of token shapes before the model sees it. (Its activity result in history is
+    as the other worker sent it: only that worker knows its own secrets.)"""
+    try:
+        outcome = ToolOutcome.model_validate(raw) if isinstance(raw, dict) and "ok" in raw else None
+    except ValidationError:
+        outcome = None
+    if outcome is None:
+        text = raw if isinstance(raw, str) else json.dumps(raw, ensure_ascii=False, default=str)
+        outcome = ToolOutcome(ok=True, output=text)
+    for field in ("output", "error"):
+        text = getattr(outcome, field) or ""
+        if len(text) > budget_chars:
+            keep = budget_chars // 2
+            cut = f"{text[:keep]}\n… {len(text):,} characters total, {len(text) - 2 * keep:,} cut …\n{text[-keep:]}"
+            outcome = outcome.model_copy(update={field: cut})
+    return SHAPES_ONLY.value(outcome)
+
+
 class ToolSteps:
     """A step's tool calls, as `AgentWorkflow` runs them."""
+
+    def _catalog_specs(self) -> dict[str, ToolSpec]:
+        """The run's tools beyond the built-ins: its `activity_tools` and its resolved catalog."""
+        specs = {t.name: ToolSpec.of_activity(t) for t in self._agent.activity_tools}
+        return {**specs, **{s.name: s for s in self._carry.catalog or []}}
+
+    async def _resolve_tools(self) -> None:
+        """Once per chain: the workers' specs of the tools the run names beyond the built-ins,
+        recorded in history; a name no worker offers closes the run, before any model call."""
+        names = self._agent.tools_to_resolve()
+        if self._carry.catalog is not None or not names:
+            return
+        self._doing = "resolving tools"
+        try:
+            catalog: ToolCatalog = await workflow.execute_local_activity(
+                "tool_catalog",
+                CatalogRequest(names=names),
+                result_type=ToolCatalog,
+                start_to_close_timeout=options.CATALOG_TIMEOUT,
+                retry_policy=options.TOOL_RETRY,
+                summary=f"tool_catalog: {', '.join(names)}"[:120],
+            )
+        except ACTIVITY_FAILED as e:
+            raise_if_cancelled(e)
+            raise ApplicationError(
+                f"the run's tools could not be resolved: {failure_message(e)}", type="UnknownTool", non_retryable=True
+            ) from None
+        if catalog.unknown:
+            raise ApplicationError(
+                f"unknown tool(s) {catalog.unknown}: no worker offers them (load their module with "
+                "DURABLE_AGENT_TOOLS, `durable-agent worker --tools MODULE` or DurableAgentPlugin(tools=...)), "
+                "and they are not in activity_tools",
+                type="UnknownTool",
+                non_retryable=True,
+            )
+        self._carry.catalog = catalog.tools
+
+    async def _call_catalog_tool(self, spec: ToolSpec, request: ToolCallInput, args: dict[str, Any]) -> ToolOutcome:
+        """A user's tool or an activity tool: its activity on its task queue. While no worker
+        polls that queue the run waits, saying so, and goes on when one does."""
+        waiting_since: str | None = None
+        while True:
+            try:
+                raw = await workflow.execute_activity(
+                    spec.activity_type(),
+                    request,
+                    # Another team's worker answers in its own words: read by `activity_outcome`.
+                    result_type=ToolOutcome if spec.source == "python" else None,
+                    task_queue=spec.task_queue,
+                    schedule_to_start_timeout=options.TOOL_WORKER_WAIT,
+                    start_to_close_timeout=timedelta(seconds=spec.timeout_s or options.USER_TOOL_TIMEOUT_S),
+                    # Our Python tools beat in the background; another team's worker may not.
+                    heartbeat_timeout=options.HEARTBEAT_TIMEOUT if spec.source == "python" else None,
+                    retry_policy=options.catalog_tool_retry(spec.effect, spec.retries),
+                    cancellation_type=options.TOOL_CANCELLATION,
+                    summary=call_summary(spec.name, args),
+                )
+            except ACTIVITY_FAILED as e:
+                raise_if_cancelled(e)
+                if timed_out(e, "SCHEDULE_TO_START"):
+                    waiting_since = waiting_since or workflow.now().isoformat(timespec="seconds")
+                    self._tool_waits[spec.name] = waiting_since
+                    self._doing = f"waiting for a worker with tool {spec.name} since {waiting_since}"
+                    self._publish()
+                    continue
+                self._tool_waits.pop(spec.name, None)
+                if spec.effect == "write" and worker_lost(e):
+                    return ToolOutcome(ok=False, error=OUTCOME_UNKNOWN.format(tool=spec.name, error=failure_message(e)))
+                return ToolOutcome(ok=False, error=f"{spec.name} failed: {failure_message(e)}")
+            self._tool_waits.pop(spec.name, None)
+            outcome = raw if isinstance(raw, ToolOutcome) else activity_outcome(raw, request.output_chars)
+            self._charge_tool(spec)
+            if outcome.cached_from is not None:
+                detail = f"{call_summary(spec.name, args)}: answered from its cache of {outcome.cached_from}"
+                self._degrade("cached_tool_result", detail)
+            return outcome
+
+    def _charge_tool(self, spec: ToolSpec) -> None:
+        if not spec.cost_usd:
+            return
+        usage = self._carry.usage
+        usage.cost_usd += spec.cost_usd
+        usage.tool_costs[spec.name] = usage.tool_costs.get(spec.name, 0.0) + spec.cost_usd
 
     async def _run_tools(self, calls: list[ToolCall]) -> None:
         runnable = calls[: limits.MAX_TOOL_CALLS_PER_STEP]
@@ -56,8 +175,12 @@ class ToolSteps:
         self._carry.view.messages += skills  # after every tool result: the API wants those contiguous
 
     async def _run_tool(self, call: ToolCall) -> ToolOutcome:
+        enabled = self._agent.enabled_tools()
         try:
-            args = parse_tool_call(call.name, call.arguments, self._agent.enabled_tools()).model_dump(exclude_none=True)
+            if call.name in self._catalog_specs():
+                args = decode_arguments(call.name, call.arguments, enabled)
+            else:
+                args = parse_tool_call(call.name, call.arguments, enabled).model_dump(exclude_none=True)
         except ToolArgumentError as e:
             return ToolOutcome(ok=False, error=str(e))
         if call.name == "load_skill" and (repeat := already_loaded(args["name"], self._carry.loaded_skills)):
@@ -103,6 +226,8 @@ class ToolSteps:
             return await self._delegate(f"{self._carry.step}:{call.id}", key, args)
         if call.name == "run_command":
             request = request.model_copy(update={"sandbox": self._agent.sandbox, "env_allow": self._agent.env_allow})
+        if (spec := self._catalog_specs().get(call.name)) is not None:
+            return await self._call_catalog_tool(spec, request.model_copy(update={"step": self._carry.step}), args)
         try:
             if call.name == "recall":
                 return await self._recall(RecallArgs.model_validate(args))
@@ -153,6 +278,9 @@ class ToolSteps:
     async def _await_approval(self, call: ToolCall, args: dict[str, Any]) -> ToolOutcome | None:
         """Waits for a person when the call is gated; returns the denial, or None to run it."""
         reason = approval_reason(call.name, args, self._agent.approval)
+        spec = self._catalog_specs().get(call.name)
+        if reason is None and spec is not None and spec.approval:
+            reason = f"{call.name} asks for approval of every call"
         if reason is None:
             return None
         approval_id = f"{self._carry.step}:{call.id}"

@@ -209,6 +209,41 @@ RESERVED_ENV_PREFIXES = ("TEMPORAL_", "DURABLE_AGENT_", "OPENAI_")
 """The worker's own connection settings and secrets: no run may pass them to its commands."""
 
 
+Effect = Literal["read", "write", "idempotent"]
+"""How a tool call is handled: `read` retried freely; `idempotent` retried with the same
+idempotency key; `write` never run twice: one whose worker died is reported to the model as
+of unknown outcome."""
+TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+"""What the OpenAI API accepts as a function name."""
+
+
+def check_tool_name(name: str) -> str:
+    if not TOOL_NAME.fullmatch(name):
+        raise ValueError(f"tool name {name!r}: use 1-64 letters, digits, '_' or '-'")
+    return name
+
+
+class ActivityTool(BaseModel):
+    """An `activity_tools` entry: a tool served as a Temporal activity by another worker, any language."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    task_queue: str = Field(min_length=1)
+    activity: str | None = None
+    effect: Effect = "read"
+    timeout_s: float | None = Field(default=None, gt=0)
+    approval: bool = False
+    cost_usd: float = Field(default=0.0, ge=0)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        return check_tool_name(name)
+
+
 class AgentInput(_Strict):
     """The workflow's single input. Everything but goal and workspace has a default."""
 
@@ -241,6 +276,8 @@ class AgentInput(_Strict):
     """Reserved (DESIGN.md §5c): accepted and carried, not used yet."""
     success_criteria: str | None = None
     """Reserved (a definition of done): accepted and carried, not used yet."""
+    activity_tools: list[ActivityTool] = Field(default_factory=list)
+    """Tools served as Temporal activities by other workers; the model may use them all."""
 
     @field_validator("env_allow")
     @classmethod
@@ -275,22 +312,27 @@ class AgentInput(_Strict):
     @field_validator("tools")
     @classmethod
     def _known_tools(cls, tools: list[str] | None) -> list[str] | None:
-        if tools is None:
-            return None
-        unknown = [t for t in tools if t not in ALL_TOOLS]
-        if unknown:
-            raise ValueError(f"unknown tool(s) {unknown}; known tools: {list(ALL_TOOLS)}")
+        # Tools beyond the built-ins are resolved by the workers at the run's start.
+        for name in tools or []:
+            check_tool_name(name)
         return tools
 
     @model_validator(mode="after")
     def _approval_tools_known(self) -> AgentInput:
-        unknown = [t for t in self.approval.tools if t not in ALL_TOOLS]
+        known = {*ALL_TOOLS, *(self.tools or []), *(t.name for t in self.activity_tools)}
+        unknown = [t for t in self.approval.tools if t not in known]
         if unknown:
             raise ValueError(f"approval.tools names unknown tool(s) {unknown}")
         return self
 
     def enabled_tools(self) -> list[str]:
-        return list(ALL_TOOLS) if self.tools is None else list(self.tools)
+        named = list(ALL_TOOLS) if self.tools is None else list(self.tools)
+        return named + [t.name for t in self.activity_tools if t.name not in named]
+
+    def tools_to_resolve(self) -> list[str]:
+        """The named tools that are neither built in nor given as `activity_tools`."""
+        given = {t.name for t in self.activity_tools}
+        return [t for t in self.tools or [] if t not in ALL_TOOLS and t not in given]
 
 
 # --- conversation ------------------------------------------------------------------
@@ -351,6 +393,8 @@ class ModelCallInput(BaseModel):
     live: bool = False
     """Someone follows the run (the `watch` signal's lease): the call beats every second or
     so with the reply's text so far, for their live view; otherwise its beats carry counts."""
+    tool_schemas: list[dict[str, Any]] = Field(default_factory=list)
+    """The OpenAI schemas of the tools in `tools` that are not built in, from the run's catalog."""
 
 
 class ModelContextRequest(ModelContextRef):
@@ -442,6 +486,8 @@ class ToolOutcome(BaseModel):
     full_output_ref: str | None = None
     """Workspace-relative path of the whole output when `output` was truncated."""
     output_bytes: int = 0
+    cached_from: str | None = None
+    """A read tool's cached answer: when it was fetched (ISO time). The run records a degradation."""
 
 
 # --- archive -----------------------------------------------------------------------
@@ -516,6 +562,8 @@ class Usage(BaseModel):
     elapsed_s: float = 0.0
     cost_known: bool = True
     """False once any model call had no price: cost_usd then undercounts."""
+    tool_costs: dict[str, float] = Field(default_factory=dict)
+    """USD spent per tool (its `cost_usd` a call); included in cost_usd."""
 
     @property
     def tokens(self) -> int:
@@ -533,6 +581,8 @@ class AgentResult(BaseModel):
     """What the run did, in five fields; what a delegate's parent receives with its output."""
     files: str | None = None
     """What closing the run removed from, and kept in, its workspace's `.durable-agent/`."""
+    degraded: list[str] = Field(default_factory=list)
+    """Answers the run went on with that may be inaccurate (a tool's cached result)."""
 
 
 PACKED_MESSAGES = "zlib+base64:"
@@ -562,7 +612,7 @@ def unpack_messages(value: Any) -> Any:
 
 class Degradation(BaseModel):
     step: int
-    kind: Literal["soft_warning", "fallback_model", "compaction", "early_soft_tier", "stop"]
+    kind: Literal["soft_warning", "fallback_model", "compaction", "early_soft_tier", "stop", "cached_tool_result"]
     """The ladder's rungs in order: compaction, soft_warning (wrap up), fallback_model, stop."""
     detail: str
 
@@ -692,6 +742,8 @@ class AgentStatus(BaseModel):
     """Delegates running now, with their live spend and what they wait for."""
     wait_chains: list[list[WaitLink]] = Field(default_factory=list)
     """What this run waits for, through its delegates: `a → a/child → awaiting approval of call X`."""
+    tool_waits: list[str] = Field(default_factory=list)
+    """Tool calls waiting for a live worker: "waiting for a worker with tool X since T"."""
 
 
 import workflows.state  # noqa: E402, F401  (defines Carry and ContextStatus, and completes the models above)

@@ -1,0 +1,172 @@
+"""The user's Python tools as activities, and the catalog a run records at its start.
+
+Each tool is an activity named after it, taking `ToolCallInput` and returning `ToolOutcome`
+like the built-in tools, on the tool's own task queue (durable_agent/tools.py). What the
+tool returns or raises is capped and redacted; how a failure is handled depends on its
+effect:
+* `read` and `idempotent`: an exception is retried (with the same idempotency key) until the
+  last attempt, whose exception is a tool error for the model; a read tool with
+  `cache_ttl_s` then answers with its last good result for the same arguments, marked;
+* `write`: run once. An exception is a tool error at once; a worker that dies mid-call is
+  never retried: the workflow tells the model the outcome is unknown (workflows/tool_steps.py).
+Bad arguments are a tool error, never retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from temporalio import activity
+
+from activities.heartbeat import heartbeating
+from activities.redaction import worker_redactor
+from durable_agent.metrics import record_tool_cost
+from durable_agent.tools import Tool, ToolContext, enter_context, leave_context, thread_safe, tool_queue
+from workflows.tool_catalog import CatalogRequest, ToolCatalog
+from workflows.types import ToolCallInput, ToolOutcome
+
+DEFAULT_ATTEMPTS = 3
+CACHE_ENTRIES = 1_000
+"""Cached results a worker keeps per tool, the least recently used dropped first."""
+
+
+class ResultCache:
+    """A read tool's last good results by arguments, redacted, on this worker only."""
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._entries: OrderedDict[str, tuple[float, str]] = OrderedDict()
+
+    def put(self, key: str, output: str) -> None:
+        self._entries[key] = (time.time(), output)
+        self._entries.move_to_end(key)
+        while len(self._entries) > CACHE_ENTRIES:
+            self._entries.popitem(last=False)
+
+    def get(self, key: str) -> tuple[float, str] | None:
+        entry = self._entries.get(key)
+        if entry is None or time.time() - entry[0] > self.ttl_s:
+            return None
+        return entry
+
+
+class UserToolActivities:
+    """The activities of the tools a worker loaded, and `tool_catalog`."""
+
+    def __init__(self, tools: list[Tool], agent_queue: str) -> None:
+        self.tools = {t.name: t for t in tools}
+        self.agent_queue = agent_queue
+        self._caches = {t.name: ResultCache(t.spec.cache_ttl_s) for t in tools if t.spec.cache_ttl_s}
+
+    def queues(self) -> dict[str, list[Callable[..., Any]]]:
+        """Each tool's activity, by the task queue it is served on."""
+        return {tool_queue(self.agent_queue, name): [self._activity(t)] for name, t in self.tools.items()}
+
+    @activity.defn(name="tool_catalog")
+    async def tool_catalog(self, request: CatalogRequest) -> ToolCatalog:
+        """At a run's start: the specs of the tools it names beyond the built-ins, as this worker
+        knows them, each routed to its tool's task queue. Recorded once in history."""
+        known = [self.tools[n].spec for n in request.names if n in self.tools]
+        return ToolCatalog(
+            tools=[s.model_copy(update={"task_queue": tool_queue(self.agent_queue, s.name)}) for s in known],
+            unknown=[n for n in request.names if n not in self.tools],
+        )
+
+    def _activity(self, tool: Tool) -> Callable[..., Any]:
+        async def run(input: ToolCallInput) -> ToolOutcome:
+            return await self.call(tool, input)
+
+        run.__name__ = f"tool_{tool.name}"
+        return activity.defn(name=tool.name)(run)
+
+    async def call(self, tool: Tool, input: ToolCallInput) -> ToolOutcome:
+        try:
+            args = tool.arguments.model_validate(input.arguments)
+        except ValidationError as e:
+            return ToolOutcome(ok=False, error=f"bad arguments for {tool.name}: {_problems(e)}")
+        info = activity.info()
+        context = ToolContext(
+            idempotency_key=input.idempotency_key,
+            tool=tool.name,
+            run_id=info.workflow_id or "",
+            step=input.step,
+            attempt=info.attempt,
+            previous_details=tuple(info.heartbeat_details),
+            _beat=thread_safe(activity.heartbeat),
+        )
+        token = enter_context(context)
+        try:
+            async with heartbeating():
+                value = await _invoke(tool, args)
+        except Exception as e:
+            return self._failed(tool, input, e)
+        finally:
+            leave_context(token)
+        if tool.spec.cost_usd:
+            record_tool_cost(tool.name, tool.spec.cost_usd)
+        # Redacted here as well as by the worker's interceptor: the cache keeps this text.
+        outcome = capped(render(value), input.output_chars)
+        if (cache := self._caches.get(tool.name)) is not None:
+            cache.put(_cache_key(input), outcome.output)
+        return outcome
+
+    def _failed(self, tool: Tool, input: ToolCallInput, error: Exception) -> ToolOutcome:
+        """A raised exception: retried while attempts remain (not for a write tool), then a tool
+        error, or a read tool's cached answer."""
+        info = activity.info()
+        attempts = info.retry_policy.maximum_attempts if info.retry_policy else 1
+        if tool.spec.effect != "write" and info.attempt < attempts:
+            raise error
+        message = worker_redactor().text(f"{tool.name} raised {type(error).__name__}: {error}")
+        cache = self._caches.get(tool.name)
+        cached = cache.get(_cache_key(input)) if cache is not None else None
+        if cached is None:
+            return ToolOutcome(ok=False, error=message)
+        fetched = datetime.fromtimestamp(cached[0], UTC).isoformat(timespec="seconds")
+        activity.logger.warning("%s: answered from its cache of %s (%s)", tool.name, fetched, message)
+        return ToolOutcome(
+            ok=True,
+            output=f"[cached result from {fetched}: may be inaccurate]\n{cached[1]}",
+            cached_from=fetched,
+        )
+
+
+async def _invoke(tool: Tool, args: BaseModel) -> Any:
+    kwargs = {name: getattr(args, name) for name in type(args).model_fields}
+    if asyncio.iscoroutinefunction(tool.function):
+        return await tool.function(**kwargs)
+    # A sync tool runs on a thread, in the call's context (tool_context() works there).
+    return await asyncio.to_thread(tool.function, **kwargs)
+
+
+def render(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def capped(text: str, budget_chars: int) -> ToolOutcome:
+    """Redacted, and its head and tail when longer than the run's tool output budget."""
+    text = worker_redactor().text(text)
+    size = len(text.encode())
+    if len(text) > budget_chars:
+        keep = max(budget_chars // 2, 32)
+        text = f"{text[:keep]}\n… {len(text):,} characters total, {len(text) - 2 * keep:,} cut …\n{text[-keep:]}"
+    return ToolOutcome(ok=True, output=text or "(no output)", output_bytes=size)
+
+
+def _cache_key(input: ToolCallInput) -> str:
+    return json.dumps(input.arguments, sort_keys=True, ensure_ascii=False)
+
+
+def _problems(error: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}" for err in error.errors())

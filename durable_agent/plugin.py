@@ -1,0 +1,155 @@
+"""`DurableAgentPlugin`: durable-agent inside the user's own Temporal application.
+
+    client = await Client.connect(address, plugins=[DurableAgentPlugin(tools=[lookup_order, refund])])
+    worker = Worker(client, task_queue="support", workflows=[MyWorkflow])  # the plugin comes from the client
+
+On the client: the data converter (pydantic JSON, compressed, encrypted with
+`DURABLE_AGENT_ENCRYPTION_KEY` when set) and the tracing interceptors. On each worker:
+`AgentWorkflow`, its activities (the model call, the built-in tools, the archive, the
+skills, the cleanup, `tool_catalog`), the metrics and redaction interceptors, and, while the
+worker runs, one activity worker per given tool on the tool's own task queue
+(durable_agent/tools.py). `worker.py` and `durable-agent worker` are built on it too.
+A user's workflow runs an agent as a child with `run_agent` (durable_agent/child.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
+from typing import Any
+
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.converter import DataConverter
+from temporalio.plugin import SimplePlugin
+from temporalio.worker import Interceptor, Worker, WorkerConfig
+
+from activities.agents import AgentActivities
+from activities.archive import ArchiveActivities
+from activities.cleanup import CleanupActivities
+from activities.model import ModelActivities
+from activities.redaction import RedactingInterceptor
+from activities.skills import SkillActivities
+from activities.tools import ToolActivities
+from activities.user_tools import UserToolActivities
+from durable_agent import telemetry
+from durable_agent.codecs import EncryptionKeys
+from durable_agent.connection import data_converter
+from durable_agent.metrics import MetricsInterceptor
+from durable_agent.model_queue import ModelQueueInterceptor
+from durable_agent.tools import Tool, load_modules, unique
+from workflows.agent import AgentWorkflow
+
+PLUGIN_NAME = "durable_agent.DurableAgentPlugin"
+
+
+class DurableAgentPlugin(SimplePlugin):
+    """Adds durable-agent to a `Client` and the `Worker`s built on it (see the module docstring)."""
+
+    def __init__(
+        self,
+        tools: Sequence[Tool] = (),
+        *,
+        tool_modules: Sequence[str] = (),
+        encryption_keys: EncryptionKeys | None = None,
+        model_task_queue: str | None = None,
+        activities: Sequence[Callable[..., Any]] | None = None,
+    ) -> None:
+        """`tools`: decorated tools; `tool_modules`: modules whose tools to load as well.
+        `encryption_keys`: default from `DURABLE_AGENT_ENCRYPTION_KEY`. `model_task_queue`:
+        where model calls run when not on the worker's queue. `activities`: in place of the
+        model call and the built-in tools (a test's model, other tool limits); the workflow's
+        local activities are added to them whatever they are."""
+        self.tools = unique([*tools, *load_modules(tool_modules)])
+        self._model_task_queue = model_task_queue
+        self._activities = activities
+        converter = data_converter(encryption_keys)
+        super().__init__(
+            PLUGIN_NAME,
+            data_converter=_with_codec(converter),
+            interceptors=telemetry.client_interceptors(),
+            workflows=[AgentWorkflow],
+        )
+        self._tool_activities: dict[str, UserToolActivities] = {}
+        self._tool_queues: set[str] = set()
+
+    def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
+        queue = config["task_queue"]  # type: ignore[typeddict-item]
+        if queue in self._tool_queues:
+            return config  # a tool's own worker (it inherits the client's plugins): only its tool
+        config = super().configure_worker(config)
+        tools = UserToolActivities(self.tools, queue)
+        self._tool_activities[queue] = tools
+        self._tool_queues.update(tools.queues())
+        ours = list(self._activities) if self._activities is not None else [ModelActivities().call_model]
+        given = [*(config.get("activities") or []), *ours]
+        config["activities"] = with_missing(given, [*workflow_activities(), tools.tool_catalog])
+        config["interceptors"] = [*(config.get("interceptors") or []), *interceptors(self._model_task_queue)]
+        return config
+
+    async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
+        """The worker, and beside it one activity worker per tool on its own task queue: a run
+        whose tool no live worker serves waits in that queue until one does."""
+        config = worker.config()
+        if config["task_queue"] in self._tool_queues:  # type: ignore[typeddict-item]
+            await next(worker)
+            return
+        tools = self._tool_activities.get(config["task_queue"])  # type: ignore[typeddict-item]
+        async with AsyncExitStack() as stack:
+            for queue, activities in (tools.queues() if tools else {}).items():
+                worker_of_tool = tool_worker(config["client"], queue, activities, config.get("identity"))  # type: ignore[typeddict-item]
+                await stack.enter_async_context(worker_of_tool)
+            await super().run_worker(worker, next)
+
+
+def _with_codec(converter: DataConverter) -> Callable[[DataConverter | None], DataConverter]:
+    """The plugin's converter, unless the client already has one with a codec (its own encryption)."""
+    return lambda existing: existing if existing is not None and existing.payload_codec else converter
+
+
+def tool_worker(
+    client: Client, queue: str, activities: list[Callable[..., Any]], identity: str | None = None
+) -> Worker:
+    """`identity`: the agent worker's, which names its process: a replacement worker on the same
+    machine then fails the calls this process held, at once (durable_agent/takeover.py)."""
+    return Worker(
+        client,
+        task_queue=queue,
+        identity=identity,
+        activities=activities,
+        interceptors=[MetricsInterceptor(), RedactingInterceptor()],
+        max_concurrent_activities=20,
+    )
+
+
+def workflow_activities() -> list[Callable[..., Any]]:
+    """The tools, the agent files, the archive, the skills and the run's cleanup: some run as local activities,
+    which only the worker running the workflow can run."""
+    return [
+        *ToolActivities().all(),
+        *AgentActivities().all(),
+        *ArchiveActivities().all(),
+        *SkillActivities().all(),
+        *CleanupActivities().all(),
+    ]
+
+
+def with_missing(activities: list[Callable[..., Any]], needed: list[Callable[..., Any]]) -> list[Callable[..., Any]]:
+    """`activities`, deduplicated by name, plus any of `needed` it lacks by name: a worker given
+    its own list (a test's model, other tool limits) must still run the workflow's local
+    activities, or a run would fail its workflow task on every attempt."""
+    chosen: dict[str, Callable[..., Any]] = {}
+    for function in [*activities, *needed]:
+        chosen.setdefault(activity_name(function), function)
+    return list(chosen.values())
+
+
+def activity_name(function: Callable[..., Any]) -> str:
+    return activity._Definition.must_from_callable(function).name  # the SDK's own name lookup
+
+
+def interceptors(model_queue: str | None) -> list[Interceptor]:
+    """Every worker's interceptors. Redaction is innermost, so what leaves an activity for
+    history, metrics or traces is redacted first; `model_queue` routes model calls there."""
+    routing = [ModelQueueInterceptor(model_queue)] if model_queue else []
+    return [MetricsInterceptor(), *routing, RedactingInterceptor()]

@@ -169,7 +169,8 @@ async def test_an_edit_after_the_start_changes_nothing_and_the_history_replays(
     [
         ("ghost", None, "unknown agent 'ghost': no agents/ghost.md in agents/ in the workspace"),
         ("typo", agent_text("x", description="d", tols="[read_file]"), "agents/typo.md: tols: unknown field"),
-        ("tooly", agent_text("x", description="d", tools="[fly]"), "agents/tooly.md: tools: unknown tool(s) ['fly']"),
+        # A tool name no worker offers is the tool catalog's to refuse, at the same start.
+        ("tooly", agent_text("x", description="d", tools="[fly]"), "unknown tool(s) ['fly']: no worker offers them"),
         ("nodesc", agent_text("x", model="m"), "agents/nodesc.md: description: required"),
         ("yamly", agent_text("x", description="d", limits="{max_tokens: [}"), "agents/yamly.md: malformed front"),
         ("nofront", "just a prompt\n", "agents/nofront.md: malformed front matter: the file must start with"),
@@ -215,10 +216,10 @@ async def test_agents_lists_each_file_where_it_was_found_and_what_shadows_it(wor
     assert f"{shared / 'reviewer.md'} (shadowed by agents/reviewer.md)" in lines[1]
     assert "Writes the notes" in lines[2] and str(shared / "writer.md") in lines[2] and "shadowed" not in lines[2]
 
-    write_agent(workspace / "agents", "broken", agent_text("x", description="d", tools="[fly]"))
+    write_agent(workspace / "agents", "broken", agent_text("x", description="d", tols="[read_file]"))
     broken = await durable_agent("agents", "--workspace", str(workspace), env=env)
     assert broken.returncode == 1, broken
-    assert "agents/broken.md: cannot be used: tools: unknown tool(s) ['fly']" in broken.stdout
+    assert "agents/broken.md: cannot be used: " in broken.stdout and "tols" in broken.stdout, broken.stdout
 
     empty = await durable_agent("agents", "--workspace", str(tmp_path), env=cli_env(DURABLE_AGENT_AGENTS_DIR=None))
     assert empty.returncode == 0 and "no agent files in" in empty.stdout and "is not set" in empty.stdout

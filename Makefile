@@ -24,7 +24,7 @@ run: $(STAMP)
 	$(BIN)/durable-agent run "$(GOAL)" --workspace ./$(WORKSPACE)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 worker: $(STAMP)
 	$(BIN)/durable-agent worker

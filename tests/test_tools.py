@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import tracemalloc
 import uuid
@@ -68,12 +69,6 @@ def live_members(pgid: int) -> list[int]:
             if group == str(pgid) and state != "Z":
                 members.append(int(entry.name))
     return members
-
-
-def pgid_in(text: str) -> int:
-    match = re.search(r"pgid=(\d+)", text)
-    assert match, text
-    return int(match.group(1))
 
 
 async def started_pgid(workspace: Path, key: str, within_s: float = 30.0) -> int:
@@ -402,20 +397,38 @@ async def test_run_command_gets_no_stdin_and_no_worker_secrets(
     assert outcome.output == "exit code: 0\nkey=unset\n"
 
 
+def unique_sleep() -> tuple[str, str]:
+    """A `sleep` whose duration (300 s and a unique fraction) marks it among the host's
+    processes: `$$` in the sandbox is a pid of its own namespace, not of the host."""
+    seconds = f"300.{uuid.uuid4().int % 10**9}"
+    return f"sleep {seconds}", f"sleep\0{seconds}"  # the second: its /proc cmdline
+
+
 async def test_run_command_timeout_kills_the_whole_process_group(workspace: Path) -> None:
+    sleep, marker = unique_sleep()
     began = time.monotonic()
-    outcome = await run_tool(workspace, "run_command", command="echo pgid=$$; sleep 300 & sleep 300", timeout_s=1)
+    command = f"{sleep} & touch child-started; {sleep}"
+    outcome = await run_tool(workspace, "run_command", command=command, timeout_s=1)
     assert time.monotonic() - began < 15
     assert not outcome.ok
     assert (outcome.error or "").startswith("command timed out after 1 s; it and every process it started")
-    assert not live_members(pgid_in(outcome.error or ""))
+    assert (workspace / "child-started").exists()  # the background sleep had been started
+    assert host_processes_named(marker) == []
 
 
 async def test_run_command_background_children_do_not_outlive_it(workspace: Path) -> None:
-    outcome = await run_tool(workspace, "run_command", command="sleep 300 >/dev/null 2>&1 & echo pgid=$$")
-    assert outcome.ok
-    assert outcome.output.startswith("exit code: 0\n")
-    assert not live_members(pgid_in(outcome.output))
+    sleep, marker = unique_sleep()
+    key = uuid.uuid4().hex
+    # The command waits for the test's go: its group, the background sleep in it, are seen alive.
+    command = f"{sleep} >/dev/null 2>&1 & until [ -e go ]; do sleep 0.05; done"
+    task = asyncio.create_task(run_tool(workspace, "run_command", key=key, command=command))
+    pgid = await started_pgid(workspace, key)
+    await until(lambda: len(host_processes_named(marker)) == 1)
+    assert live_members(pgid)  # the journal's pgid is a host group (the sandbox's own)
+    (workspace / "go").touch()
+    outcome = await asyncio.wait_for(task, 60)
+    assert outcome.ok and outcome.output.startswith("exit code: 0\n"), outcome
+    assert host_processes_named(marker) == [] and live_members(pgid) == []
 
 
 async def test_run_command_caps_huge_output_and_saves_it_whole(workspace: Path) -> None:
@@ -601,8 +614,11 @@ async def test_a_cancellation_while_a_command_is_prepared_closes_its_launch(
     closed: list[CommandLaunch] = []
     real_prepare, real_close = CommandLaunch.prepare, CommandLaunch.close
 
+    preparing, cancelled = threading.Event(), threading.Event()
+
     def slow_prepare(*args: Any) -> CommandLaunch:
-        time.sleep(0.5)  # in the preparing thread, while the activity is cancelled
+        preparing.set()
+        cancelled.wait(timeout=30)  # in the preparing thread, while the activity is cancelled
         return real_prepare(*args)
 
     def close(launch: CommandLaunch) -> None:
@@ -614,8 +630,9 @@ async def test_a_cancellation_while_a_command_is_prepared_closes_its_launch(
     call = chain_call(workspace, "prep-1", command="echo x >> ledger.txt")
     env = ActivityEnvironment()
     attempt = asyncio.create_task(env.run(ToolActivities().run_command, call))
-    await asyncio.sleep(0.2)
+    await until(preparing.is_set, within_s=30)
     env.cancel(ActivityCancellationDetails(cancel_requested=True))
+    cancelled.set()
     await asyncio.wait([attempt])
     assert len(closed) == 1  # the cgroup and the rest of the launch, made after the cancel
     assert not (workspace / "ledger.txt").exists()

@@ -23,18 +23,29 @@ from workflows.types import AgentInput, AgentResult, AgentStatus, Message
 async def test_multi_step_run_with_parallel_tools(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
+    # Each command waits for the other to have started: they end only if they overlapped
+    # (run one after the other, the first times out).
+    meet = "touch {0}.ready; until [ -e {1}.ready ]; do sleep 0.05; done; echo met"
+    usage = {"input_tokens": 1_000, "output_tokens": 100}
     model_server.responder = Script(
         [
             tools(
                 ("write_file", {"path": "a.txt", "content": "alpha\n"}),
                 ("write_file", {"path": "b/c.txt", "content": "gamma\n"}),
+                **usage,
+            ),
+            tools(
+                ("run_command", {"command": meet.format("one", "two"), "timeout_s": 30}),
+                ("run_command", {"command": meet.format("two", "one"), "timeout_s": 30}),
+                **usage,
             ),
             tools(
                 ("list_files", {}),
                 ("read_file", {"path": "a.txt"}),
                 ("run_command", {"command": "cat a.txt b/c.txt | wc -l"}),
+                **usage,
             ),
-            answer("two files written"),
+            answer("two files written", **usage),
         ]
     )
     handle = await start(client, task_queue, goal="write two files", workspace=str(workspace))
@@ -42,9 +53,13 @@ async def test_multi_step_run_with_parallel_tools(
 
     assert result.state == "completed" and result.stop_reason == "final_answer"
     assert result.output == "two files written"
-    assert result.steps == 3
-    assert result.usage.model_calls == 3 and result.usage.tool_calls == 5
-    assert result.usage.input_tokens > 0 and result.usage.cost_usd > 0
+    assert result.steps == 4
+    assert result.usage.model_calls == 4 and result.usage.tool_calls == 7
+    # The stub's figures, at gpt-4.1-mini's price ($0.40 / $1.60 per million).
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (4_000, 400)
+    assert result.usage.cost_usd == pytest.approx(4_000 * 0.40e-6 + 400 * 1.60e-6)
+    met = tool_results(model_server.requests[2])[-2:]
+    assert met == ["exit code: 0\nmet\n"] * 2, met
     assert (workspace / "b" / "c.txt").read_text() == "gamma\n"
     # The third call saw the three results of the second step, in the order asked for.
     third = model_server.requests[-1]
@@ -56,7 +71,10 @@ async def test_multi_step_run_with_parallel_tools(
     transcript = await handle.query("transcript", result_type=list[Message])
     results = [m for m in transcript if m.role == "tool"]
     assert {m.kind for m in results} == {"tool_result"}
-    assert [m.tool_name for m in results] == ["write_file", "write_file", "list_files", "read_file", "run_command"]
+    assert [m.tool_name for m in results] == [
+        *["write_file", "write_file", "run_command", "run_command"],
+        *["list_files", "read_file", "run_command"],
+    ]
 
 
 async def test_history_holds_no_transcript_copy(

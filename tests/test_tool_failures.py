@@ -103,7 +103,9 @@ async def test_hostile_files_neither_block_the_worker_nor_starve_another_run(
     search, *pipes = tool_results(
         next(r for r in model_server.requests if r["messages"][1]["content"] == "hostile" and len(r["messages"]) > 3)
     )
-    assert search.startswith("ERROR:") and "search" in search and "time" in search, search
+    # Bounded either by the search's own limit or, on a loaded machine whose search thread
+    # started late, by the per-call bound.
+    assert search.startswith("ERROR:") and ("timed out" in search or "did not finish within" in search), search
     assert all(p.startswith("ERROR:") and "FIFO" in p for p in pipes), pipes
 
 
@@ -124,7 +126,9 @@ async def test_a_file_tool_call_is_bounded_in_time_on_a_thread_of_its_own(
     while time.monotonic() < end:  # the event loop runs freely meanwhile
         await asyncio.sleep(0.01)
         ticks += 1
-    assert ticks > 50
+    # About 100 on an idle machine, 40 under a CPU hog on both cores; a search that held
+    # the GIL would leave the loop none.
+    assert ticks > 10
 
 
 @pytest.fixture

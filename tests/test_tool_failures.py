@@ -19,7 +19,7 @@ from temporalio.worker import Worker
 import activities.tools as tool_activities
 from activities.journal import JOURNAL_DIR, key_digest
 from durable_agent.model_server import ModelServer, Reply
-from tests.helpers import start, wait_for
+from tests.helpers import skip_without, start, wait_for
 from tests.scripts import Script, answer, tool_results, tools
 from workflows.compaction import run_folder
 from workflows.types import ToolCallInput
@@ -135,7 +135,7 @@ async def test_a_file_tool_call_is_bounded_in_time_on_a_thread_of_its_own(
 def full_disk(tmp_path: Path) -> Iterator[Path]:
     """A 64 KiB tmpfs: a larger write fails with ENOSPC, an error a retry may cure."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        skip_without("root", "mounting a tmpfs needs root")
     folder = tmp_path / "small"
     folder.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], check=True)

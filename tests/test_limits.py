@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,18 @@ async def test_time_limit(
     model_server.responder = always_tools(delay_s=0.5)
     limits = {"max_duration_s": 6, "soft_ratio": 0.1}
     handle = await start(client, task_queue, goal="slow", workspace=str(workspace), limits=limits)
-    result = await handle.result()
+    result = await asyncio.wait_for(handle.result(), 120)
     assert result.stop_reason == "time_limit" and result.usage.elapsed_s >= 6
+    # Prompt, by the run's own record: no model call was scheduled after the 6 s were up,
+    # and the run closed in the task that first saw them up (no step after that).
+    events = (await handle.fetch_history()).events
+    began = events[0].event_time.ToDatetime()
+    calls = [
+        (e.event_time.ToDatetime() - began).total_seconds()
+        for e in events
+        if e.activity_task_scheduled_event_attributes.activity_type.name == "call_model"
+    ]
+    assert calls and max(calls) <= 6, calls
     status = await handle.query("status", result_type=AgentStatus)
     assert any(d.kind == "soft_warning" and d.detail.startswith("time") for d in status.degradations), status
 

@@ -203,12 +203,16 @@ async def test_without_a_key_the_demo_runs_labelled_and_survives_a_worker_kill(
 ) -> None:
     workspace = tmp_path / "demo"
     workspace.mkdir()
+    # Without the suite's workspace roots: the workers `run` starts accept the workspace
+    # (outside its working directory) because `run` adds it to their roots.
     env = cli_env(
         OPENAI_API_KEY=None,
         OPENAI_BASE_URL=None,
         DURABLE_AGENT_TASK_QUEUE=None,
         DURABLE_AGENT_HOME=str(tmp_path / "home"),
+        DURABLE_AGENT_WORKSPACE_ROOTS=None,
     )
+    assert not workspace.resolve().is_relative_to(ROOT)
     run_id = f"demo-{uuid.uuid4().hex[:10]}"
     run = await durable_agent("run", demo_model.GOAL, "--workspace", str(workspace), "--id", run_id, env=env)
 

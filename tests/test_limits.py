@@ -11,8 +11,11 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from durable_agent import render
 from durable_agent.model_server import ModelServer, Reply, is_summary_request
 from tests.helpers import start
+from tests.scripts import Script
+from workflows.status_view import details_markdown
 from workflows.types import AgentStatus, Message
 
 
@@ -163,3 +166,25 @@ async def test_a_spike_enters_the_soft_tier_early(
     # the fallback model waits for its own rung.
     assert [(d.kind, d.step) for d in status.degradations] == [("early_soft_tier", 5), ("compaction", 5)]
     assert model_server.requests[-1]["model"] == "gpt-4.1-mini"
+
+
+async def test_replies_without_usage_are_estimated_said_so_and_count_against_the_token_budget(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    # An endpoint that reports no usage: counted as 0 tokens, the budget would never trip.
+    write = Reply(tool_calls=[("write_file", {"path": "big.txt", "content": "x" * 8_000})], no_usage=True)
+    model_server.responder = Script([write] + [Reply(tool_calls=[("list_files", {})], no_usage=True)] * 20)
+    handle = await start(
+        client, task_queue, goal="no usage", workspace=str(workspace), limits={"max_tokens": 12_000, "hard_steps": 20}
+    )
+    result = await asyncio.wait_for(handle.result(), 120)
+    usage = result.usage
+    assert result.stop_reason == "token_budget", result
+    assert usage.estimated_calls == usage.model_calls >= 3
+    # Every call after the first sent the 8,000 characters written (about 2,000 tokens).
+    assert usage.input_tokens >= 2_000 * (usage.model_calls - 1) and usage.output_tokens >= 2_000
+    status = await handle.query("status", result_type=AgentStatus)
+    assert status.usage.estimated_calls == usage.model_calls
+    said = f"(estimated for {usage.model_calls} model calls without usage)"
+    assert said in render.full_usage_text(usage) and said in render.usage_text(status.usage)
+    assert f"~ tokens estimated for {usage.model_calls} model calls" in details_markdown(status)

@@ -334,9 +334,12 @@ async def test_durable_agent_server_makes_the_web_ui_decrypt_through_its_codec_s
             "does as root): the Web UI check needs a browser",
         )
     setting = f"k1:{new_key()}"
-    port, ui_port, codec_port = free_port(), free_port(), free_port()
+    port, ui_port = free_port(), free_port()
+    while port_open("127.0.0.1", ui_port + 1):
+        ui_port = free_port()
+    codec_port = ui_port + 1  # README: the codec is on the UI port + 1 unless --codec-port says
     env = {**os.environ, KEY_ENV: setting, "DURABLE_AGENT_HOME": str(tmp_path / "home")}
-    ports = ["--port", str(port), "--ui-port", str(ui_port), "--codec-port", str(codec_port)]
+    ports = ["--port", str(port), "--ui-port", str(ui_port)]
     server = durable_agent_process("server", *ports, env=env)
     try:
         assert server.stdout is not None

@@ -119,7 +119,7 @@ async def test_a_file_tool_call_is_bounded_in_time_on_a_thread_of_its_own(
     call = ToolCallInput(call_id="c", idempotency_key="k", workspace=str(workspace), arguments={"pattern": "(a+)+$"})
     began = time.monotonic()
     outcome = await ActivityEnvironment().run(tool_activities.ToolActivities().search_files, call)
-    assert time.monotonic() - began < 3
+    assert time.monotonic() - began < 8  # at the bound, not at the search's own 10 s limit
     assert not outcome.ok and "did not finish within 0.5 s" in (outcome.error or ""), outcome
     ticks = 0
     end = time.monotonic() + 1

@@ -25,7 +25,7 @@ run: $(STAMP)
 	  'rm -rf $(WORKSPACE) && mkdir $(WORKSPACE) && exec $(BIN)/durable-agent run "$(GOAL)" --workspace ./$(WORKSPACE)'
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 worker: $(STAMP)
 	$(BIN)/durable-agent worker

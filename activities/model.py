@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import email.utils
 import importlib
+import json
 import math
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -33,6 +34,7 @@ from activities.model_clients import ModelClients, openai_sdk
 from activities.model_stream import StreamedReply, StreamProgress, bad_reply, stream_chat_completion
 from activities.pricing import price_of
 from activities.redaction import worker_redactor
+from workflows.context import tokens_of
 from workflows.tool_specs import openai_tool_schemas
 from workflows.types import ModelCallInput, ModelReply, ToolCall
 
@@ -85,7 +87,7 @@ class ModelActivities:
                         return reply
                     streamed = StreamProgress()  # the details describe the call made now
                 response = await post_chat_completion(client, request)
-        return _reply(input.model, response)
+        return _reply(input.model, response, messages)
 
     async def _streamed_reply(
         self, client: AsyncOpenAI, model: str, request: dict[str, Any], progress: StreamProgress, live: bool = False
@@ -116,6 +118,7 @@ class ModelActivities:
             usage=(usage.get("prompt_tokens"), usage.get("completion_tokens")),
             reply_model=streamed.model,
             finish_reason=streamed.finish_reason,
+            sent=request["messages"],
         )
 
     def _stop_streaming(self, why: str) -> None:
@@ -146,7 +149,7 @@ def _request(
     return request
 
 
-def _reply(model: str, response: Any) -> ModelReply:
+def _reply(model: str, response: Any, sent: list[dict[str, Any]]) -> ModelReply:
     if not getattr(response, "choices", None):
         raise ApplicationError("model response has no choices", type="BadModelResponse")
     choice = response.choices[0]
@@ -160,9 +163,10 @@ def _reply(model: str, response: Any) -> ModelReply:
             for c in message.tool_calls or []
             if getattr(c, "function", None) is not None
         ],
-        usage=(getattr(usage, "prompt_tokens", 0), getattr(usage, "completion_tokens", 0)),
+        usage=(getattr(usage, "prompt_tokens", None), getattr(usage, "completion_tokens", None)),
         reply_model=getattr(response, "model", None),
         finish_reason=choice.finish_reason,
+        sent=sent,
     )
 
 
@@ -174,9 +178,15 @@ def _assembled_reply(
     usage: tuple[object, object],
     reply_model: str | None,
     finish_reason: str | None,
+    sent: list[dict[str, Any]],
 ) -> ModelReply:
     """The recorded reply, whether it came whole or streamed; `calls` are (id, name, arguments).
-    A field of the wrong type is the endpoint's fault: asking again would cost another like it."""
+    A field of the wrong type is the endpoint's fault: asking again would cost another like it.
+    Without usage (neither count; some vLLM and llama.cpp setups), the tokens of what was sent
+    and received are estimated and the reply says so: budgets then count an estimate, not 0."""
+    estimated = usage[0] is None and usage[1] is None
+    if estimated:
+        usage = (tokens_of(_texts(sent)), tokens_of([content or "", *(name + args for _, name, args in calls)]))
     try:
         reply = ModelReply(
             content=_text(content) if content is not None else None,
@@ -189,6 +199,7 @@ def _assembled_reply(
             model=_text(reply_model if isinstance(reply_model, str) and reply_model else model),
             finish_reason=finish_reason,
             price=price_of(model),
+            usage_estimated=estimated,
         )
     except (ValidationError, AttributeError, TypeError) as e:
         raise bad_reply(f"the model endpoint's reply has a field of the wrong type: {e}"[:500]) from None
@@ -199,6 +210,16 @@ def _assembled_reply(
             "ask for a shorter reply (add a message), then retry"
         )
     return reply
+
+
+def _texts(messages: list[dict[str, Any]]) -> Iterable[str]:
+    """What the estimate counts of the messages sent: contents, tool calls' names and arguments."""
+    for message in messages:
+        content = message.get("content")
+        yield content if isinstance(content, str) else json.dumps(content) if content is not None else ""
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {}
+            yield f"{function.get('name', '')}{function.get('arguments', '')}"
 
 
 def _text(value: str) -> str:

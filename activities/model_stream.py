@@ -252,7 +252,7 @@ async def _take_whole_reply(response: Any, reply: StreamedReply, progress: Strea
     if characters:
         progress.received(characters)
     reply.done = True
-    reply.usage = reply.usage or {}  # a whole reply without usage counts as an unstreamed one does: 0 tokens
+    reply.usage = reply.usage or {}  # a whole reply without usage: estimated, as an unstreamed one is
 
 
 def _as_delta(choice: dict[str, Any]) -> dict[str, Any]:

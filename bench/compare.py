@@ -39,7 +39,7 @@ from bench import fleet
 from bench.contenders import DurableContender, Figures, PeerContender, PlainTemporalContender
 from bench.harness import Bench, StepScript, bench
 from bench.observe import Kill, Recorder, kill_figures, ledger_check
-from bench.report import git_commit
+from bench.report import git_commit, machine_description
 from bench.task import goal_for
 from durable_agent.connection import connect
 
@@ -235,6 +235,7 @@ async def measure(o: Options) -> dict[str, Any]:
         "load_before": load_before,
         "load_after": os.getloadavg(),
         "commit": git_commit(),
+        "machine": machine_description(),
     }
     return data
 

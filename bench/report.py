@@ -12,8 +12,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from bench.observe import spread
 from durable_agent.server import temporal_binary
 from workflows.types import AgentInput
@@ -44,7 +42,7 @@ def write_results(data: dict[str, Any], path: Path, command: str) -> None:
                 *_modes(data),
                 *_notes(data),
                 *_environment(data),
-                *_rerun(),
+                *_rerun(data),
                 "",
             ]
         )
@@ -312,25 +310,54 @@ def _durable_bytes_notes(data: dict[str, Any]) -> list[str]:
 def _environment(data: dict[str, Any]) -> list[str]:
     run = data["run"]
     load = ", ".join(f"{a:.1f}→{b:.1f}" for a, b in zip(run["load_before"], run["load_after"], strict=True))
+    machine = run.get("machine")
+    if machine is None:  # figures measured before the machine was recorded with them
+        described = ["- machine and versions: not recorded with these figures"]
+    else:
+        versions = "; ".join(f"{p} {v}" for p, v in machine["packages"].items())
+        described = [
+            f"- CPU: {machine['cpu']}, {machine['cores']} cores; RAM {machine['ram_gb']:.0f} GB; {machine['platform']}",
+            f"- Python {machine['python']}; {versions}",
+            f"- Temporal CLI: {machine['temporal']}",
+        ]
     return [
         "## Machine and versions",
         "",
-        f"- CPU: {_cpu_model()}, {_cores()} cores; RAM {_ram_gb():.0f} GB; {platform.platform()}",
+        "As recorded when the figures were measured.",
+        "",
+        *described[:1],
         f"- load average (1, 5, 15 min) before → after the benchmark: {load}",
-        f"- Python {sys.version.split()[0]}; " + "; ".join(f"{p} {_version(p)}" for p in PACKAGES),
-        f"- Temporal CLI: {_temporal_version()}",
-        f"- durable-agent commit: {data['run'].get('commit') or git_commit()}",
+        *described[1:],
+        f"- durable-agent commit: {run.get('commit') or 'not recorded'}",
         "",
     ]
 
 
-def _rerun() -> list[str]:
+def machine_description() -> dict[str, Any]:
+    """What the figures were measured on: recorded when measuring, since the report may be
+    rendered later or elsewhere."""
+    return {
+        "cpu": _cpu_model(),
+        "cores": _cores(),
+        "ram_gb": round(_ram_gb(), 1),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "packages": {p: _version(p) for p in PACKAGES},
+        "temporal": _temporal_version(),
+    }
+
+
+def _rerun(data: dict[str, Any]) -> list[str]:
+    run = data["run"]
+    cores = (run.get("machine") or {}).get("cores", "?")
+    kind = "quick" if data["options"].get("quick") else "full"
+    took = f"this {kind} run took {run['seconds'] / 60:.1f} min on {cores} cores"
     return [
         "## How to rerun",
         "",
         "```",
         "pip install -e '.[bench]'",
-        "python -m bench compare            # or: make bench   (full: about 15 min on 2 cores)",
+        f"python -m bench compare            # or: make bench   ({took})",
         "python -m bench compare --quick    # smaller N, a few minutes",
         "python -m bench chaos              # or: make chaos   (the chaos suite; see bench/README.md)",
         "```",
@@ -352,6 +379,8 @@ def _cores() -> int:
 
 
 def _ram_gb() -> float:
+    import psutil  # the bench extra's; rendering a report needs only the standard library
+
     return psutil.virtual_memory().total / 1e9
 
 

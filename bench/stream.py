@@ -55,7 +55,7 @@ async def calls(client: Any, streamed: bool, count: int) -> float:
         if streamed:
             reply = await model._streamed_reply(client, "gpt-4.1-mini", request, StreamProgress())
         else:
-            reply = _reply("gpt-4.1-mini", await post_chat_completion(client, request))
+            reply = _reply("gpt-4.1-mini", await post_chat_completion(client, request), request["messages"])
         assert reply is not None and reply.output_tokens > 0
     return time.process_time() - started
 

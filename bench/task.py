@@ -65,7 +65,7 @@ class ModelClient:
     async def complete(self, agent: PeerAgent, messages: list[dict[str, Any]]) -> ModelReply:
         request = {"model": agent.model, "messages": messages, "tools": openai_tool_schemas(agent.tools)}
         response = await post_chat_completion(self._client, request)
-        return _reply(agent.model, response)
+        return _reply(agent.model, response, messages)
 
 
 def assistant_message(reply: ModelReply) -> dict[str, Any]:

@@ -98,6 +98,12 @@ class _MetricsActivityInbound(ActivityInboundInterceptor):
                 tokens = meter.create_counter("durable_agent_tokens", "tokens used", "tokens")
                 tokens.add(reply.input_tokens, {**model, "direction": "input"})
                 tokens.add(reply.output_tokens, {**model, "direction": "output"})
+                if reply.usage_estimated:  # the endpoint sent no usage: the figures above are estimates
+                    estimated = meter.create_counter(
+                        "durable_agent_tokens_estimated", "tokens estimated: the endpoint reported no usage", "tokens"
+                    )
+                    estimated.add(reply.input_tokens, {**model, "direction": "input"})
+                    estimated.add(reply.output_tokens, {**model, "direction": "output"})
                 cost = meter.create_histogram_float("durable_agent_cost_usd", "cost of each model call", "USD")
                 cost.record(reply.cost_usd(), model)
             return reply

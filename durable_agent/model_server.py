@@ -33,6 +33,8 @@ class Reply:
     """The tool calls' ids as sent; by default unique ones (`call_<turn>_<index>`)."""
     cut_after_chunks: int | None = None
     """Streamed, the connection is dropped after this many events, mid-reply."""
+    no_usage: bool = False
+    """The reply carries no usage, whole or streamed (as some vLLM and llama.cpp setups send)."""
 
 
 @dataclass
@@ -183,18 +185,20 @@ def completion_body(request: dict[str, Any], reply: Reply, model_name: str | Non
         if reply.output_tokens is not None
         else (len(reply.content or "") + sum(len(c["function"]["arguments"]) for c in calls)) // 4 + 1
     )
-    return {
+    body = {
         "id": f"chatcmpl-{count_assistant_turns(request)}",
         "object": "chat.completion",
         "created": 0,
         "model": model_name or request.get("model", "stub"),
         "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}],
-        "usage": {
+    }
+    if not reply.no_usage:
+        body["usage"] = {
             "prompt_tokens": input_tokens,
             "completion_tokens": output_tokens,
             "total_tokens": input_tokens + output_tokens,
-        },
-    }
+        }
+    return body
 
 
 def completion_chunks(body: dict[str, Any], usage: bool) -> list[dict[str, Any]]:
@@ -217,7 +221,7 @@ def completion_chunks(body: dict[str, Any], usage: bool) -> list[dict[str, Any]]
     head = {"id": body["id"], "object": "chat.completion.chunk", "created": 0, "model": body["model"]}
     chunks = [{**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]} for delta in deltas]
     chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]})
-    if usage:
+    if usage and "usage" in body:
         chunks.append({**head, "choices": [], "usage": body["usage"]})
     return chunks
 

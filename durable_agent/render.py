@@ -17,13 +17,20 @@ def cost_text(usage: Usage) -> str:
     return f"${usage.cost_usd:.4f} + unpriced calls" if usage.cost_usd else "cost unknown"
 
 
+def tokens_text(usage: Usage) -> str:
+    # An endpoint that reported no usage is counted by estimate: say so, never a silent figure.
+    if not usage.estimated_calls:
+        return f"{usage.tokens:,} tokens"
+    return f"{usage.tokens:,} tokens (estimated for {usage.estimated_calls} model calls without usage)"
+
+
 def usage_text(usage: Usage) -> str:
-    return f"{usage.tokens:,} tokens · {cost_text(usage)}"
+    return f"{tokens_text(usage)} · {cost_text(usage)}"
 
 
 def full_usage_text(usage: Usage) -> str:
     return (
-        f"{usage.tokens:,} tokens (in {usage.input_tokens:,} / out {usage.output_tokens:,}) · "
+        f"{tokens_text(usage)} (in {usage.input_tokens:,} / out {usage.output_tokens:,}) · "
         f"{usage.model_calls} model calls · {usage.tool_calls} tool calls · "
         f"{cost_text(usage)}{tool_costs_text(usage)} · {usage.elapsed_s:.1f} s"
     )

@@ -23,18 +23,29 @@ from workflows.types import AgentInput, AgentResult, AgentStatus, Message
 async def test_multi_step_run_with_parallel_tools(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
+    # Each command waits for the other to have started: they end only if they overlapped
+    # (run one after the other, the first times out).
+    meet = "touch {0}.ready; until [ -e {1}.ready ]; do sleep 0.05; done; echo met"
+    usage = {"input_tokens": 1_000, "output_tokens": 100}
     model_server.responder = Script(
         [
             tools(
                 ("write_file", {"path": "a.txt", "content": "alpha\n"}),
                 ("write_file", {"path": "b/c.txt", "content": "gamma\n"}),
+                **usage,
+            ),
+            tools(
+                ("run_command", {"command": meet.format("one", "two"), "timeout_s": 30}),
+                ("run_command", {"command": meet.format("two", "one"), "timeout_s": 30}),
+                **usage,
             ),
             tools(
                 ("list_files", {}),
                 ("read_file", {"path": "a.txt"}),
                 ("run_command", {"command": "cat a.txt b/c.txt | wc -l"}),
+                **usage,
             ),
-            answer("two files written"),
+            answer("two files written", **usage),
         ]
     )
     handle = await start(client, task_queue, goal="write two files", workspace=str(workspace))
@@ -42,9 +53,13 @@ async def test_multi_step_run_with_parallel_tools(
 
     assert result.state == "completed" and result.stop_reason == "final_answer"
     assert result.output == "two files written"
-    assert result.steps == 3
-    assert result.usage.model_calls == 3 and result.usage.tool_calls == 5
-    assert result.usage.input_tokens > 0 and result.usage.cost_usd > 0
+    assert result.steps == 4
+    assert result.usage.model_calls == 4 and result.usage.tool_calls == 7
+    # The stub's figures, at gpt-4.1-mini's price ($0.40 / $1.60 per million).
+    assert (result.usage.input_tokens, result.usage.output_tokens) == (4_000, 400)
+    assert result.usage.cost_usd == pytest.approx(4_000 * 0.40e-6 + 400 * 1.60e-6)
+    met = tool_results(model_server.requests[2])[-2:]
+    assert met == ["exit code: 0\nmet\n"] * 2, met
     assert (workspace / "b" / "c.txt").read_text() == "gamma\n"
     # The third call saw the three results of the second step, in the order asked for.
     third = model_server.requests[-1]
@@ -56,7 +71,10 @@ async def test_multi_step_run_with_parallel_tools(
     transcript = await handle.query("transcript", result_type=list[Message])
     results = [m for m in transcript if m.role == "tool"]
     assert {m.kind for m in results} == {"tool_result"}
-    assert [m.tool_name for m in results] == ["write_file", "write_file", "list_files", "read_file", "run_command"]
+    assert [m.tool_name for m in results] == [
+        *["write_file", "write_file", "run_command", "run_command"],
+        *["list_files", "read_file", "run_command"],
+    ]
 
 
 async def test_history_holds_no_transcript_copy(
@@ -127,7 +145,7 @@ async def test_bad_tool_calls_become_tool_errors_and_the_run_goes_on(
 
 
 async def test_python_client_rejects_bad_input_before_a_run_exists() -> None:
-    # A name beyond the built-ins is resolved by the workers at the run's start (tests/test_tools.py);
+    # A name beyond the built-ins is resolved by the workers at the run's start (tests/test_user_tools.py);
     # one that cannot be a tool's name is refused before the run exists.
     with pytest.raises(ValueError, match="tool name 'tele port'"):
         AgentInput.model_validate({"goal": "x", "workspace": "/tmp", "tools": ["read_file", "tele port"]})
@@ -234,17 +252,20 @@ async def test_search_attributes_follow_state_at_once_and_the_step_at_most_every
     handle = await start(client, task_queue, goal="six quick steps", workspace=str(workspace))
     result = await handle.result()
     events = (await handle.fetch_history()).events
-    upserts = [
-        {name: json.loads(value.data) for name, value in fields.items()}
-        for fields in (
-            e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields
-            for e in events
-            if e.HasField("upsert_workflow_search_attributes_event_attributes")
-        )
+    upserted = [
+        (e.event_time.ToDatetime(), e.upsert_workflow_search_attributes_event_attributes.search_attributes)
+        for e in events
+        if e.HasField("upsert_workflow_search_attributes_event_attributes")
     ]
+    upserts = [{name: json.loads(value.data) for name, value in found.indexed_fields.items()} for _, found in upserted]
+    times = [at for (at, _), u in zip(upserted, upserts, strict=True) if "AgentStep" in u]
     agent = [u for u in upserts if "AgentStep" in u]
-    # Seven quick model calls: the running state at the start, then the final state with the final figures.
-    assert [(u["AgentState"], u["AgentStep"]) for u in agent] == [("running", 0), ("completed", result.steps)]
+    # Seven quick model calls: the running state at the start, the final state with the final
+    # figures, and between them (a loaded machine can take over 10 s) a step at most every 10 s.
+    assert (agent[0]["AgentState"], agent[0]["AgentStep"]) == ("running", 0)
+    assert (agent[-1]["AgentState"], agent[-1]["AgentStep"]) == ("completed", result.steps)
+    for i in range(1, len(agent) - 1):
+        assert agent[i]["AgentState"] == "running" and (times[i] - times[i - 1]).total_seconds() >= 10, agent
     assert agent[-1]["AgentTokens"] == result.usage.input_tokens + result.usage.output_tokens
     assert len(upserts) == len(agent) + 1  # and the one TemporalChangeVersion of the baseline patch
     described = await handle.describe()

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 from temporalio.client import Client
@@ -205,17 +206,22 @@ async def test_clear_one_line_errors(temporal_server: EmbeddedServer, tmp_path: 
 
 
 async def test_without_a_key_the_demo_runs_labelled_and_survives_a_worker_kill(
-    temporal_server: EmbeddedServer, tmp_path: Path
+    client: Client, temporal_server: EmbeddedServer, tmp_path: Path
 ) -> None:
     workspace = tmp_path / "demo"
     workspace.mkdir()
+    # Without the suite's workspace roots: the workers `run` starts accept the workspace
+    # (outside its working directory) because `run` adds it to their roots.
     env = cli_env(
         OPENAI_API_KEY=None,
         OPENAI_BASE_URL=None,
         DURABLE_AGENT_TASK_QUEUE=None,
         DURABLE_AGENT_HOME=str(tmp_path / "home"),
+        DURABLE_AGENT_WORKSPACE_ROOTS=None,
     )
-    run = await durable_agent("run", demo_model.GOAL, "--workspace", str(workspace), env=env)
+    assert not workspace.resolve().is_relative_to(ROOT)
+    run_id = f"demo-{uuid.uuid4().hex[:10]}"
+    run = await durable_agent("run", demo_model.GOAL, "--workspace", str(workspace), "--id", run_id, env=env)
 
     assert run.returncode == 0, run
     lines = run.stdout.splitlines()
@@ -223,8 +229,34 @@ async def test_without_a_key_the_demo_runs_labelled_and_survives_a_worker_kill(
     assert "killed the worker" in run.stdout and "started a new worker" in run.stdout
     assert "completed (final_answer) after 6 steps" in run.stdout
     assert "finished steps redone after the kill: 0" in run.stdout
+    # By effect, not by the demo's words: the history shows two workers, the first one's
+    # process is gone, and only the model call in flight ran twice (attempt 2 on the second).
+    events = (await client.get_workflow_handle(run_id).fetch_history()).events
+    workers = list(
+        dict.fromkeys(
+            e.workflow_task_started_event_attributes.identity
+            for e in events
+            if e.HasField("workflow_task_started_event_attributes")
+        )
+    )
+    assert len(workers) == 2, workers
+    assert not process_alive(int(workers[0].split("@")[0]))
+    retried = [
+        e.activity_task_started_event_attributes
+        for e in events
+        if e.HasField("activity_task_started_event_attributes") and e.activity_task_started_event_attributes.attempt > 1
+    ]
+    assert [(a.attempt, a.identity) for a in retried] == [(2, workers[1])]
     tests_pass = subprocess.run([sys.executable, "test_calc.py"], cwd=workspace, capture_output=True, text=True)
     assert tests_pass.returncode == 0 and "all tests passed" in tests_pass.stdout
+
+
+def process_alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, killed and not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def test_demo_model_is_deterministic_and_reads_exit_codes() -> None:

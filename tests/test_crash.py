@@ -13,11 +13,12 @@ from typing import Any
 
 from temporalio.client import Client
 
+from activities.tools import INTERRUPTED
 from durable_agent.model_server import Failure, ModelServer, Reply, count_assistant_turns
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
 from tests.helpers import run_cli, start, until, wait_for
-from tests.scripts import Script, answer, tools
+from tests.scripts import Script, answer, tool_results, tools
 
 
 class SlowTurn:
@@ -61,7 +62,8 @@ async def test_run_survives_worker_kills_at_three_points(
     slow_model = SlowTurn(tools(("run_command", {"command": "echo 3 >> ledger.txt"})), delay_s=3)
     model_server.responder = Script(
         [
-            tools(("run_command", {"command": "echo 1 >> ledger.txt; sleep 2; echo done-1"})),
+            # It waits for the test's go, which comes after the kill: the kill lands during it.
+            tools(("run_command", {"command": "echo 1 >> ledger.txt; until [ -e go ]; do sleep 0.05; done"})),
             tools(
                 ("write_file", {"path": "f.txt", "content": "one"}),
                 ("run_command", {"command": "echo 2 >> ledger.txt"}),
@@ -87,6 +89,7 @@ async def test_run_survives_worker_kills_at_three_points(
         handle = await start(client, task_queue, goal="crash me", workspace=str(workspace))
         await until(lambda: ledger_lines(ledger) == ["1"])  # during the command
         await kill_and_replace()
+        (workspace / "go").touch()  # had the command outlived its worker, it would end now
         await until(lambda: "2" in ledger_lines(ledger))  # between steps
         await kill_and_replace()
         await until(slow_model.asked.is_set)  # during a model call
@@ -97,6 +100,8 @@ async def test_run_survives_worker_kills_at_three_points(
 
     assert result.state == "completed" and result.output == "all done"
     assert ledger_lines(ledger) == ["1", "2", "3"]  # every side effect exactly once
+    # The first kill landed during the command: the model was told it was cut short.
+    assert tool_results(model_server.requests[-1])[0].startswith(f"ERROR: {INTERRUPTED}")
     assert (workspace / "f.txt").read_text() == "two"  # the edit applied once, not twice
     model_calls = len(model_server.requests)
     assert model_calls <= result.steps + kills

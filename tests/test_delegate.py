@@ -173,10 +173,11 @@ async def test_a_delegate_awaiting_approval_shows_in_the_parent_and_a_stall_need
     assert stalled.attention is not None
     assert stalled.attention.what_failed == f"delegate {child_id} has made no progress for 3 s"
     assert f"{handle.id} → {child_id} → awaiting approval of call 1:call_0_0" in stalled.attention.last_error
-    await handle.execute_update("resolve", {"action": "retry", "note": "I will approve it"})
-    await wait_for(handle, lambda s: s.state == "running")
+    # The child is approved before the parent is told to go on: the stall timer re-arms at
+    # the resolve, and on a slow machine an approval sent after it could come too late.
     child = client.get_workflow_handle(child_id, result_type=AgentResult)
     await child.execute_update("approve", {"call_id": "1:call_0_0", "approved": True})
+    await handle.execute_update("resolve", {"action": "retry", "note": "I approved it"})
     result = await handle.result()
     assert result.state == "completed" and result.output == "checked"
     assert (await child.result()).output == "ok"

@@ -30,7 +30,7 @@ from durable_agent.connection import connect, data_converter
 from durable_agent.model_server import Failure, ModelServer, Reply
 from durable_agent.server import EmbeddedServer, free_port, port_open
 from tests.browser import CHROMIUM, Browser
-from tests.helpers import run_cli, start, wait_for
+from tests.helpers import run_cli, skip_without, start, wait_for
 from tests.scripts import Script, answer
 from tests.test_cli import cli_env, durable_agent, one_line_error
 from worker import build_worker
@@ -324,18 +324,22 @@ def ui_settings(ui_port: int, timeout_s: float = 30) -> dict[str, Any]:
             time.sleep(0.2)
 
 
-@pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="chromium is not installed (Debian: apt-get install -y --no-install-recommends chromium, which .ci/run "
-    "does as root): the Web UI check needs a browser",
-)
 async def test_durable_agent_server_makes_the_web_ui_decrypt_through_its_codec_server(
     tmp_path: Path, model_server: ModelServer, workspace: Path
 ) -> None:
+    if CHROMIUM is None:
+        skip_without(
+            "browser",
+            "chromium is not installed (Debian: apt-get install -y --no-install-recommends chromium, which .ci/run "
+            "does as root): the Web UI check needs a browser",
+        )
     setting = f"k1:{new_key()}"
-    port, ui_port, codec_port = free_port(), free_port(), free_port()
+    port, ui_port = free_port(), free_port()
+    while port_open("127.0.0.1", ui_port + 1):
+        ui_port = free_port()
+    codec_port = ui_port + 1  # README: the codec is on the UI port + 1 unless --codec-port says
     env = {**os.environ, KEY_ENV: setting, "DURABLE_AGENT_HOME": str(tmp_path / "home")}
-    ports = ["--port", str(port), "--ui-port", str(ui_port), "--codec-port", str(codec_port)]
+    ports = ["--port", str(port), "--ui-port", str(ui_port)]
     server = durable_agent_process("server", *ports, env=env)
     try:
         assert server.stdout is not None

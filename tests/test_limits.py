@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,11 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from durable_agent import render
 from durable_agent.model_server import ModelServer, Reply, is_summary_request
 from tests.helpers import start
+from tests.scripts import Script
+from workflows.status_view import details_markdown
 from workflows.types import AgentStatus, Message
 
 
@@ -103,8 +107,18 @@ async def test_time_limit(
     model_server.responder = always_tools(delay_s=0.5)
     limits = {"max_duration_s": 6, "soft_ratio": 0.1}
     handle = await start(client, task_queue, goal="slow", workspace=str(workspace), limits=limits)
-    result = await handle.result()
+    result = await asyncio.wait_for(handle.result(), 120)
     assert result.stop_reason == "time_limit" and result.usage.elapsed_s >= 6
+    # Prompt, by the run's own record: no model call was scheduled after the 6 s were up,
+    # and the run closed in the task that first saw them up (no step after that).
+    events = (await handle.fetch_history()).events
+    began = events[0].event_time.ToDatetime()
+    calls = [
+        (e.event_time.ToDatetime() - began).total_seconds()
+        for e in events
+        if e.activity_task_scheduled_event_attributes.activity_type.name == "call_model"
+    ]
+    assert calls and max(calls) <= 6, calls
     status = await handle.query("status", result_type=AgentStatus)
     assert any(d.kind == "soft_warning" and d.detail.startswith("time") for d in status.degradations), status
 
@@ -152,3 +166,25 @@ async def test_a_spike_enters_the_soft_tier_early(
     # the fallback model waits for its own rung.
     assert [(d.kind, d.step) for d in status.degradations] == [("early_soft_tier", 5), ("compaction", 5)]
     assert model_server.requests[-1]["model"] == "gpt-4.1-mini"
+
+
+async def test_replies_without_usage_are_estimated_said_so_and_count_against_the_token_budget(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    # An endpoint that reports no usage: counted as 0 tokens, the budget would never trip.
+    write = Reply(tool_calls=[("write_file", {"path": "big.txt", "content": "x" * 8_000})], no_usage=True)
+    model_server.responder = Script([write] + [Reply(tool_calls=[("list_files", {})], no_usage=True)] * 20)
+    handle = await start(
+        client, task_queue, goal="no usage", workspace=str(workspace), limits={"max_tokens": 12_000, "hard_steps": 20}
+    )
+    result = await asyncio.wait_for(handle.result(), 120)
+    usage = result.usage
+    assert result.stop_reason == "token_budget", result
+    assert usage.estimated_calls == usage.model_calls >= 3
+    # Every call after the first sent the 8,000 characters written (about 2,000 tokens).
+    assert usage.input_tokens >= 2_000 * (usage.model_calls - 1) and usage.output_tokens >= 2_000
+    status = await handle.query("status", result_type=AgentStatus)
+    assert status.usage.estimated_calls == usage.model_calls
+    said = f"(estimated for {usage.model_calls} model calls without usage)"
+    assert said in render.full_usage_text(usage) and said in render.usage_text(status.usage)
+    assert f"~ tokens estimated for {usage.model_calls} model calls" in details_markdown(status)

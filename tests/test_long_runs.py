@@ -134,6 +134,7 @@ async def test_a_long_run_continues_as_new_and_loses_nothing(
     assert sum(1 for m in exported if m.role == "tool") == 2 * steps
 
 
+@pytest.mark.benchmark
 async def test_a_long_run_stays_bounded_across_a_kill_and_continue_as_new_and_recalls_an_early_fact() -> None:
     """The 1,000-step benchmark (`python -m bench long-run`), CI-sized: 120 steps."""
     steps, max_tokens = 120, 2_000

@@ -77,8 +77,8 @@ async def test_a_scripted_runs_metrics(
         [
             tools(("write_file", {"path": "a.txt", "content": "a"}), ("list_files", {}), input_tokens=100),
             fails_once(tools(("run_command", {"command": "cat a.txt"}), input_tokens=200)),
-        ],
-        final="done",
+            Reply(content="done", no_usage=True),  # its tokens are estimated, and counted as such
+        ]
     )
     # No workflow cache: every workflow task replays the run from the start, and a workflow
     # metric recorded during a replay would count twice.
@@ -111,6 +111,9 @@ async def test_a_scripted_runs_metrics(
     assert value(samples, "durable_agent_model_calls", outcome="error", error_type="ModelHttp500", **model) == 1
     assert value(samples, "durable_agent_tokens", direction="input", **model) == result.usage.input_tokens
     assert value(samples, "durable_agent_tokens", direction="output", **model) == result.usage.output_tokens
+    assert result.usage.estimated_calls == 1
+    estimated_input = value(samples, "durable_agent_tokens_estimated", direction="input", **model)
+    assert estimated_input == result.usage.input_tokens - 300 > 0  # all but the scripted 100 and 200
     assert value(samples, "durable_agent_cost_usd_sum", **model) == pytest.approx(result.usage.cost_usd)
     assert value(samples, "durable_agent_model_call_duration_count", **model) == 4
     assert value(samples, "durable_agent_tool_calls", tool="run_command", outcome="ok", **mine) == 1

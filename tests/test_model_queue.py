@@ -227,6 +227,17 @@ def test_a_rate_puts_model_calls_on_their_own_queue(monkeypatch: pytest.MonkeyPa
     assert worker_settings("q").model_task_queue == "q"
 
 
+async def test_a_worker_gets_the_readmes_slot_defaults(client: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    from durable_agent.worker_settings import ENV_FIELDS
+
+    for variable in ENV_FIELDS.values():
+        monkeypatch.delenv(variable, raising=False)
+    # README: "worker slots (defaults 1,000 / 20 / 200 / 2,000)", as the SDK's Worker gets them.
+    config = build_worker(client, "slot-defaults").config()
+    slots = ("max_concurrent_activities", "max_concurrent_workflow_tasks", "max_concurrent_local_activities")
+    assert [config.get(name) for name in (*slots, "max_cached_workflows")] == [1_000, 20, 200, 2_000]
+
+
 @pytest.mark.parametrize("bad", ["abc", "-1", "0", "1.5", "99999999999999999999"])
 def test_a_worker_slot_setting_out_of_range_names_its_variable(bad: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from durable_agent.worker_settings import SettingsError, worker_settings

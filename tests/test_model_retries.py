@@ -108,8 +108,9 @@ async def test_missing_api_key_is_a_clear_error(
 async def test_a_model_call_longer_than_the_task_timeout_runs_once_and_the_run_stays_controllable(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
-    # call_model is a local activity inside a 1.5 s workflow task: the worker must extend the
-    # task while the call runs, not let it time out and call the model again.
+    # A call longer than the 1.5 s workflow task timeout: it is an activity of its own, so
+    # no task waits on it, and signals sent meanwhile are handled. (The local-activity path
+    # with task extension is only taken by histories recorded before it: test_replay.py.)
     def slow(request: dict) -> Reply:
         time.sleep(5)
         return Reply(tool_calls=[("list_files", {})])

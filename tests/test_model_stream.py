@@ -350,7 +350,7 @@ async def test_a_whole_reply_keeps_its_tool_calls_apart_and_may_lack_usage() -> 
         ("read_file", '{"path": "a"}'),
         ("read_file", '{"path": "b"}'),
     ]
-    assert reply.done and reply.usage == {}  # counted as an unstreamed reply without usage is: 0 tokens
+    assert reply.done and reply.usage == {}  # estimated, as an unstreamed reply without usage is
 
 
 async def test_a_whole_reply_with_no_choices_or_cut_short_is_an_error_like_any_other() -> None:

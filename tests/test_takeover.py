@@ -33,11 +33,16 @@ from durable_agent.takeover import (
     take_over,
     worker_identity,
 )
-from tests.helpers import start, until
+from tests.helpers import skip_without, start, until
 from tests.scripts import Script, answer, tool_results, tools
 from tests.test_crash import ledger_lines, worker_env
 
-pytestmark = pytest.mark.skipif(machine_tag() is None, reason="needs /proc to tell whether a process is gone")
+
+@pytest.fixture(autouse=True)
+def needs_proc() -> None:
+    if machine_tag() is None:
+        skip_without("proc", "needs /proc to tell whether a process is gone")
+
 
 STARTED = PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
 

@@ -19,7 +19,7 @@ from temporalio.worker import Worker
 import activities.tools as tool_activities
 from activities.journal import JOURNAL_DIR, key_digest
 from durable_agent.model_server import ModelServer, Reply
-from tests.helpers import start, wait_for
+from tests.helpers import skip_without, start, wait_for
 from tests.scripts import Script, answer, tool_results, tools
 from workflows.compaction import run_folder
 from workflows.types import ToolCallInput
@@ -103,7 +103,9 @@ async def test_hostile_files_neither_block_the_worker_nor_starve_another_run(
     search, *pipes = tool_results(
         next(r for r in model_server.requests if r["messages"][1]["content"] == "hostile" and len(r["messages"]) > 3)
     )
-    assert search.startswith("ERROR:") and "search" in search and "time" in search, search
+    # Bounded either by the search's own limit or, on a loaded machine whose search thread
+    # started late, by the per-call bound.
+    assert search.startswith("ERROR:") and ("timed out" in search or "did not finish within" in search), search
     assert all(p.startswith("ERROR:") and "FIFO" in p for p in pipes), pipes
 
 
@@ -117,21 +119,23 @@ async def test_a_file_tool_call_is_bounded_in_time_on_a_thread_of_its_own(
     call = ToolCallInput(call_id="c", idempotency_key="k", workspace=str(workspace), arguments={"pattern": "(a+)+$"})
     began = time.monotonic()
     outcome = await ActivityEnvironment().run(tool_activities.ToolActivities().search_files, call)
-    assert time.monotonic() - began < 3
+    assert time.monotonic() - began < 8  # at the bound, not at the search's own 10 s limit
     assert not outcome.ok and "did not finish within 0.5 s" in (outcome.error or ""), outcome
     ticks = 0
     end = time.monotonic() + 1
     while time.monotonic() < end:  # the event loop runs freely meanwhile
         await asyncio.sleep(0.01)
         ticks += 1
-    assert ticks > 50
+    # About 100 on an idle machine, 40 under a CPU hog on both cores; a search that held
+    # the GIL would leave the loop none.
+    assert ticks > 10
 
 
 @pytest.fixture
 def full_disk(tmp_path: Path) -> Iterator[Path]:
     """A 64 KiB tmpfs: a larger write fails with ENOSPC, an error a retry may cure."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        skip_without("root", "mounting a tmpfs needs root")
     folder = tmp_path / "small"
     folder.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(folder)], check=True)

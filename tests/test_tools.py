@@ -1,254 +1,773 @@
-"""The user's tools (durable_agent/tools.py): schemas, effects, retries, cache, cost, loading.
+"""The tool activities, run through ActivityEnvironment: no Temporal server needed.
 
-Real dev server, real workers (in process, or `python worker.py` subprocesses that load
-`tests.tool_fixtures` from DURABLE_AGENT_TOOLS), the scripted model stub.
+Process-group assertions read /proc and ignore zombies: PID 1 in many containers does
+not reap orphans, so killed background processes may linger as zombies.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import errno
 import json
 import os
+import re
 import subprocess
 import sys
+import textwrap
+import threading
+import time
+import tracemalloc
+import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.activity import ActivityCancellationDetails
+from temporalio.testing import ActivityEnvironment
 
-from durable_agent.model_server import ModelServer
-from durable_agent.processes import kill_hard, spawn_worker, stop_gently
-from durable_agent.server import EmbeddedServer
-from tests.helpers import start, until, wait_for
-from tests.scripts import Script, answer, tool_results, tools
-from tests.test_crash import worker_env
-from worker import build_worker
-from workflows.types import AgentStatus
+from activities import tools as tools_module
+from activities.journal import Journal, key_digest
+from activities.run_files import step_journal_path
+from activities.tools import INTERRUPTED, ToolActivities, output
+from activities.tools.sandbox import UNSANDBOXED_CONSENT, UNSANDBOXED_ENV, CommandLaunch
+from tests.helpers import host_processes_named, until
+from workflows.types import ToolCallInput, ToolOutcome
 
-FIXTURES = "tests.tool_fixtures"
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+TOOLS = ToolActivities(kill_grace_s=1.0, max_list_entries=50, max_search_matches=20)
 
 
-async def test_a_python_tool_gets_its_schema_runs_and_is_redacted(
-    client: Client, task_queue: str, model_server: ModelServer, workspace: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("TOOL_TEST_SECRET", "hunter2-very-secret-value")
-    model_server.responder = Script(
-        [tools(("shout", {"text": "hello"}), ("shout", {"txt": "typo"})), answer("shouted")]
+async def run_tool(
+    workspace: Path,
+    tool: str,
+    *,
+    key: str | None = None,
+    output_chars: int = 8_000,
+    env: ActivityEnvironment | None = None,
+    **arguments: Any,
+) -> ToolOutcome:
+    input = ToolCallInput(
+        call_id="call-1",
+        idempotency_key=key or uuid.uuid4().hex,
+        workspace=str(workspace),
+        arguments=arguments,
+        output_chars=output_chars,
     )
-    async with build_worker(client, task_queue, tool_modules=[FIXTURES]):
-        handle = await start(client, task_queue, goal="shout", workspace=str(workspace), tools=["shout"])
-        result = await handle.result()
-    assert result.state == "completed"
-    offered = model_server.requests[0]["tools"]
-    assert [t["function"]["name"] for t in offered] == ["shout"]
-    shout = offered[0]["function"]
-    assert shout["description"].startswith("Shout the text back")
-    assert shout["parameters"]["properties"]["text"]["description"] == "What to shout"
-    said, typo = tool_results(model_server.requests[1])
-    assert said.startswith("HELLO ") and "hunter2" not in said  # the secret was redacted
-    assert typo.startswith("ERROR: bad arguments for shout")
+    return await (env or ActivityEnvironment()).run(getattr(TOOLS, tool), input)
 
 
-async def test_an_unknown_tool_closes_the_run_at_its_start(
-    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
-) -> None:
-    async with build_worker(client, task_queue):
-        handle = await start(client, task_queue, goal="g", workspace=str(workspace), tools=["read_file", "no_such"])
-        with pytest.raises(WorkflowFailureError) as failure:
-            await handle.result()
-    assert "no_such" in str(failure.value.cause)
-    assert model_server.requests == []  # 0 model calls
+def live_members(pgid: int) -> list[int]:
+    members = []
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            try:
+                stat = Path(entry.path, "stat").read_text()
+            except OSError:
+                continue
+            state, _ppid, group = stat.rsplit(")", 1)[1].split()[:3]
+            if group == str(pgid) and state != "Z":
+                members.append(int(entry.name))
+    return members
 
 
-async def test_a_read_tool_is_retried(
-    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
-) -> None:
-    counter = workspace / "calls.txt"
-    model_server.responder = Script([tools(("flaky_read", {"counter": str(counter)})), answer("read")])
-    async with build_worker(client, task_queue, tool_modules=[FIXTURES]):
-        handle = await start(client, task_queue, goal="g", workspace=str(workspace), tools=["flaky_read"])
-        result = await handle.result()
-    assert result.state == "completed"
-    assert lines(counter) == ["call"] * 3  # two failures retried, the third answered
-    assert tool_results(model_server.requests[1]) == ["value after 3 calls"]
+async def started_pgid(workspace: Path, key: str, within_s: float = 30.0) -> int:
+    """Wait until the command of `key` has been launched; its process group id."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        record = Journal(workspace).started(key)
+        if record and record.get("pgid"):
+            return int(record["pgid"])
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"command {key} did not start within {within_s} s")
 
 
-async def test_cost_usd_stops_a_run_at_max_cost(
-    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
-) -> None:
-    model_server.responder = Script([tools(("paid_search", {"query": f"q{i}"})) for i in range(5)])
-    async with build_worker(client, task_queue, tool_modules=[FIXTURES]):
-        handle = await start(
-            client,
-            task_queue,
-            goal="g",
-            workspace=str(workspace),
-            tools=["paid_search"],
-            limits={"max_cost_usd": 3.0},
-        )
-        result = await handle.result()
-        status = await handle.query("status")
-    assert result.state == "stopped" and result.stop_reason == "cost_budget"
-    assert result.usage.tool_costs == {"paid_search": 4.0}  # two calls; the third never asked for
-    assert result.usage.cost_usd >= 4.0
-    assert status["usage"]["tool_costs"] == {"paid_search": 4.0}
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    folder = tmp_path / "ws"
+    folder.mkdir()
+    return folder
 
 
-async def test_sigkill_during_a_write_tool_does_not_repeat_it(
-    client: Client,
-    temporal_server: EmbeddedServer,
-    model_server: ModelServer,
-    task_queue: str,
-    workspace: Path,
-    tmp_path: Path,
-) -> None:
-    """The write tool's worker dies after its side effect: it is not run again, and the model
-    is told the outcome is unknown; an idempotent tool's call is run again with the same key."""
-    payments, charges = workspace / "payments.txt", workspace / "charges.txt"
-    model_server.responder = Script(
-        [
-            tools(("send_payment", {"ledger": str(payments), "amount": 5, "hold_s": 60})),
-            tools(("charge_card", {"ledger": str(charges), "hold_s": 60})),
-            answer("paid"),
-        ]
+@pytest.fixture
+def outside(tmp_path: Path, workspace: Path) -> Path:
+    """A folder next to the workspace, reachable from it only through symlinks."""
+    folder = tmp_path / "outside"
+    folder.mkdir()
+    (folder / "secret.txt").write_text("SECRET\n")
+    (workspace / "link_file").symlink_to(folder / "secret.txt")
+    (workspace / "link_dir").symlink_to(folder)
+    (workspace / "dangling").symlink_to(folder / "new.txt")
+    return folder
+
+
+# --- read_file ---------------------------------------------------------------------
+
+
+async def test_read_file_numbers_lines(workspace: Path) -> None:
+    (workspace / "a.txt").write_text("alpha\nbeta\n")
+    outcome = await run_tool(workspace, "read_file", path="a.txt")
+    assert outcome.ok
+    assert outcome.output == "     1\talpha\n     2\tbeta"
+
+
+async def test_read_file_honours_offset_and_limit(workspace: Path) -> None:
+    (workspace / "a.txt").write_text("".join(f"line {n}\n" for n in range(1, 11)))
+    outcome = await run_tool(workspace, "read_file", path="a.txt", offset=3, limit=2)
+    assert outcome.output.splitlines()[:2] == ["     3\tline 3", "     4\tline 4"]
+    assert "[showing lines 3-4 of 10; read more with offset=5]" in outcome.output
+
+
+async def test_read_file_truncates_by_lines_and_says_how_long_the_file_is(workspace: Path) -> None:
+    (workspace / "big.txt").write_text("".join(f"line {n}\n" for n in range(1, 10_001)))
+    outcome = await run_tool(workspace, "read_file", path="big.txt", output_chars=1_000)
+    assert outcome.ok
+    assert len(outcome.output) < 1_100
+    assert outcome.output.startswith("     1\tline 1\n")
+    assert re.search(r"\[showing lines 1-\d+ of 10,000; read more with offset=\d+\]", outcome.output)
+
+
+async def test_read_file_past_the_end(workspace: Path) -> None:
+    (workspace / "a.txt").write_text("one\n")
+    outcome = await run_tool(workspace, "read_file", path="a.txt", offset=5)
+    assert not outcome.ok
+    assert outcome.error == "offset 5 is past the end of a.txt, which has 1 lines"
+
+
+async def test_read_file_missing(workspace: Path) -> None:
+    outcome = await run_tool(workspace, "read_file", path="nope.txt")
+    assert not outcome.ok
+    assert outcome.error == "nope.txt: no such file or folder"
+
+
+async def test_read_file_of_a_folder(workspace: Path) -> None:
+    (workspace / "sub").mkdir()
+    outcome = await run_tool(workspace, "read_file", path="sub")
+    assert not outcome.ok
+    assert "sub: is a folder" in (outcome.error or "")
+
+
+@pytest.mark.parametrize("content", [b"\x89PNG\x00\x00data", b"caf\xe9 latin-1\n"], ids=["nul", "not-utf8"])
+async def test_read_file_binary(workspace: Path, content: bytes) -> None:
+    (workspace / "blob").write_bytes(content)
+    outcome = await run_tool(workspace, "read_file", path="blob")
+    assert not outcome.ok
+    assert (
+        outcome.error == f"blob is a binary file ({len(content)} bytes), not UTF-8 text; "
+        "it cannot be read or edited as text"
     )
-    env = {**worker_env(temporal_server, model_server, task_queue), "DURABLE_AGENT_TOOLS": FIXTURES}
-    worker = spawn_worker(env, tmp_path / "w0.log")
+
+
+# --- sandbox -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "message"),
+    [
+        ("read_file", {"path": "../outside/secret.txt"}, "path escapes the workspace: ../outside/secret.txt"),
+        ("read_file", {"path": "sub/../../outside/secret.txt"}, "path escapes the workspace"),
+        (
+            "read_file",
+            {"path": "{outside}/secret.txt"},
+            "path is outside the workspace: {outside}/secret.txt",
+        ),
+        ("read_file", {"path": "link_file"}, "path escapes the workspace through a symlink: link_file"),
+        ("read_file", {"path": "link_dir/secret.txt"}, "through a symlink: link_dir/secret.txt"),
+        ("write_file", {"path": "link_dir/new.txt", "content": "x"}, "through a symlink"),
+        ("write_file", {"path": "dangling", "content": "x"}, "through a symlink: dangling"),
+        ("write_file", {"path": "../new.txt", "content": "x"}, "path escapes the workspace: ../new.txt"),
+        ("edit_file", {"path": "link_file", "old_text": "SECRET", "new_text": "x"}, "through a symlink"),
+        ("list_files", {"path": "link_dir"}, "through a symlink"),
+        ("list_files", {"path": ".."}, "path escapes the workspace: .."),
+        ("search_files", {"pattern": "SECRET", "path": "link_dir"}, "through a symlink"),
+    ],
+)
+async def test_paths_may_not_leave_the_workspace(
+    workspace: Path, outside: Path, tool: str, arguments: dict[str, Any], message: str
+) -> None:
+    arguments = {k: str(v).format(outside=outside) if k == "path" else v for k, v in arguments.items()}
+    outcome = await run_tool(workspace, tool, **arguments)
+    assert not outcome.ok
+    assert message.format(outside=outside) in (outcome.error or "")
+    assert (outside / "secret.txt").read_text() == "SECRET\n"
+    assert not (outside / "new.txt").exists()
+    assert not (workspace.parent / "new.txt").exists()
+
+
+async def test_absolute_path_inside_and_inner_symlinks_are_fine(workspace: Path) -> None:
+    (workspace / "a.txt").write_text("hello\n")
+    (workspace / "alias").symlink_to(workspace / "a.txt")
+    assert (await run_tool(workspace, "read_file", path=str(workspace / "a.txt"))).ok
+    assert (await run_tool(workspace, "read_file", path="alias")).output == "     1\thello"
+
+
+async def test_the_journal_folder_is_read_only_for_the_model(workspace: Path) -> None:
+    outcome = await run_tool(workspace, "write_file", path=".durable-agent/journal/x.json", content="{}")
+    assert not outcome.ok
+    assert ".durable-agent/" in (outcome.error or "")
+    assert not (workspace / ".durable-agent" / "journal" / "x.json").exists()
+
+
+async def test_missing_workspace(tmp_path: Path) -> None:
+    outcome = await run_tool(tmp_path / "gone", "read_file", path="a.txt")
+    assert not outcome.ok
+    assert outcome.error == f"workspace folder does not exist: {tmp_path / 'gone'}"
+
+
+async def test_bad_arguments_are_a_tool_error(workspace: Path) -> None:
+    outcome = await run_tool(workspace, "read_file", limit=0)
+    assert not outcome.ok
+    assert outcome.error is not None
+    assert outcome.error.startswith("bad arguments for read_file: path: Field required")
+
+
+# --- write_file and edit_file --------------------------------------------------------
+
+
+async def test_write_file_creates_parent_folders(workspace: Path) -> None:
+    outcome = await run_tool(workspace, "write_file", path="src/pkg/mod.py", content="x = 1\ny = 2\n")
+    assert outcome.ok
+    assert outcome.output == "wrote src/pkg/mod.py (12 bytes, 2 lines)"
+    assert (workspace / "src/pkg/mod.py").read_text() == "x = 1\ny = 2\n"
+
+
+async def test_write_file_keeps_permissions_of_the_file_it_replaces(workspace: Path) -> None:
+    script = workspace / "run.sh"
+    script.write_text("old")
+    script.chmod(0o755)
+    assert (await run_tool(workspace, "write_file", path="run.sh", content="new")).ok
+    assert script.read_text() == "new"
+    assert script.stat().st_mode & 0o777 == 0o755
+
+
+async def test_edit_file_replaces_a_unique_occurrence(workspace: Path) -> None:
+    (workspace / "a.py").write_text("def f():\n    return 1\n")
+    outcome = await run_tool(workspace, "edit_file", path="a.py", old_text="return 1", new_text="return 2")
+    assert outcome.ok
+    assert outcome.output == "replaced 1 occurrence of old_text in a.py"
+    assert (workspace / "a.py").read_text() == "def f():\n    return 2\n"
+
+
+async def test_edit_file_old_text_not_found(workspace: Path) -> None:
+    (workspace / "a.py").write_text("x = 1\n")
+    outcome = await run_tool(workspace, "edit_file", path="a.py", old_text="y = 1", new_text="y = 2")
+    assert not outcome.ok
+    assert (outcome.error or "").startswith("old_text was not found in a.py")
+
+
+async def test_edit_file_ambiguous_without_replace_all(workspace: Path) -> None:
+    (workspace / "a.py").write_text("x = 1\nx = 1\nx = 1\n")
+    outcome = await run_tool(workspace, "edit_file", path="a.py", old_text="x = 1", new_text="x = 2")
+    assert not outcome.ok
+    assert (outcome.error or "").startswith("old_text occurs 3 times in a.py")
+    assert (workspace / "a.py").read_text() == "x = 1\nx = 1\nx = 1\n"
+
+
+async def test_edit_file_replace_all(workspace: Path) -> None:
+    (workspace / "a.py").write_text("x = 1\nx = 1\nx = 1\n")
+    outcome = await run_tool(workspace, "edit_file", path="a.py", old_text="1", new_text="2", replace_all=True)
+    assert outcome.output == "replaced 3 occurrences of old_text in a.py"
+    assert (workspace / "a.py").read_text() == "x = 2\nx = 2\nx = 2\n"
+
+
+async def test_edit_file_of_a_binary_file(workspace: Path) -> None:
+    (workspace / "blob").write_bytes(b"a\x00b")
+    outcome = await run_tool(workspace, "edit_file", path="blob", old_text="a", new_text="b")
+    assert not outcome.ok
+    assert "binary file (3 bytes)" in (outcome.error or "")
+
+
+async def test_edit_file_retried_with_the_same_key_applies_once(workspace: Path) -> None:
+    (workspace / "a.txt").write_text("a a\n")
+    edit = {"path": "a.txt", "old_text": "a", "new_text": "aa", "replace_all": True}
+    first = await run_tool(workspace, "edit_file", key="edit-1", **edit)
+    again = await run_tool(workspace, "edit_file", key="edit-1", **edit)
+    assert again == first
+    assert (workspace / "a.txt").read_text() == "aa aa\n"
+
+
+async def test_edit_file_crash_between_write_and_record_applies_once(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (workspace / "a.txt").write_text("a a\n")
+    edit = {"path": "a.txt", "old_text": "a", "new_text": "aa", "replace_all": True}
+    record = Journal.complete
+
+    def crash_once(self: Journal, key: str, outcome: ToolOutcome) -> None:
+        monkeypatch.setattr(Journal, "complete", record)
+        raise OSError(errno.EIO, "simulated I/O error after the edit was written")
+
+    monkeypatch.setattr(Journal, "complete", crash_once)
+    with pytest.raises(OSError):  # transient: raised so that Temporal retries
+        await run_tool(workspace, "edit_file", key="edit-2", **edit)
+    assert (workspace / "a.txt").read_text() == "aa aa\n"
+
+    retried = await run_tool(workspace, "edit_file", key="edit-2", **edit)
+    assert retried.ok
+    assert retried.output == "replaced 2 occurrences of old_text in a.txt"
+    assert (workspace / "a.txt").read_text() == "aa aa\n"
+
+
+# --- list_files and search_files -----------------------------------------------------
+
+
+async def test_list_files_sorted_relative_and_skips_internal_folders(workspace: Path, outside: Path) -> None:
+    for name in ["b.txt", "a/z.py", "a/y.txt", ".git/config", ".durable-agent/journal/x.json"]:
+        (workspace / name).parent.mkdir(parents=True, exist_ok=True)
+        (workspace / name).write_text("x")
+    outcome = await run_tool(workspace, "list_files")
+    assert outcome.output.splitlines() == ["a/y.txt", "a/z.py", "b.txt", "dangling", "link_dir", "link_file"]
+
+    only_py = await run_tool(workspace, "list_files", pattern="**/*.py")
+    assert only_py.output == "a/z.py"
+    inside_a = await run_tool(workspace, "list_files", path="a", pattern="*.txt")
+    assert inside_a.output == "a/y.txt"
+
+
+async def test_list_files_caps_entries(workspace: Path) -> None:
+    for n in range(60):
+        (workspace / f"f{n:02}.txt").write_text("x")
+    lines = (await run_tool(workspace, "list_files")).output.splitlines()
+    assert lines[:2] == ["f00.txt", "f01.txt"]
+    assert len(lines) == 51
+    assert lines[-1].startswith("[more than 50 entries; showing the first 50")
+
+
+async def test_list_files_of_a_file_or_missing_folder(workspace: Path) -> None:
+    (workspace / "a.txt").write_text("x")
+    assert (await run_tool(workspace, "list_files", path="a.txt")).error == "a.txt is a file, not a folder"
+    assert (await run_tool(workspace, "list_files", path="nope")).error == "no such folder: nope"
+
+
+async def test_search_files(workspace: Path, outside: Path) -> None:
+    (workspace / "a.py").write_text("def foo():\n    return 1\n")
+    (workspace / "docs").mkdir()
+    (workspace / "docs/b.txt").write_text("nothing\nfoo bar\n")
+    (workspace / "image.bin").write_bytes(b"foo\x00")
+    (workspace / ".git").mkdir()
+    (workspace / ".git/config").write_text("foo\n")
+
+    outcome = await run_tool(workspace, "search_files", pattern=r"fo+")
+    assert outcome.output.splitlines() == ["a.py:1: def foo():", "docs/b.txt:2: foo bar"]
+    only_py = await run_tool(workspace, "search_files", pattern="foo", glob="*.py")
+    assert only_py.output == "a.py:1: def foo():"
+    in_file = await run_tool(workspace, "search_files", pattern="foo", path="docs/b.txt")
+    assert in_file.output == "docs/b.txt:2: foo bar"
+
+
+async def test_search_files_does_not_follow_symlinks_out(workspace: Path, outside: Path) -> None:
+    outcome = await run_tool(workspace, "search_files", pattern="SECRET")
+    assert outcome.ok
+    assert outcome.output == "no matches for 'SECRET' in ."
+
+
+async def test_search_files_caps_matches(workspace: Path) -> None:
+    (workspace / "many.txt").write_text("hit\n" * 100)
+    lines = (await run_tool(workspace, "search_files", pattern="hit")).output.splitlines()
+    assert len(lines) == 21
+    assert lines[-1].startswith("[stopped after 20 matches")
+
+
+async def test_search_files_bad_regex(workspace: Path) -> None:
+    outcome = await run_tool(workspace, "search_files", pattern="foo(")
+    assert not outcome.ok
+    assert (outcome.error or "").startswith("invalid regular expression 'foo(': missing )")
+
+
+# --- run_command ---------------------------------------------------------------------
+
+
+async def test_run_command_reports_exit_code_stdout_and_stderr(workspace: Path) -> None:
+    outcome = await run_tool(workspace, "run_command", command="pwd; echo oops >&2")
+    assert outcome.ok
+    assert outcome.output == f"exit code: 0\n{os.path.realpath(workspace)}\noops\n"
+
+
+async def test_run_command_nonzero_exit_is_a_normal_result(workspace: Path) -> None:
+    outcome = await run_tool(workspace, "run_command", command="echo failing; exit 3")
+    assert outcome.ok
+    assert outcome.output == "exit code: 3\nfailing\n"
+
+
+async def test_run_command_gets_no_stdin_and_no_worker_secrets(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    outcome = await run_tool(workspace, "run_command", command='cat; echo "key=${OPENAI_API_KEY:-unset}"')
+    assert outcome.output == "exit code: 0\nkey=unset\n"
+
+
+def unique_sleep() -> tuple[str, str]:
+    """A `sleep` whose duration (300 s and a unique fraction) marks it among the host's
+    processes: `$$` in the sandbox is a pid of its own namespace, not of the host."""
+    seconds = f"300.{uuid.uuid4().int % 10**9}"
+    return f"sleep {seconds}", f"sleep\0{seconds}"  # the second: its /proc cmdline
+
+
+async def test_run_command_timeout_kills_the_whole_process_group(workspace: Path) -> None:
+    sleep, marker = unique_sleep()
+    began = time.monotonic()
+    command = f"{sleep} & touch child-started; {sleep}"
+    outcome = await run_tool(workspace, "run_command", command=command, timeout_s=1)
+    assert time.monotonic() - began < 15
+    assert not outcome.ok
+    assert (outcome.error or "").startswith("command timed out after 1 s; it and every process it started")
+    assert (workspace / "child-started").exists()  # the background sleep had been started
+    assert host_processes_named(marker) == []
+
+
+async def test_run_command_background_children_do_not_outlive_it(workspace: Path) -> None:
+    sleep, marker = unique_sleep()
+    key = uuid.uuid4().hex
+    # The command waits for the test's go: its group, the background sleep in it, are seen alive.
+    command = f"{sleep} >/dev/null 2>&1 & until [ -e go ]; do sleep 0.05; done"
+    task = asyncio.create_task(run_tool(workspace, "run_command", key=key, command=command))
+    pgid = await started_pgid(workspace, key)
+    await until(lambda: len(host_processes_named(marker)) == 1)
+    assert live_members(pgid)  # the journal's pgid is a host group (the sandbox's own)
+    (workspace / "go").touch()
+    outcome = await asyncio.wait_for(task, 60)
+    assert outcome.ok and outcome.output.startswith("exit code: 0\n"), outcome
+    assert host_processes_named(marker) == [] and live_members(pgid) == []
+
+
+async def test_run_command_caps_huge_output_and_saves_it_whole(workspace: Path) -> None:
+    command = "echo START; yes | head -c 5000000; echo; echo END"
+    outcome = await run_tool(workspace, "run_command", command=command, output_chars=2_000)
+    total = len("START\n") + 5_000_000 + len("\nEND\n")
+    assert outcome.ok
+    assert len(outcome.output) < 2_200
+    assert outcome.output.startswith("exit code: 0\nSTART\ny\ny\n")
+    assert outcome.output.endswith("y\n\nEND\n")
+    assert f"… {total:,} bytes total, " in outcome.output
+    assert outcome.output_bytes == total
+    assert outcome.full_output_ref is not None
+    assert outcome.full_output_ref.startswith(".durable-agent/outputs/")
+    assert f"full output: {outcome.full_output_ref} …" in outcome.output
+    assert (workspace / outcome.full_output_ref).stat().st_size == total
+
+
+async def test_run_command_heartbeats_while_running(workspace: Path) -> None:
+    # Without a heartbeat timeout (as here) a call beats every second, the first after one.
+    env = ActivityEnvironment()
+    beats: list[float] = []
+    env.on_heartbeat = lambda *details: beats.append(time.monotonic())
+    started = time.monotonic()
+    await run_tool(workspace, "run_command", env=env, command="sleep 2.4")
+    assert len(beats) >= 2
+    assert beats[0] - started >= 0.9
+
+
+async def test_a_command_over_before_its_first_beat_sends_no_heartbeat(workspace: Path) -> None:
+    env = ActivityEnvironment()
+    beats: list[float] = []
+    env.on_heartbeat = lambda *details: beats.append(time.monotonic())
+    outcome = await run_tool(workspace, "run_command", env=env, command="true")
+    assert outcome.ok
+    assert beats == []
+
+
+async def test_cancellation_kills_the_process_group(workspace: Path) -> None:
+    env = ActivityEnvironment()
+    key = uuid.uuid4().hex
+    task = asyncio.create_task(run_tool(workspace, "run_command", key=key, env=env, command="sleep 300 & sleep 300"))
+    pgid = await started_pgid(workspace, key)
+    assert live_members(pgid)
+    env.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 15)
+    assert not live_members(pgid)
+    # The record says what happened, so a later attempt with this key does not run it again.
+    again = await run_tool(workspace, "run_command", key=key, command="sleep 300 & sleep 300")
+    assert (again.error or "").startswith("the command was cancelled")
+
+
+async def test_same_key_runs_the_command_once(workspace: Path) -> None:
+    first = await run_tool(workspace, "run_command", key="cmd-1", command="echo x >> ledger.txt; echo ran")
+    again = await run_tool(workspace, "run_command", key="cmd-1", command="echo x >> ledger.txt; echo ran")
+    assert again == first
+    assert (workspace / "ledger.txt").read_text() == "x\n"
+
+
+async def test_start_record_without_completion_is_not_run_again(workspace: Path) -> None:
+    # A worker that died between journalling the start and launching the command.
+    Journal(workspace).start("cmd-2", {"command": "echo x >> ledger.txt"})
+    outcome = await run_tool(workspace, "run_command", key="cmd-2", command="echo x >> ledger.txt")
+    assert not outcome.ok
+    assert (outcome.error or "").startswith(INTERRUPTED)
+    assert not (workspace / "ledger.txt").exists()
+
+
+def record_fsyncs(monkeypatch: pytest.MonkeyPatch, workspace: Path) -> list[tuple[str, bool]]:
+    """Every fsync from now on: the synced path (relative to the workspace) and whether the
+    command's ledger existed yet."""
+    synced: list[tuple[str, bool]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        synced.append((os.path.relpath(path, workspace), (workspace / "ledger.txt").exists()))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+async def test_a_command_is_journalled_on_disk_before_it_runs(workspace: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # After a machine crash, the start record is what stops a second run; the rest need not
+    # wait for the disk: a lost done record leaves the start record, so the retry says
+    # "interrupted" instead of running the command again.
+    synced = record_fsyncs(monkeypatch, workspace)
+    outcome = await run_tool(workspace, "run_command", key="cmd-sync", command="echo x >> ledger.txt")
+    assert outcome.ok, outcome
+    entry, folder = synced[0][0], synced[1][0]
+    assert re.fullmatch(r"\.durable-agent/journal/\.[0-9a-f]{32}\.started\.json\.[0-9a-f]{8}\.tmp", entry), synced
+    assert folder == ".durable-agent/journal"
+    assert [ran for _, ran in synced[:2]] == [False, False]  # both on disk before the command ran
+    assert len(synced) == 2, synced  # nothing else waits for the disk: not the done record
+    assert not any(".done." in path for path, _ in synced)
+
+
+async def test_file_writes_wait_for_no_disk_but_an_edit_journals_first(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced = record_fsyncs(monkeypatch, workspace)
+    assert (await run_tool(workspace, "write_file", path="a.txt", content="one\n")).ok
+    assert synced == []  # atomic (temp file and rename), which a killed worker cannot tear
+    assert (await run_tool(workspace, "edit_file", path="a.txt", old_text="one", new_text="two")).ok
+    assert [".started.json." in path for path, _ in synced] == [True, False], synced
+    assert synced[1][0] == ".durable-agent/journal"
+    assert (workspace / "a.txt").read_text() == "two\n"
+
+
+async def cancel_mid_command(tools: ToolActivities, call: ToolCallInput, details: ActivityCancellationDetails) -> None:
+    """Run the call's first attempt and cancel it once its command has started."""
+    env = ActivityEnvironment()
+    attempt = asyncio.create_task(env.run(tools.run_command, call))
+    await until(lambda: Path(call.workspace, "started.txt").exists())
+    env.cancel(details)
+    await asyncio.wait([attempt])
+    assert attempt.cancelled() or isinstance(attempt.exception(), asyncio.CancelledError)
+
+
+def slow_command(workspace: Path, key: str, sleep_s: int = 1) -> ToolCallInput:
+    return chain_call(workspace, key, command=f"echo started > started.txt; sleep {sleep_s}; echo done >> ledger.txt")
+
+
+async def test_a_retry_after_a_spurious_heartbeat_timeout_waits_for_the_command(workspace: Path) -> None:
+    # A worker too busy to send a command's first heartbeat in time: the server gives the
+    # attempt up and retries it, while the command still runs in the same worker.
+    tools = ToolActivities()
+    call = slow_command(workspace, "busy-1")
+    await cancel_mid_command(tools, call, ActivityCancellationDetails(timed_out=True))
+    retry = ActivityEnvironment()
+    retry.info = dataclasses.replace(retry.info, attempt=2)
+    outcome = await retry.run(tools.run_command, call)
+    assert outcome.ok and outcome.output.startswith("exit code: 0"), outcome
+    assert (workspace / "ledger.txt").read_text() == "done\n"  # ran once, to the end
+
+
+async def test_a_cancellation_asked_for_still_stops_the_command(workspace: Path) -> None:
+    tools = ToolActivities()
+    call = slow_command(workspace, "stop-1")
+    await cancel_mid_command(tools, call, ActivityCancellationDetails(cancel_requested=True))
+    await asyncio.sleep(1.5)
+    assert not (workspace / "ledger.txt").exists()
+    again = await ActivityEnvironment().run(tools.run_command, call)
+    assert not again.ok and (again.error or "").startswith("the command was cancelled"), again
+
+
+def chain_call(workspace: Path, key: str, **arguments: Any) -> ToolCallInput:
+    """A call of run chain "chain-1", step 1: journalled in that step's folder."""
+    return ToolCallInput(
+        call_id="c", idempotency_key=key, workspace=str(workspace), arguments=arguments, run_folder="chain-1", step=1
+    )
+
+
+async def test_a_file_tool_names_its_run_in_the_chain_folder(workspace: Path) -> None:
+    # File tools run on a thread of their own; the activity's context goes with them.
+    env = ActivityEnvironment()
+    assert (await env.run(TOOLS.write_file, chain_call(workspace, "w-1", path="a.txt", content="x"))).ok
+    identity = json.loads((workspace / ".durable-agent/journal/chain-1/chain.json").read_text())
+    assert identity == {"workflow_id": env.info.workflow_id}
+
+
+async def test_a_command_no_retry_collects_is_stopped_after_a_grace(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The server gave the attempt up, and no retry came to this worker (the run closed, or
+    # the retry went elsewhere): the command does not run on unwatched until its timeout.
+    monkeypatch.setattr(tools_module, "ORPHANED_COMMAND_GRACE_S", 0.5)
+    tools = ToolActivities()
+    call = slow_command(workspace, "orphan-1", sleep_s=3)
+    await cancel_mid_command(tools, call, ActivityCancellationDetails(timed_out=True))
+    await until(lambda: not tools._commands_here, within_s=5)
+    await asyncio.sleep(3)
+    assert not (workspace / "ledger.txt").exists()
+    again = await ActivityEnvironment().run(tools.run_command, call)
+    assert not again.ok and (again.error or "").startswith("the command was cancelled"), again
+
+
+async def test_a_cancellation_while_a_command_is_prepared_closes_its_launch(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    closed: list[CommandLaunch] = []
+    real_prepare, real_close = CommandLaunch.prepare, CommandLaunch.close
+
+    preparing, cancelled = threading.Event(), threading.Event()
+
+    def slow_prepare(*args: Any) -> CommandLaunch:
+        preparing.set()
+        cancelled.wait(timeout=30)  # in the preparing thread, while the activity is cancelled
+        return real_prepare(*args)
+
+    def close(launch: CommandLaunch) -> None:
+        closed.append(launch)
+        real_close(launch)
+
+    monkeypatch.setattr(CommandLaunch, "prepare", staticmethod(slow_prepare))
+    monkeypatch.setattr(CommandLaunch, "close", close)
+    call = chain_call(workspace, "prep-1", command="echo x >> ledger.txt")
+    env = ActivityEnvironment()
+    attempt = asyncio.create_task(env.run(ToolActivities().run_command, call))
+    await until(preparing.is_set, within_s=30)
+    env.cancel(ActivityCancellationDetails(cancel_requested=True))
+    cancelled.set()
+    await asyncio.wait([attempt])
+    assert len(closed) == 1  # the cgroup and the rest of the launch, made after the cancel
+    assert not (workspace / "ledger.txt").exists()
+    again = await ActivityEnvironment().run(ToolActivities().run_command, call)
+    assert not again.ok and (again.error or "").startswith("the command was cancelled"), again
+
+
+async def test_an_empty_done_record_reads_as_absent(workspace: Path) -> None:
+    # What a machine crash can leave of a record written without fsync. A command falls back
+    # on its start record (synced before it ran), which its step's folder still holds.
+    first = await run_tool_in_chain(workspace, "run_command", "cmd-e", command="echo x >> ledger.txt")
+    assert first.ok
+    step = step_journal_path(str(workspace), "chain-1", 1)
+    (step / f"{key_digest('cmd-e')}.done.json").write_bytes(b"")
+    again = await run_tool_in_chain(workspace, "run_command", "cmd-e", command="echo x >> ledger.txt")
+    assert not again.ok and (again.error or "").startswith(INTERRUPTED), again
+    assert (workspace / "ledger.txt").read_text() == "x\n"
+    assert (await run_tool_in_chain(workspace, "write_file", "w-e", path="a.txt", content="one")).ok
+    (step / f"{key_digest('w-e')}.done.json").write_bytes(b"")
+    (workspace / "a.txt").write_text("changed")
+    assert (await run_tool_in_chain(workspace, "write_file", "w-e", path="a.txt", content="one")).ok
+    assert (workspace / "a.txt").read_text() == "one"  # written again: the same bytes
+
+
+async def test_an_empty_start_record_still_stops_a_second_run(workspace: Path) -> None:
+    # The update that adds the command's process group replaces the synced start record
+    # without a sync of its own: a machine crash can leave it empty, never absent.
+    step = step_journal_path(str(workspace), "chain-1", 1)
+    step.mkdir(parents=True)
+    (step / f"{key_digest('cmd-s')}.started.json").write_bytes(b"")
+    outcome = await run_tool_in_chain(workspace, "run_command", "cmd-s", command="echo x >> ledger.txt")
+    assert not outcome.ok and (outcome.error or "").startswith(INTERRUPTED), outcome
+    assert not (workspace / "ledger.txt").exists()
+
+
+async def run_tool_in_chain(workspace: Path, tool: str, key: str, **arguments: Any) -> ToolOutcome:
+    return await ActivityEnvironment().run(getattr(TOOLS, tool), chain_call(workspace, key, **arguments))
+
+
+WORKER_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys
+    from temporalio.testing import ActivityEnvironment
+    from activities.tools import ToolActivities
+    from workflows.types import ToolCallInput
+
+    call = ToolCallInput.model_validate_json(sys.argv[1])
+    asyncio.run(ActivityEnvironment().run(ToolActivities().run_command, call))
+    """
+)
+
+
+SLEEP_S = 301  # a duration no other test's command sleeps, to find its process by name
+
+
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "unsandboxed"])
+async def test_worker_killed_mid_command_the_retry_kills_its_group_and_does_not_rerun(
+    workspace: Path, sandboxed: bool
+) -> None:
+    command = f"sleep {SLEEP_S}; echo ran >> ledger.txt"
+    sleeping = f"sleep\0{SLEEP_S}\0"  # the command's own process, inside the sandbox or not
+    call = ToolCallInput(
+        call_id="call-1", idempotency_key="cmd-3", workspace=str(workspace), arguments={"command": command}
+    )
+    env = {**os.environ} if sandboxed else {**os.environ, UNSANDBOXED_ENV: UNSANDBOXED_CONSENT}
+    worker = subprocess.Popen([sys.executable, "-c", WORKER_SCRIPT, call.model_dump_json()], cwd=PROJECT_ROOT, env=env)
     try:
-        handle = await start(
-            client, task_queue, goal="pay", workspace=str(workspace), tools=["send_payment", "charge_card"]
-        )
-        await until(lambda: lines(payments) == ["paid 5.0"])
-        kill_hard(worker)
-        worker = spawn_worker(env, tmp_path / "w1.log")
-        await until(lambda: len(lines(charges)) == 1)
-        kill_hard(worker)
-        worker = spawn_worker(env, tmp_path / "w2.log")
-        result = await asyncio.wait_for(handle.result(), timeout=90)
+        pgid = await started_pgid(workspace, "cmd-3")
+        # bubblewrap asks to die with its parent only once it runs, so a kill in the moment
+        # after its exec would leave it running (the retry then kills it, as unsandboxed);
+        # this test kills the worker once the command itself runs.
+        await until(lambda: bool(host_processes_named(sleeping)))
     finally:
-        stop_gently(worker)
-    assert result.state == "completed"
-    assert lines(payments) == ["paid 5.0"]  # the side effect happened exactly once
-    told = tool_results(model_server.requests[-1])
-    assert told[0].startswith("ERROR: the outcome is unknown: the worker running send_payment stopped")
-    first, again = lines(charges)
-    assert first == again and first.startswith(handle.id)  # re-run, with the same key
-    assert told[1] == "charged"
+        worker.kill()
+        worker.wait()
+    if sandboxed:
+        # bubblewrap dies with its parent, and its PID namespace with it.
+        await until(lambda: not live_members(pgid) and not host_processes_named(sleeping))
+        expected = "it is no longer running"
+    else:
+        assert live_members(pgid), "the orphaned command should outlive its SIGKILLed worker"
+        expected = "it was still running and has now been killed"
+
+    retried = await run_tool(workspace, "run_command", key="cmd-3", command=command)
+    assert not retried.ok
+    assert retried.error == f"{INTERRUPTED} ({expected})"
+    assert not live_members(pgid) and not host_processes_named(sleeping)
+    assert not (workspace / "ledger.txt").exists()
+    assert await run_tool(workspace, "run_command", key="cmd-3", command=command) == retried
 
 
-async def test_a_read_tool_whose_service_is_down_answers_from_its_cache(
-    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
-) -> None:
-    service = workspace / "service.txt"
-    service.write_text("shipped")
-    lookup = {"service": str(service), "order_id": "A1"}
-    other = {"service": str(service), "order_id": "B2"}
-
-    def service_goes_down(request: dict) -> object:
-        service.unlink()
-        return tools(("order_status", lookup), ("order_status", other))
-
-    model_server.responder = Script([tools(("order_status", lookup)), service_goes_down, answer("answered")])
-    async with build_worker(client, task_queue, tool_modules=[FIXTURES]):
-        handle = await start(client, task_queue, goal="g", workspace=str(workspace), tools=["order_status"])
-        result = await handle.result()
-        status = await handle.query("status", result_type=AgentStatus)
-    assert result.state == "completed"
-    fresh = tool_results(model_server.requests[1])[0]
-    assert json.loads(fresh) == {"id": "A1", "status": "shipped"}
-    cached, uncached = tool_results(model_server.requests[2])[1:]
-    assert cached.startswith("[cached result from ") and ": may be inaccurate]\n" in cached
-    assert cached.endswith(fresh)
-    assert uncached.startswith("ERROR: order_status raised ConnectionError: order service unreachable")
-    assert [d.kind for d in status.degradations] == ["cached_tool_result"]
-    assert len(result.degraded) == 1 and "order_status" in result.degraded[0]
-
-
-async def test_a_run_waits_for_a_worker_with_its_tool_and_goes_on_when_one_starts(
-    client: Client,
-    temporal_server: EmbeddedServer,
-    model_server: ModelServer,
-    task_queue: str,
-    workspace: Path,
-    tmp_path: Path,
-) -> None:
-    model_server.responder = Script([tools(("shout", {"text": "hi"})), answer("heard")])
-    async with build_worker(client, task_queue, tool_modules=[FIXTURES]):
-        # This worker resolves the run's tools at its start, then goes away.
-        handle = await start(
-            client, task_queue, start_signal="pause", goal="g", workspace=str(workspace), tools=["shout"]
-        )
-        await wait_for(handle, lambda s: s.state == "paused")
-    async with build_worker(client, task_queue):  # runs workflows, has no tools
-        await handle.signal("resume")
-        status = await wait_for(handle, lambda s: bool(s.tool_waits), timeout_s=60)
-        assert status.tool_waits[0].startswith("waiting for a worker with tool shout since ")
-        assert status.state == "running"
-        env = {**worker_env(temporal_server, model_server, task_queue), "DURABLE_AGENT_TOOLS": FIXTURES}
-        with_tool = spawn_worker(env, tmp_path / "with-tool.log")
-        try:
-            result = await asyncio.wait_for(handle.result(), timeout=60)
-        finally:
-            stop_gently(with_tool)
-    assert result.state == "completed"
-    assert tool_results(model_server.requests[-1])[0].startswith("HI")
-
-
-async def test_an_activity_tool_is_served_by_another_teams_worker(
-    client: Client,
-    temporal_server: EmbeddedServer,
-    model_server: ModelServer,
-    task_queue: str,
-    workspace: Path,
-    tmp_path: Path,
-) -> None:
-    ledger = tmp_path / "tickets.jsonl"
-    queue = f"{task_queue}-tickets"
-    ticket = {
-        "name": "open_ticket",
-        "description": "Open a support ticket.",
-        "parameters": {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]},
-        "task_queue": queue,
-        "effect": "write",
-        "approval": True,
-    }
-    model_server.responder = Script([tools(("open_ticket", {"title": "printer on fire"})), answer("opened")])
-    with open(tmp_path / "tickets.log", "wb") as log:
-        other = subprocess.Popen(
-            [sys.executable, "-m", "tests.ticket_worker", temporal_server.address, queue, str(ledger)],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+async def test_read_file_never_holds_a_huge_line_in_memory(workspace: Path) -> None:
+    with open(workspace / "one-line.txt", "wb") as f:
+        f.write(b"a" * 50 * 2**20 + b"\nsecond line\n")
+    tracemalloc.start()
     try:
-        async with build_worker(client, task_queue):
-            handle = await start(client, task_queue, goal="g", workspace=str(workspace), activity_tools=[ticket])
-            status = await wait_for(handle, lambda s: bool(s.pending_approvals))
-            assert not ledger.exists()  # waits for a person first
-            await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
-            result = await asyncio.wait_for(handle.result(), timeout=60)
+        outcome = await run_tool(workspace, "read_file", path="one-line.txt")
+        _, peak = tracemalloc.get_traced_memory()
     finally:
-        stop_gently(other)
-    assert result.state == "completed"
-    offered = [t["function"]["name"] for t in model_server.requests[0]["tools"]]
-    assert offered[-1] == "open_ticket" and "read_file" in offered
-    (opened,) = [json.loads(line) for line in lines(ledger)]
-    assert opened["title"] == "printer on fire" and opened["key"].startswith(handle.id)
-    # The other worker's answer reached the model capped and redacted of token shapes.
-    assert tool_results(model_server.requests[-1]) == ["ticket opened: printer on fire (token [REDACTED:openai-key])"]
+        tracemalloc.stop()
+    assert outcome.ok and "line clipped" in outcome.output and "     2\tsecond line" in outcome.output
+    assert peak < 8 * 2**20, f"peak {peak:,} bytes"
 
 
-async def test_the_worker_command_loads_tool_modules_and_names_one_it_cannot(
-    temporal_server: EmbeddedServer, model_server: ModelServer, task_queue: str, tmp_path: Path
+async def test_edit_file_refuses_a_file_too_large_to_hold(workspace: Path) -> None:
+    with open(workspace / "big.txt", "wb") as f:
+        f.truncate(17 * 2**20)
+    outcome = await run_tool(workspace, "edit_file", path="big.txt", old_text="a", new_text="b")
+    assert not outcome.ok and "over edit_file's 16 MiB" in (outcome.error or "")
+
+
+async def test_a_saved_output_keeps_its_first_bytes_and_says_what_it_did_not_save(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    env = {**os.environ, **worker_env(temporal_server, model_server, task_queue)}
-    command = [sys.executable, "-m", "durable_agent.cli", "worker", "--tools", FIXTURES, "--tools", "tests.no_such"]
-    failed = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert failed.returncode != 0
-    assert "tool module 'tests.no_such' could not be imported" in failed.stderr
+    monkeypatch.setattr(output, "SAVED_OUTPUT_MAX_BYTES", 100_000)
+    outcome = await run_tool(workspace, "run_command", command="seq 1 100000")  # 588,895 bytes
+    assert outcome.ok and outcome.full_output_ref
+    assert (workspace / outcome.full_output_ref).stat().st_size == 100_000
+    assert "its first 100,000 bytes saved" in outcome.output and "488,895 not saved" in outcome.output
+
+
+async def test_the_oldest_saved_outputs_make_room_and_say_they_were_dropped(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(output, "SAVED_OUTPUT_MAX_BYTES", 100_000)
+    monkeypatch.setattr(output, "OUTPUTS_MAX_BYTES", 250_000)
+    saved = workspace / ".durable-agent" / "outputs"
+    saved.mkdir(parents=True)
+    for age, name in enumerate(["old.txt", "older.txt"]):
+        (saved / name).write_bytes(b"x" * 100_000)
+        os.utime(saved / name, (time.time() - 100 * (age + 1),) * 2)
+    # A new output may save a quarter of the folder's 250,000 bytes: 200,000 held leave too little room.
+    outcome = await run_tool(workspace, "run_command", command="seq 1 20000")
+    assert outcome.full_output_ref
+    assert (saved / "older.txt").read_text().startswith("[dropped: this output held 100,000 bytes")
+    assert (saved / "old.txt").stat().st_size == 100_000
+    assert "1 earlier saved output(s) (100,000 bytes) were replaced by a note: older.txt" in outcome.output
+    assert sum(p.stat().st_size for p in saved.iterdir()) <= 250_000

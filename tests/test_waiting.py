@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 from durable_agent.model_server import Failure, ModelServer, Reply
@@ -153,10 +153,13 @@ async def test_time_waiting_for_a_person_does_not_count_against_max_duration(
         handle = await start(client, task_queue, start_signal="pause", goal="x", workspace=str(workspace), **fields)
     else:
         handle = await start(client, task_queue, goal="x", workspace=str(workspace), **fields)
-    before = (await wait_for(handle, lambda s: s.state == waiting_in)).usage.elapsed_s
+    await wait_for(handle, lambda s: s.state == waiting_in)
+    # The state says so as the signal (or the call) lands; the run's clock stops a moment
+    # later, when it reaches the wait. From then on two readings 0.3 s apart agree.
+    before = await stopped_clock(handle)
     await asyncio.sleep(8.5)  # longer than the whole time budget
     status = await handle.query("status", result_type=AgentStatus)
-    assert status.state == waiting_in and abs(status.usage.elapsed_s - before) < 0.01  # the wait does not count
+    assert status.state == waiting_in and status.usage.elapsed_s == before  # the wait does not count
     resumed = time.monotonic()
     if waiting_in == "paused":
         await handle.signal("resume")
@@ -166,6 +169,21 @@ async def test_time_waiting_for_a_person_does_not_count_against_max_duration(
     assert (result.state, result.output) == ("completed", "in time"), result
     # After the wait, only the time since the resume was added.
     assert result.usage.elapsed_s - before <= time.monotonic() - resumed + 0.01, (before, result.usage)
+
+
+async def stopped_clock(handle: WorkflowHandle, within_s: float = 30) -> float:
+    """The run's elapsed time once it stands still (a wait for a person has begun)."""
+
+    async def poll() -> float:
+        last = None
+        while True:
+            elapsed = (await handle.query("status", result_type=AgentStatus)).usage.elapsed_s
+            if elapsed == last:
+                return elapsed
+            last = elapsed
+            await asyncio.sleep(0.3)
+
+    return await asyncio.wait_for(poll(), timeout=within_s)
 
 
 async def test_status_elapsed_is_live_while_a_command_runs(

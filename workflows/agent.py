@@ -540,6 +540,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
         self._carry.usage.cost_usd = round(self._carry.usage.cost_usd + reply.cost_usd(), 8)
         if reply.price is None:
             self._carry.usage.cost_known = False
+        self._carry.usage.estimated_calls += reply.usage_estimated
         self._carry.last_price = reply.price
 
     # --- people ------------------------------------------------------------------------

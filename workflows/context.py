@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from workflows.types import AgentInput, Message
@@ -33,12 +34,17 @@ def estimate_tokens(messages: list[Message]) -> int:
     """Offline, nothing downloaded: about four characters a token plus a little per
     message. The provider's reported usage is the truth; `calibrated` scales this by how
     the last call's estimate compared with what the provider then reported."""
-    chars = 0
+    texts = []
     for m in messages:
-        chars += len(m.content or "") + 16
-        for call in m.tool_calls:
-            chars += len(call.name) + len(call.arguments) + 16
-    return chars // 4 + 1
+        texts.append(m.content or "")
+        texts.extend(call.name + call.arguments for call in m.tool_calls)
+    return tokens_of(texts)
+
+
+def tokens_of(texts: Iterable[str]) -> int:
+    """The estimate for texts (a message's content, a tool call's name and arguments each):
+    also what a model call whose endpoint reported no usage is counted as."""
+    return sum(len(text) + 16 for text in texts) // 4 + 1
 
 
 CALIBRATION_BOUNDS = (0.5, 2.0)

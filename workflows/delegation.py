@@ -135,6 +135,7 @@ def charge(usage: Usage, spent: Usage) -> None:
     usage.tool_calls += spent.tool_calls
     usage.cost_usd = round(usage.cost_usd + spent.cost_usd, 8)
     usage.cost_known = usage.cost_known and spent.cost_known
+    usage.estimated_calls += spent.estimated_calls
 
 
 def outcome_of(child_id: str, result: AgentResult) -> ToolOutcome:

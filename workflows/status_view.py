@@ -43,6 +43,8 @@ def budget_block(status: AgentStatus) -> list[str]:
     lines += [f"{name:<12}{shown:>10}  {limit:<16}{bar(used, cap)}" for name, shown, limit, used, cap in rows]
     if not usage.cost_known:
         lines.append("? the model's price is unknown: cost counts 0")
+    if usage.estimated_calls:
+        lines.append(f"~ tokens estimated for {usage.estimated_calls} model calls: the endpoint reported no usage")
     return [*lines, "```"]
 
 

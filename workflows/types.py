@@ -430,6 +430,8 @@ class ModelReply(BaseModel):
     finish_reason: str | None = None
     price: Price | None = None
     """None when the model is not in the price table: its cost is unknown (counted as 0)."""
+    usage_estimated: bool = False
+    """The endpoint reported no usage: the tokens are estimated (about 4 characters a token)."""
 
     def cost_usd(self) -> float:
         if self.price is None:
@@ -564,6 +566,8 @@ class Usage(BaseModel):
     """False once any model call had no price: cost_usd then undercounts."""
     tool_costs: dict[str, float] = Field(default_factory=dict)
     """USD spent per tool (its `cost_usd` a call); included in cost_usd."""
+    estimated_calls: int = 0
+    """Model calls whose endpoint reported no usage: their tokens (and cost) are estimated."""
 
     @property
     def tokens(self) -> int:

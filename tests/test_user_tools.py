@@ -1,0 +1,254 @@
+"""The user's tools (durable_agent/tools.py): schemas, effects, retries, cache, cost, loading.
+
+Real dev server, real workers (in process, or `python worker.py` subprocesses that load
+`tests.tool_fixtures` from DURABLE_AGENT_TOOLS), the scripted model stub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+
+from durable_agent.model_server import ModelServer
+from durable_agent.processes import kill_hard, spawn_worker, stop_gently
+from durable_agent.server import EmbeddedServer
+from tests.helpers import start, until, wait_for
+from tests.scripts import Script, answer, tool_results, tools
+from tests.test_crash import worker_env
+from worker import build_worker
+from workflows.types import AgentStatus
+
+FIXTURES = "tests.tool_fixtures"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def test_a_python_tool_gets_its_schema_runs_and_is_redacted(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TOOL_TEST_SECRET", "hunter2-very-secret-value")
+    model_server.responder = Script(
+        [tools(("shout", {"text": "hello"}), ("shout", {"txt": "typo"})), answer("shouted")]
+    )
+    async with build_worker(client, task_queue, tool_modules=[FIXTURES]):
+        handle = await start(client, task_queue, goal="shout", workspace=str(workspace), tools=["shout"])
+        result = await handle.result()
+    assert result.state == "completed"
+    offered = model_server.requests[0]["tools"]
+    assert [t["function"]["name"] for t in offered] == ["shout"]
+    shout = offered[0]["function"]
+    assert shout["description"].startswith("Shout the text back")
+    assert shout["parameters"]["properties"]["text"]["description"] == "What to shout"
+    said, typo = tool_results(model_server.requests[1])
+    assert said.startswith("HELLO ") and "hunter2" not in said  # the secret was redacted
+    assert typo.startswith("ERROR: bad arguments for shout")
+
+
+async def test_an_unknown_tool_closes_the_run_at_its_start(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), tools=["read_file", "no_such"])
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    assert "no_such" in str(failure.value.cause)
+    assert model_server.requests == []  # 0 model calls
+
+
+async def test_a_read_tool_is_retried(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    counter = workspace / "calls.txt"
+    model_server.responder = Script([tools(("flaky_read", {"counter": str(counter)})), answer("read")])
+    async with build_worker(client, task_queue, tool_modules=[FIXTURES]):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), tools=["flaky_read"])
+        result = await handle.result()
+    assert result.state == "completed"
+    assert lines(counter) == ["call"] * 3  # two failures retried, the third answered
+    assert tool_results(model_server.requests[1]) == ["value after 3 calls"]
+
+
+async def test_cost_usd_stops_a_run_at_max_cost(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([tools(("paid_search", {"query": f"q{i}"})) for i in range(5)])
+    async with build_worker(client, task_queue, tool_modules=[FIXTURES]):
+        handle = await start(
+            client,
+            task_queue,
+            goal="g",
+            workspace=str(workspace),
+            tools=["paid_search"],
+            limits={"max_cost_usd": 3.0},
+        )
+        result = await handle.result()
+        status = await handle.query("status")
+    assert result.state == "stopped" and result.stop_reason == "cost_budget"
+    assert result.usage.tool_costs == {"paid_search": 4.0}  # two calls; the third never asked for
+    assert result.usage.cost_usd >= 4.0
+    assert status["usage"]["tool_costs"] == {"paid_search": 4.0}
+
+
+async def test_sigkill_during_a_write_tool_does_not_repeat_it(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    tmp_path: Path,
+) -> None:
+    """The write tool's worker dies after its side effect: it is not run again, and the model
+    is told the outcome is unknown; an idempotent tool's call is run again with the same key."""
+    payments, charges = workspace / "payments.txt", workspace / "charges.txt"
+    model_server.responder = Script(
+        [
+            tools(("send_payment", {"ledger": str(payments), "amount": 5, "hold_s": 60})),
+            tools(("charge_card", {"ledger": str(charges), "hold_s": 60})),
+            answer("paid"),
+        ]
+    )
+    env = {**worker_env(temporal_server, model_server, task_queue), "DURABLE_AGENT_TOOLS": FIXTURES}
+    worker = spawn_worker(env, tmp_path / "w0.log")
+    try:
+        handle = await start(
+            client, task_queue, goal="pay", workspace=str(workspace), tools=["send_payment", "charge_card"]
+        )
+        await until(lambda: lines(payments) == ["paid 5.0"])
+        kill_hard(worker)
+        worker = spawn_worker(env, tmp_path / "w1.log")
+        await until(lambda: len(lines(charges)) == 1)
+        kill_hard(worker)
+        worker = spawn_worker(env, tmp_path / "w2.log")
+        result = await asyncio.wait_for(handle.result(), timeout=90)
+    finally:
+        stop_gently(worker)
+    assert result.state == "completed"
+    assert lines(payments) == ["paid 5.0"]  # the side effect happened exactly once
+    told = tool_results(model_server.requests[-1])
+    assert told[0].startswith("ERROR: the outcome is unknown: the worker running send_payment stopped")
+    first, again = lines(charges)
+    assert first == again and first.startswith(handle.id)  # re-run, with the same key
+    assert told[1] == "charged"
+
+
+async def test_a_read_tool_whose_service_is_down_answers_from_its_cache(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    service = workspace / "service.txt"
+    service.write_text("shipped")
+    lookup = {"service": str(service), "order_id": "A1"}
+    other = {"service": str(service), "order_id": "B2"}
+
+    def service_goes_down(request: dict) -> object:
+        service.unlink()
+        return tools(("order_status", lookup), ("order_status", other))
+
+    model_server.responder = Script([tools(("order_status", lookup)), service_goes_down, answer("answered")])
+    async with build_worker(client, task_queue, tool_modules=[FIXTURES]):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), tools=["order_status"])
+        result = await handle.result()
+        status = await handle.query("status", result_type=AgentStatus)
+    assert result.state == "completed"
+    fresh = tool_results(model_server.requests[1])[0]
+    assert json.loads(fresh) == {"id": "A1", "status": "shipped"}
+    cached, uncached = tool_results(model_server.requests[2])[1:]
+    assert cached.startswith("[cached result from ") and ": may be inaccurate]\n" in cached
+    assert cached.endswith(fresh)
+    assert uncached.startswith("ERROR: order_status raised ConnectionError: order service unreachable")
+    assert [d.kind for d in status.degradations] == ["cached_tool_result"]
+    assert len(result.degraded) == 1 and "order_status" in result.degraded[0]
+
+
+async def test_a_run_waits_for_a_worker_with_its_tool_and_goes_on_when_one_starts(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    tmp_path: Path,
+) -> None:
+    model_server.responder = Script([tools(("shout", {"text": "hi"})), answer("heard")])
+    async with build_worker(client, task_queue, tool_modules=[FIXTURES]):
+        # This worker resolves the run's tools at its start, then goes away.
+        handle = await start(
+            client, task_queue, start_signal="pause", goal="g", workspace=str(workspace), tools=["shout"]
+        )
+        await wait_for(handle, lambda s: s.state == "paused")
+    async with build_worker(client, task_queue):  # runs workflows, has no tools
+        await handle.signal("resume")
+        status = await wait_for(handle, lambda s: bool(s.tool_waits), timeout_s=60)
+        assert status.tool_waits[0].startswith("waiting for a worker with tool shout since ")
+        assert status.state == "running"
+        env = {**worker_env(temporal_server, model_server, task_queue), "DURABLE_AGENT_TOOLS": FIXTURES}
+        with_tool = spawn_worker(env, tmp_path / "with-tool.log")
+        try:
+            result = await asyncio.wait_for(handle.result(), timeout=60)
+        finally:
+            stop_gently(with_tool)
+    assert result.state == "completed"
+    assert tool_results(model_server.requests[-1])[0].startswith("HI")
+
+
+async def test_an_activity_tool_is_served_by_another_teams_worker(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    tmp_path: Path,
+) -> None:
+    ledger = tmp_path / "tickets.jsonl"
+    queue = f"{task_queue}-tickets"
+    ticket = {
+        "name": "open_ticket",
+        "description": "Open a support ticket.",
+        "parameters": {"type": "object", "properties": {"title": {"type": "string"}}, "required": ["title"]},
+        "task_queue": queue,
+        "effect": "write",
+        "approval": True,
+    }
+    model_server.responder = Script([tools(("open_ticket", {"title": "printer on fire"})), answer("opened")])
+    with open(tmp_path / "tickets.log", "wb") as log:
+        other = subprocess.Popen(
+            [sys.executable, "-m", "tests.ticket_worker", temporal_server.address, queue, str(ledger)],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        async with build_worker(client, task_queue):
+            handle = await start(client, task_queue, goal="g", workspace=str(workspace), activity_tools=[ticket])
+            status = await wait_for(handle, lambda s: bool(s.pending_approvals))
+            assert not ledger.exists()  # waits for a person first
+            await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
+            result = await asyncio.wait_for(handle.result(), timeout=60)
+    finally:
+        stop_gently(other)
+    assert result.state == "completed"
+    offered = [t["function"]["name"] for t in model_server.requests[0]["tools"]]
+    assert offered[-1] == "open_ticket" and "read_file" in offered
+    (opened,) = [json.loads(line) for line in lines(ledger)]
+    assert opened["title"] == "printer on fire" and opened["key"].startswith(handle.id)
+    # The other worker's answer reached the model capped and redacted of token shapes.
+    assert tool_results(model_server.requests[-1]) == ["ticket opened: printer on fire (token [REDACTED:openai-key])"]
+
+
+async def test_the_worker_command_loads_tool_modules_and_names_one_it_cannot(
+    temporal_server: EmbeddedServer, model_server: ModelServer, task_queue: str, tmp_path: Path
+) -> None:
+    env = {**os.environ, **worker_env(temporal_server, model_server, task_queue)}
+    command = [sys.executable, "-m", "durable_agent.cli", "worker", "--tools", FIXTURES, "--tools", "tests.no_such"]
+    failed = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert failed.returncode != 0
+    assert "tool module 'tests.no_such' could not be imported" in failed.stderr

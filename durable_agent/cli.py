@@ -165,7 +165,8 @@ environment:
                         their rate across all workers
   DURABLE_AGENT_MODEL_STREAM=0  model replies unstreamed (default: streamed, the chunks
                         received so far in the pending call's heartbeat details)
-  DURABLE_AGENT_METRICS_PORT  a worker serves Prometheus metrics on this port
+  DURABLE_AGENT_METRICS_PORT  a worker serves Prometheus metrics on this port (127.0.0.1,
+                              or DURABLE_AGENT_METRICS_ADDRESS)
   DURABLE_AGENT_JOURNAL_MAX_BYTES, DURABLE_AGENT_OUTPUTS_MAX_BYTES,
   DURABLE_AGENT_ARCHIVE_MAX_BYTES  what one run keeps in its workspace's .durable-agent/
                         (default 64M, 512M, 256M; `gc` removes what closed runs left)
@@ -488,9 +489,10 @@ async def work(args: argparse.Namespace, console: Console) -> int:
 
     try:
         worker_settings(task_queue())  # a bad setting fails before anything connects
+        runtime = worker_runtime()
     except SettingsError as e:
         raise CliError(str(e)) from None
-    client = await connect_client(runtime=worker_runtime())
+    client = await connect_client(runtime=runtime)
     try:
         await run_worker(client, task_queue())
     except Exception as e:  # a fatal worker error, e.g. the server went away for good

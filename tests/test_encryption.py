@@ -9,7 +9,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -371,3 +373,43 @@ async def test_durable_agent_server_makes_the_web_ui_decrypt_through_its_codec_s
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
     assert not port_open("127.0.0.1", codec_port)
+
+
+def peak_rss_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)[1]) * 1024
+
+
+def send_raw(port: int, head: str, body_bytes: int) -> bytes:
+    """Send a request head and `body_bytes` of body (until the server closes), then whatever it answered."""
+    chunk = b"x" * 2**20
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
+        try:
+            connection.sendall(head.encode())
+            for _ in range(body_bytes // len(chunk)):
+                connection.sendall(chunk)
+            connection.shutdown(socket.SHUT_WR)
+            return connection.recv(4096)
+        except OSError:  # closed or reset by the server with the body unread: that is the point
+            return b""
+
+
+def test_the_codec_server_reads_no_body_before_the_token_and_refuses_a_negative_length(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, KEY_ENV: f"k1:{new_key()}", "DURABLE_AGENT_CODEC_TOKEN": "tok"}
+    process = durable_agent_process("codec-server", "--port", str(port), env=env)
+    try:
+        assert process.stdout is not None and b"codec server on" in process.stdout.readline()
+        before = peak_rss_bytes(process.pid)
+        head = "POST /decode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: -1\r\n\r\n"
+        answer = send_raw(port, head, 300 * 2**20)
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 401")
+        grew = peak_rss_bytes(process.pid) - before
+        assert grew < 32 * 2**20, f"an unauthenticated body grew the codec server by {grew / 2**20:.0f} MiB"
+
+        authorized = head.replace("Host: x\r\n", "Host: x\r\nAuthorization: Bearer tok\r\n")
+        assert send_raw(port, authorized, 2**20).startswith(b"HTTP/1.1 400")
+        assert peak_rss_bytes(process.pid) - before < 32 * 2**20
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0

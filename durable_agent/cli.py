@@ -158,7 +158,8 @@ environment:
                         TEMPORAL_API_KEY, TEMPORAL_TLS_*, TEMPORAL_PROFILE as in the
                         Temporal CLI
   DURABLE_AGENT_TASK_QUEUE  task queue (default durable-agent)
-  DURABLE_AGENT_HOME    embedded server data and worker logs (default ./.durable-agent)
+  DURABLE_AGENT_HOME    embedded server data and worker logs (default
+                        ~/.local/state/durable-agent)
   DURABLE_AGENT_PRICES  extra model prices (a JSON file or inline JSON) for cost budgets
   DURABLE_AGENT_SECRET_ENV  more variables whose values are redacted (names or globs)
   DURABLE_AGENT_MODEL_TASK_QUEUE, DURABLE_AGENT_MODEL_RPS  where model calls run, and

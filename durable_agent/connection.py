@@ -21,6 +21,7 @@ from temporalio.converter import DataConverter, DefaultFailureConverter, Default
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import Runtime
 
+from activities.home import home_path
 from durable_agent import telemetry
 from durable_agent.codecs import EncryptionKeys, PayloadCodecChain
 from workflows.types import TASK_QUEUE
@@ -33,8 +34,13 @@ def task_queue() -> str:
 
 
 def home() -> Path:
-    """Where the embedded server keeps its SQLite file (`DURABLE_AGENT_HOME`)."""
-    return Path(os.environ.get("DURABLE_AGENT_HOME") or ".durable-agent").resolve()
+    """activities/home.py's home, created if missing and open to its owner only: without an
+    encryption key the server's database there holds every run's history in clear."""
+    folder = home_path()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if folder.stat().st_mode & 0o077 and folder.stat().st_uid == os.getuid():
+        folder.chmod(0o700)  # made by an earlier version, open to every local user
+    return folder
 
 
 def connect_config(address: str | None = None) -> dict[str, Any]:

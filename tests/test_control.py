@@ -354,3 +354,40 @@ async def test_raise_limits_with_infinity_or_huge_values_is_rejected_and_the_run
     result = await asyncio.wait_for(handle.result(), timeout=60)
     assert result.state == "completed" and result.output == "finished"
     assert await workflow_tasks_failed(handle) == 0
+
+
+async def test_identical_calls_of_one_reply_are_not_a_livelock(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    same = [("read_file", {"path": "missing.txt"})] * 30
+    model_server.responder = Script([tools(*same), tools(*same)], final="read what exists")
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    result = await asyncio.wait_for(handle.result(), timeout=60)
+    # Two steps of 30 side by side: two repeats, not 60 (three would need a person).
+    assert result.state == "completed" and result.output == "read what exists"
+    status = await handle.query("status", result_type=AgentStatus)
+    assert status.attention_reports == []
+
+
+async def test_the_result_summary_lists_as_run_only_the_commands_that_ran(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    calls = [("run_command", {"command": f"echo ran-{n}"}) for n in range(66)]
+    calls[0] = ("run_command", {"command": "echo never-denied"})
+    model_server.responder = Script([tools(*calls)], final="done")
+    handle = await start(
+        client,
+        task_queue,
+        goal="x",
+        workspace=str(workspace),
+        approval={"commands": ["never-denied"], "timeout_s": 1, "on_timeout": "deny"},
+    )
+    result = await asyncio.wait_for(handle.result(), timeout=120)
+    assert result.state == "completed" and result.summary is not None
+    said_ran = "\n".join(result.summary.outputs)
+    # 64 calls is a reply's cap: calls 64 and 65 never ran, nor did the denied one. (The
+    # summary keeps only its newest items.)
+    assert "step 1: ran `echo ran-63` (exit 0)" in said_ran, said_ran
+    assert "ran-64" not in said_ran and "ran-65" not in said_ran and "never-denied" not in said_ran
+    results = tool_results(model_server.requests[-1])
+    assert results[0].startswith("ERROR: not run: denied by a person") and results[65].startswith("ERROR: not run:")

@@ -23,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.tool_specs import RecallArgs, ToolArgumentError, call_summary, parse_tool_call
     from workflows.types import (
+        NOT_RUN,
         ApprovalDecision,
         Message,
         PendingApproval,
@@ -43,7 +44,7 @@ class ToolSteps:
         outcomes = await asyncio.gather(*(self._run_tool(call) for call in runnable))
         not_run = ToolOutcome(
             ok=False,
-            error=f"not run: a reply may ask for at most {limits.MAX_TOOL_CALLS_PER_STEP} tool calls; "
+            error=f"{NOT_RUN}a reply may ask for at most {limits.MAX_TOOL_CALLS_PER_STEP} tool calls; "
             f"this one asked for {len(calls):,}. Ask again for the ones you still need.",
         )
         outcomes += [not_run] * (len(calls) - len(runnable))
@@ -59,7 +60,7 @@ class ToolSteps:
         try:
             args = parse_tool_call(call.name, call.arguments, self._agent.enabled_tools()).model_dump(exclude_none=True)
         except ToolArgumentError as e:
-            return ToolOutcome(ok=False, error=str(e))
+            return ToolOutcome(ok=False, error=f"{NOT_RUN}{e}")
         if call.name == "load_skill" and (repeat := already_loaded(args["name"], self._carry.loaded_skills)):
             return repeat
         key = call_key(call.name, args)
@@ -69,7 +70,9 @@ class ToolSteps:
             if denial is not None:
                 return denial
             outcome = await self._execute_tool(call, args, retry)
-            streak = self._carry.livelock.record(key, None if outcome.ok else outcome.error)
+            # Identical calls of one reply ran side by side: only a repeat in a later step counts.
+            step = self._carry.step if self._patched(options.LIVELOCK_ACROSS_STEPS_PATCH) else None
+            streak = self._carry.livelock.record(key, None if outcome.ok else outcome.error, step)
             if streak < LIVELOCK_REPEATS:
                 return outcome
             resolution = await self._needs_attention(
@@ -80,7 +83,7 @@ class ToolSteps:
             )
             self._carry.livelock.clear(key)
             if resolution.action == "skip":
-                return ToolOutcome(ok=False, error=f"skipped by a person: {resolution.note or 'no note'}")
+                return ToolOutcome(ok=False, error=f"{NOT_RUN}skipped by a person: {resolution.note or 'no note'}")
             retry += 1
 
     async def _execute_tool(self, call: ToolCall, args: dict[str, Any], retry: int) -> ToolOutcome:
@@ -170,7 +173,7 @@ class ToolSteps:
         self._publish()
         if decision.approved:
             return None
-        return ToolOutcome(ok=False, error=f"denied by a person: {decision.note or 'no reason given'}")
+        return ToolOutcome(ok=False, error=f"{NOT_RUN}denied by a person: {decision.note or 'no reason given'}")
 
     async def _wait_for_decision(self, approval_id: str) -> ApprovalDecision:
         settings = self._agent.approval

@@ -431,6 +431,11 @@ class ToolCallInput(BaseModel):
         return one_folder_name(value)
 
 
+NOT_RUN = "not run: "
+"""How the error of a tool call that never ran begins (arguments refused, over the per-reply
+cap, denied or skipped by a person): summaries and the fold index do not count it as run."""
+
+
 class ToolOutcome(BaseModel):
     ok: bool
     output: str = ""

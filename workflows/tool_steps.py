@@ -13,7 +13,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from workflows import limits, options
-    from workflows.approval import approval_reason
+    from workflows.approval import approval_reason, approval_view
     from workflows.delegation import WAIT_ACTIONS, ParentSide
     from workflows.failures import ACTIVITY_FAILED, failure_message, raise_if_cancelled
     from workflows.livelock import LIVELOCK_REPEATS, call_key
@@ -165,6 +165,7 @@ class ToolSteps:
             summary=call_summary(call.name, args),
             step=self._carry.step,
             reason=reason,
+            shown=approval_view(call.name, args),
         )
         self._publish()
         with self._waiting_for_a_person():

@@ -574,8 +574,12 @@ class PendingApproval(BaseModel):
     call_id: str
     tool: str
     summary: str
+    """One line, cut at 120 characters: for lists."""
     step: int
     reason: str
+    shown: str = ""
+    """What the person approves, whole and escaped (workflows/approval.py `approval_view`):
+    the command, the file's content. Empty in runs recorded before it existed."""
 
 
 class ApprovalDecision(BaseModel):

@@ -26,6 +26,7 @@ from activities.skills import SkillActivities
 from activities.tools import ToolActivities
 from activities.tools.sandbox import remove_stale_cgroups
 from durable_agent import telemetry
+from durable_agent.codecs import act_as_worker
 from durable_agent.connection import connect
 from durable_agent.metrics import (
     MetricsInterceptor,
@@ -168,6 +169,7 @@ async def run_worker(client: Client | None = None, queue: str | None = None) -> 
     A fatal worker error (e.g. the server gone for good) is raised.
     """
     settings = worker_settings(queue)  # a bad setting fails before anything connects
+    act_as_worker()
     watch_commands_by_pidfd()
     client = client or await connect(None, worker_runtime())
     workers = [build_worker(client, queue)]

@@ -55,6 +55,7 @@ from durable_agent.model_server import ModelServer
 from durable_agent.prompts import terminal_approver
 from durable_agent.runs import start_agent
 from durable_agent.server import DEFAULT_PORT, DEFAULT_UI_PORT, ServerError, port_open, start_server
+from durable_agent.task_failures import failing_task
 from workflows.types import (
     ALL_TOOLS,
     TERMINAL_STATES,
@@ -673,6 +674,8 @@ async def status(args: argparse.Namespace, console: Console) -> int:
         console.lines((await _ended(handle))[0])
         return EXIT_OK
     current = await snapshot_status(handle)
+    if current is None and (failing := await failing_task(handle)) is not None:
+        raise CliError(f"{args.id} is running, but its workflow task fails: {failing}")
     if current is None:
         raise CliError(
             f"{args.id} is running but no worker answered within {QUERY_TIMEOUT.seconds} s; "

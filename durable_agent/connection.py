@@ -15,15 +15,21 @@ import os
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.failure.v1 import Failure
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter, DefaultFailureConverter, DefaultFailureConverterWithEncodedAttributes
+from temporalio.converter import (
+    DataConverter,
+    DefaultFailureConverter,
+    DefaultFailureConverterWithEncodedAttributes,
+    PayloadConverter,
+)
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import Runtime
 
 from activities.home import home_path
 from durable_agent import telemetry
-from durable_agent.codecs import EncryptionKeys, PayloadCodecChain
+from durable_agent.codecs import EncryptionKeys, KeyNotHeld, PayloadCodecChain
 from workflows.types import TASK_QUEUE
 
 DEFAULT_ADDRESS = "localhost:7233"
@@ -59,8 +65,20 @@ def data_converter(keys: EncryptionKeys | None = None) -> DataConverter:
     return dataclasses.replace(
         pydantic_data_converter,
         payload_codec=PayloadCodecChain(keys),
-        failure_converter_class=DefaultFailureConverterWithEncodedAttributes if keys else DefaultFailureConverter,
+        failure_converter_class=FailuresEncodedButKeyNotHeld if keys else DefaultFailureConverter,
     )
+
+
+class FailuresEncodedButKeyNotHeld(DefaultFailureConverterWithEncodedAttributes):
+    """Failure messages encrypted, except a worker's own "cannot decrypt: key id k1 not held
+    by this worker" (codecs.KeyNotHeld): encrypted with that worker's other key, nobody
+    could read why the run does not go on."""
+
+    def to_failure(self, exception: BaseException, payload_converter: PayloadConverter, failure: Failure) -> None:
+        super().to_failure(exception, payload_converter, failure)
+        if isinstance(exception, KeyNotHeld):
+            failure.ClearField("encoded_attributes")
+            failure.message = str(exception)
 
 
 async def connect(

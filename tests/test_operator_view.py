@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pty
 import re
 import sys
 from pathlib import Path
@@ -129,3 +131,42 @@ async def test_approving_a_write_shows_its_content_bounded_and_escaped(
         await handle.execute_update("approve", {"call_id": pending.call_id, "approved": False})
     await handle.result()
     assert not (workspace / "setup.py").exists()
+
+
+async def read_until(fd: int, wanted: bytes, seen: bytearray, timeout_s: float = 60) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while wanted not in seen:
+        assert loop.time() < deadline, bytes(seen)
+        try:
+            seen += await asyncio.to_thread(os.read, fd, 4096)
+        except OSError:  # the terminal closed: the command ended
+            assert wanted in seen, bytes(seen)
+
+
+async def test_the_approval_prompt_at_a_terminal_shows_the_whole_command_escaped(
+    worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    command = LONG + " ; echo '\x1b]0;PWNED\x07'"
+    model_server.responder = Script([tools(("run_command", {"command": command}))], final="ran it")
+    env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue, OPENAI_API_KEY="test-key")
+    leader, follower = pty.openpty()
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "durable_agent.cli", "run", "x", "--workspace", str(workspace),
+        "--approve-tools", "run_command", cwd=ROOT, env=env, stdin=follower, stdout=follower, stderr=follower,
+    )  # fmt: skip
+    os.close(follower)
+    seen = bytearray()
+    try:
+        await read_until(leader, b"[y]es / [n]o", seen)
+        # The prompt itself (the lines `run` prints above it show the same): whole, escaped.
+        assert f"    command: {LONG} ; echo '\\x1b]0;PWNED\\x07'\r\n[y]es".encode() in seen, bytes(seen)
+        os.write(leader, b"y\n")
+        await read_until(leader, b"completed", seen)
+        assert await asyncio.wait_for(process.wait(), timeout=60) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+        os.close(leader)
+    assert raw_controls(bytes(seen).replace(b"\r", b"")) == []  # the terminal's own CR before each LF aside
+    assert (workspace / "tail.txt").exists()

@@ -19,6 +19,7 @@ from activities.model import ModelActivities
 from activities.model_clients import openai_sdk
 from activities.tools.sandbox import remove_stale_cgroups
 from durable_agent import telemetry
+from durable_agent.codecs import act_as_worker
 from durable_agent.connection import connect
 from durable_agent.metrics import (
     client_meter,
@@ -133,6 +134,7 @@ async def run_worker(client: Client | None = None, queue: str | None = None, too
     A fatal worker error (e.g. the server gone for good) is raised.
     """
     settings = worker_settings(queue)  # a bad setting fails before anything connects
+    act_as_worker()
     watch_commands_by_pidfd()
     client = client or await connect(None, worker_runtime())
     workers = [build_worker(client, queue, tool_modules=tool_modules)]

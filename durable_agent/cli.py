@@ -64,6 +64,7 @@ from durable_agent.model_server import ModelServer
 from durable_agent.prompts import terminal_approver
 from durable_agent.runs import start_agent
 from durable_agent.server import DEFAULT_PORT, DEFAULT_UI_PORT, ServerError, port_open, start_server
+from durable_agent.task_failures import failing_task
 from workflows.types import (
     ALL_TOOLS,
     TERMINAL_STATES,
@@ -183,7 +184,8 @@ environment:
   DURABLE_AGENT_LIVE_REPLY=0  no live view of replies: by default a streamed reply's text
                         so far is in its call's heartbeat details, a beat a second, and `run`
                         and `watch` show it line by line
-  DURABLE_AGENT_METRICS_PORT  a worker serves Prometheus metrics on this port
+  DURABLE_AGENT_METRICS_PORT  a worker serves Prometheus metrics on this port (127.0.0.1,
+                              or DURABLE_AGENT_METRICS_ADDRESS)
   DURABLE_AGENT_JOURNAL_MAX_BYTES, DURABLE_AGENT_OUTPUTS_MAX_BYTES,
   DURABLE_AGENT_ARCHIVE_MAX_BYTES  what one run keeps in its workspace's .durable-agent/
                         (default 64M, 512M, 256M; `gc` removes what closed runs left)
@@ -522,9 +524,10 @@ async def work(args: argparse.Namespace, console: Console) -> int:
 
     try:
         worker_settings(task_queue())  # a bad setting fails before anything connects
+        runtime = worker_runtime()
     except SettingsError as e:
         raise CliError(str(e)) from None
-    client = await connect_client(runtime=worker_runtime())
+    client = await connect_client(runtime=runtime)
     try:
         await run_worker(client, task_queue(), tool_modules=args.tools)
     except Exception as e:  # a fatal worker error, e.g. the server went away for good
@@ -733,6 +736,8 @@ async def status(args: argparse.Namespace, console: Console) -> int:
         console.lines((await _ended(handle))[0])
         return EXIT_OK
     current = await snapshot_status(handle)
+    if current is None and (failing := await failing_task(handle)) is not None:
+        raise CliError(f"{args.id} is running, but its workflow task fails: {failing}")
     if current is None:
         console.lines(await _status_from_history(handle))
         return EXIT_OK

@@ -25,6 +25,8 @@ from durable_agent.codecs import CodecError, PayloadCodecChain
 TOKEN_ENV = "DURABLE_AGENT_CODEC_TOKEN"
 ALLOWED_HEADERS = "Content-Type, X-Namespace, Authorization"
 MAX_BODY_BYTES = 64 * 2**20
+SOCKET_TIMEOUT_S = 30
+"""A client that stops sending (or never sends its body) frees its thread after this."""
 
 
 def ui_origins(ui_port: int) -> list[str]:
@@ -85,26 +87,34 @@ class CodecServer:
 def _handler_for(server: CodecServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = SOCKET_TIMEOUT_S
 
         def do_OPTIONS(self) -> None:  # noqa: N802 (http.server's naming): a browser's CORS preflight
             self._send(204, None)
 
         def do_POST(self) -> None:  # noqa: N802
+            # Route, token and declared length are checked before a byte of the body is read:
+            # a client that fails them is answered and the connection closed, its body unread.
             route = self.path.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
-            length = int(self.headers.get("content-length") or 0)
-            body = self.rfile.read(min(length, MAX_BODY_BYTES))
+            length = _declared_length(self.headers.get("content-length"))
             if route not in ("encode", "decode"):
-                self._send(404, {"message": f"no route {self.path}: POST /encode or /decode"})
+                self._refuse(404, f"no route {self.path}: POST /encode or /decode")
             elif not server.authorized(self.headers.get("authorization")):
-                self._send(401, {"message": "this codec server needs Authorization: Bearer <token>"})
+                self._refuse(401, "this codec server needs Authorization: Bearer <token>")
+            elif length is None:
+                self._refuse(400, "a request body needs a Content-Length of 0 or more bytes")
             elif length > MAX_BODY_BYTES:
-                self.close_connection = True  # the rest of the body is still unread
-                self._send(413, {"message": f"request body over {MAX_BODY_BYTES:,} bytes"})
+                self._refuse(413, f"request body over {MAX_BODY_BYTES:,} bytes")
             else:
+                body = self.rfile.read(length)
                 try:
                     self._send(200, server.transform(route, body))
                 except (CodecError, json_format.ParseError) as e:
                     self._send(400, {"message": str(e)})
+
+        def _refuse(self, status: int, message: str) -> None:
+            self.close_connection = True  # the body, if any, is still unread
+            self._send(status, {"message": message})
 
         def _send(self, status: int, body: dict[str, Any] | None) -> None:
             data = json.dumps(body).encode() if body is not None else b""
@@ -126,3 +136,10 @@ def _handler_for(server: CodecServer) -> type[BaseHTTPRequestHandler]:
             pass
 
     return Handler
+
+
+def _declared_length(header: str | None) -> int | None:
+    """The Content-Length, or None when missing, negative or not a number."""
+    if header is None or not header.strip().isdigit():
+        return None
+    return int(header)

@@ -6,7 +6,10 @@ payload is zlib-compressed when that makes it smaller (`PayloadCompression`; cip
 does not compress, so this comes first) and then encrypted with AES-256-GCM
 (`PayloadEncryption`). The key id travels in the payload's metadata and is bound to the
 ciphertext. A payload that was altered, or names a key id this process does not hold,
-fails loudly with that id; it is never read as plain text. A payload that was never
+fails loudly with that id; it is never read as plain text. Each payload also carries a
+check of its key (`KEY_CHECK`, an HMAC of a constant under the key: it says nothing of the
+key), so a process holding a different key under the same id says so (`KeyNotHeld`)
+rather than "altered". A payload that was never
 encrypted (a run started by a client without the key, e.g. `temporal workflow start`) is
 read as it is.
 
@@ -21,6 +24,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
+import logging
 import os
 import re
 import zlib
@@ -37,6 +43,9 @@ DEFAULT_KEY_ID = "default"
 """The id of a key given bare (without `id:`); name it `default:` in a rotation list."""
 ENCRYPTED = b"binary/encrypted"
 KEY_ID = "encryption-key-id"
+KEY_CHECK = "encryption-key-check"
+HOLDER = {"name": "process"}
+"""What "not held by this …" names: `worker.py` sets it to "worker" at start."""
 COMPRESSED = b"binary/zlib"
 MIN_COMPRESSED_BYTES = 512
 """Smaller payloads (most of a step's) gain little from zlib and pay its fixed cost."""
@@ -46,8 +55,19 @@ NONCE_BYTES = 12
 _KEY_ID_SHAPE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 
 
+def key_check(key: bytes) -> bytes:
+    return hmac.new(key, b"durable-agent key check", hashlib.sha256).hexdigest()[:16].encode()
+
+
 class CodecError(ValueError):
     """A payload that cannot be decoded, or a key setting that cannot be used; says why."""
+
+
+class KeyNotHeld(CodecError):
+    """A payload encrypted with a key this process does not hold. Its message names only the
+    key id, so it may stand in clear in history (durable_agent/connection.py): a run whose
+    worker lacks the key says why it waits, where the failure would otherwise be encrypted
+    with the wrong key and unreadable to everyone."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +136,7 @@ class PayloadEncryption:
     def __init__(self, keys: EncryptionKeys | None) -> None:
         self._keys = keys
         self._ciphers = {key_id: AESGCM(key) for key_id, key in keys.keys.items()} if keys else {}
+        self._checks = {key_id: key_check(key) for key_id, key in keys.keys.items()} if keys else {}
 
     def encode_one(self, payload: Payload) -> Payload:
         if self._keys is None:
@@ -123,16 +144,21 @@ class PayloadEncryption:
         key_id = self._keys.current
         nonce = os.urandom(NONCE_BYTES)
         sealed = self._ciphers[key_id].encrypt(nonce, payload.SerializeToString(), key_id.encode())
-        return Payload(metadata={"encoding": ENCRYPTED, KEY_ID: key_id.encode()}, data=nonce + sealed)
+        metadata = {"encoding": ENCRYPTED, KEY_ID: key_id.encode(), KEY_CHECK: self._checks[key_id]}
+        return Payload(metadata=metadata, data=nonce + sealed)
 
     def decode_one(self, payload: Payload) -> Payload:
         if payload.metadata.get("encoding") != ENCRYPTED:
             return payload  # never encrypted (see the module docstring)
         key_id = payload.metadata.get(KEY_ID, b"").decode(errors="replace")
         cipher = self._ciphers.get(key_id)
-        if cipher is None:
+        check = payload.metadata.get(KEY_CHECK)
+        if cipher is None or (check is not None and check != self._checks[key_id]):
             held = ", ".join(repr(k) for k in self._ciphers) or "none: it is not set"
-            raise CodecError(f"payload encrypted with key id {key_id!r}, which {KEY_ENV} does not hold (held: {held})")
+            other = " (it holds another key under that id)" if cipher is not None else ""
+            raise KeyNotHeld(
+                f"cannot decrypt: key id {key_id} not held by this {HOLDER['name']}{other}; {KEY_ENV} holds {held}"
+            )
         nonce, sealed = payload.data[:NONCE_BYTES], payload.data[NONCE_BYTES:]
         try:
             return Payload.FromString(cipher.decrypt(nonce, sealed, key_id.encode()))
@@ -163,3 +189,30 @@ class PayloadCodecChain(PayloadCodec):
 
     def decode_all(self, payloads: Sequence[Payload]) -> list[Payload]:
         return [self._compression.decode_one(self._encryption.decode_one(p)) for p in payloads]
+
+
+class KeyNotHeldOnce(logging.Filter):
+    """On the SDK's workflow-task log: a task that failed because this worker lacks a run's
+    key becomes one line per run, "cannot decrypt: key id k1 not held by this worker …",
+    instead of a traceback at every retry of the task."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._said: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, KeyNotHeld):
+            return True
+        line = f"{error} (run {record.args[0] if record.args else '?'}); the run waits for a worker that holds it"
+        if line in self._said:
+            return False
+        self._said.add(line)
+        record.msg, record.args, record.exc_info, record.exc_text = line, (), None, None
+        return True
+
+
+def act_as_worker() -> None:
+    """Name this process a worker in codec errors, and log a missing key once per run."""
+    HOLDER["name"] = "worker"
+    logging.getLogger("temporalio.worker._workflow").addFilter(KeyNotHeldOnce())

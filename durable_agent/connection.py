@@ -15,14 +15,21 @@ import os
 from pathlib import Path
 from typing import Any
 
+from temporalio.api.failure.v1 import Failure
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import DataConverter, DefaultFailureConverter, DefaultFailureConverterWithEncodedAttributes
+from temporalio.converter import (
+    DataConverter,
+    DefaultFailureConverter,
+    DefaultFailureConverterWithEncodedAttributes,
+    PayloadConverter,
+)
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import Runtime
 
+from activities.home import home_path
 from durable_agent import telemetry
-from durable_agent.codecs import EncryptionKeys, PayloadCodecChain
+from durable_agent.codecs import EncryptionKeys, KeyNotHeld, PayloadCodecChain
 from workflows.types import TASK_QUEUE
 
 DEFAULT_ADDRESS = "localhost:7233"
@@ -33,8 +40,13 @@ def task_queue() -> str:
 
 
 def home() -> Path:
-    """Where the embedded server keeps its SQLite file (`DURABLE_AGENT_HOME`)."""
-    return Path(os.environ.get("DURABLE_AGENT_HOME") or ".durable-agent").resolve()
+    """activities/home.py's home, created if missing and open to its owner only: without an
+    encryption key the server's database there holds every run's history in clear."""
+    folder = home_path()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if folder.stat().st_mode & 0o077 and folder.stat().st_uid == os.getuid():
+        folder.chmod(0o700)  # made by an earlier version, open to every local user
+    return folder
 
 
 def connect_config(address: str | None = None) -> dict[str, Any]:
@@ -53,8 +65,20 @@ def data_converter(keys: EncryptionKeys | None = None) -> DataConverter:
     return dataclasses.replace(
         pydantic_data_converter,
         payload_codec=PayloadCodecChain(keys),
-        failure_converter_class=DefaultFailureConverterWithEncodedAttributes if keys else DefaultFailureConverter,
+        failure_converter_class=FailuresEncodedButKeyNotHeld if keys else DefaultFailureConverter,
     )
+
+
+class FailuresEncodedButKeyNotHeld(DefaultFailureConverterWithEncodedAttributes):
+    """Failure messages encrypted, except a worker's own "cannot decrypt: key id k1 not held
+    by this worker" (codecs.KeyNotHeld): encrypted with that worker's other key, nobody
+    could read why the run does not go on."""
+
+    def to_failure(self, exception: BaseException, payload_converter: PayloadConverter, failure: Failure) -> None:
+        super().to_failure(exception, payload_converter, failure)
+        if isinstance(exception, KeyNotHeld):
+            failure.ClearField("encoded_attributes")
+            failure.message = str(exception)
 
 
 async def connect(

@@ -1,9 +1,12 @@
-"""Where the CLI's lines go. A label, when set, starts every line (the offline demo's)."""
+"""Where the CLI's lines go, escaped of terminal controls. A label, when set, starts every
+line (the offline demo's)."""
 
 from __future__ import annotations
 
 import sys
 from typing import TextIO
+
+from workflows.visible import visible
 
 
 class Console:
@@ -21,6 +24,8 @@ class Console:
         self._write(sys.stderr, text)
 
     def _write(self, stream: TextIO, text: str) -> None:
-        for part in text.split("\n"):
+        # Model and tool text reaches every command's output: its terminal controls are
+        # shown escaped, never sent to the terminal (workflows/visible.py).
+        for part in visible(text).split("\n"):
             stream.write(f"{self.label} {part}\n" if self.label else f"{part}\n")
         stream.flush()  # lines must appear as steps finish, also when piped

@@ -21,6 +21,7 @@ from activities.archive import read_archive
 from durable_agent.history import PersonAction, replay_chain
 from workflows.tool_specs import call_summary
 from workflows.types import AgentInput, AgentResult, AgentStatus, Message, RunState, TranscriptRequest, Usage
+from workflows.visible import visible, visible_json
 
 FORMATS = ("jsonl", "markdown")
 TOOL_RESULT_CHARS = 300
@@ -39,17 +40,20 @@ class Report(BaseModel):
 
 
 def jsonl(messages: Iterable[Message]) -> list[str]:
-    return [m.model_dump_json(exclude_none=True) for m in messages]
+    """One message a line; every byte the run recorded decodes back, but no terminal control
+    stands raw in the text (JSON escapes C0 itself; DEL, C1 and bidi controls too here)."""
+    return [visible_json(m.model_dump_json(exclude_none=True)) for m in messages]
 
 
 def markdown(report: Report) -> str:
+    """For people: terminal controls in model and tool text are shown escaped."""
     lines = [f"# Run {report.workflow_id}", "", f"**Goal:** {report.goal}", ""]
     lines += _outcome(report)
     lines += ["", "## Steps"]
     lines += _steps(report.messages)
     lines += ["", "## Decisions of people", ""]
     lines += _decisions(report.actions)
-    return "\n".join(lines) + "\n"
+    return visible("\n".join(lines) + "\n")
 
 
 def _outcome(report: Report) -> list[str]:

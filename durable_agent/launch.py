@@ -19,7 +19,8 @@ from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 from temporalio.runtime import Runtime
 
-from activities.workspace import ROOTS_ENV
+from activities.home import refuse_workspace_holding_home
+from activities.workspace import ROOTS_ENV, WorkspaceRefused
 from durable_agent.connection import connect, connect_config, home
 from durable_agent.console import Console
 from durable_agent.processes import spawn_worker
@@ -146,7 +147,12 @@ async def has_worker(client: Client, queue: str) -> bool:
 
 def allow_workspace(workspace: str) -> None:
     """Workers this command starts (background or demo) accept the workspace it was given,
-    besides its working directory, unless the person set the roots themselves."""
+    besides its working directory, unless the person set the roots themselves. A workspace
+    holding the home is refused here, before anything starts (the worker refuses it too)."""
+    try:
+        refuse_workspace_holding_home(workspace)
+    except WorkspaceRefused as e:
+        raise LaunchError(str(e)) from None
     if ROOTS_ENV not in os.environ:
         os.environ[ROOTS_ENV] = os.pathsep.join([os.getcwd(), workspace])
 

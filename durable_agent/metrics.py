@@ -2,8 +2,10 @@
 
 All of them go through the Temporal SDK's meters, so they come out of one Prometheus
 endpoint next to the SDK's own worker metrics: `DURABLE_AGENT_METRICS_PORT` (`PORT` or
-`HOST:PORT`; host 0.0.0.0 by default) makes the worker's client runtime serve
-`/metrics` there. Without it the meters are no-ops.
+`HOST:PORT`) makes the worker's client runtime serve `/metrics` there, on 127.0.0.1 unless
+`DURABLE_AGENT_METRICS_ADDRESS` (or the `HOST:` part) names another interface: the
+metrics name task queues and counts, which are nobody else's business by default.
+Without it the meters are no-ops.
 
 Activities record what they did (real calls: each attempt once); the workflow records
 through `workflow.metric_meter()`, which records nothing while a workflow replays
@@ -27,10 +29,12 @@ from temporalio.service import RPCError
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 from durable_agent import genai
+from durable_agent.worker_settings import SettingsError
 from workflows.run_metrics import WAITING_STATES
 from workflows.types import WORKFLOW_TYPE, ModelCallInput, ModelReply, ToolCallInput, ToolOutcome
 
 PORT_ENV = "DURABLE_AGENT_METRICS_PORT"
+ADDRESS_ENV = "DURABLE_AGENT_METRICS_ADDRESS"
 WAITING_POLL = timedelta(seconds=30)
 """How often a worker counts, from visibility, the runs waiting for a person."""
 
@@ -43,16 +47,26 @@ def prometheus_address() -> str | None:
         return None
     host, _, port = value.rpartition(":")
     if not port.isdigit():
-        raise ValueError(f"{PORT_ENV}={value!r}: expected a port or HOST:PORT")
-    return f"{host or '0.0.0.0'}:{port}"
+        raise SettingsError(f"{PORT_ENV}={value!r}: expected a port or HOST:PORT")
+    return f"{host or os.environ.get(ADDRESS_ENV, '').strip() or '127.0.0.1'}:{port}"
 
 
 def worker_runtime() -> Runtime | None:
-    """A runtime serving Prometheus metrics when `DURABLE_AGENT_METRICS_PORT` asks for it."""
+    """A runtime serving Prometheus metrics when `DURABLE_AGENT_METRICS_PORT` asks for it.
+
+    Raises SettingsError, one line, when the address cannot be served (e.g. a second worker
+    on the same port): the SDK's exporter says only "Failed starting Prometheus exporter"."""
     address = prometheus_address()
     if address is None:
         return None
-    return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=address, durations_as_seconds=True)))
+    metrics = PrometheusConfig(bind_address=address, durations_as_seconds=True)
+    try:
+        return Runtime(telemetry=TelemetryConfig(metrics=metrics))
+    except ValueError as e:
+        raise SettingsError(
+            f"{PORT_ENV}: cannot serve metrics on {address} ({str(e).rpartition(': ')[2]}); "
+            "is another worker using this port? Give each worker its own."
+        ) from None
 
 
 def client_meter(client: Client) -> MetricMeter:

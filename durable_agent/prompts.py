@@ -9,7 +9,9 @@ from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 
 from durable_agent.console import Console
 from durable_agent.follow import Approver
+from workflows.approval import shown_below
 from workflows.types import AgentResult, ApprovalDecision, PendingApproval
+from workflows.visible import visible
 
 
 def terminal_approver(handle: WorkflowHandle[object, AgentResult], console: Console) -> Approver | None:
@@ -20,7 +22,9 @@ def terminal_approver(handle: WorkflowHandle[object, AgentResult], console: Cons
 
     async def ask(pending: PendingApproval) -> None:
         async with one_at_a_time:
-            prompt = f"approve {pending.summary}? [y]es / [n]o / or type why not: "
+            shown = "".join(f"\n    {line}" for line in pending.shown.split("\n")) if shown_below(pending) else ""
+            what = f"{pending.summary}?{shown}\n" if shown else f"{pending.summary}? "
+            prompt = f"approve {what}[y]es / [n]o / or type why not: "
             answer = (await asyncio.to_thread(_read_line, prompt)).strip()
             decision = parse_answer(pending.call_id, answer)
             try:
@@ -42,6 +46,6 @@ def parse_answer(call_id: str, answer: str) -> ApprovalDecision:
 
 
 def _read_line(prompt: str) -> str:
-    sys.stdout.write(prompt)
+    sys.stdout.write(visible(prompt))
     sys.stdout.flush()
     return sys.stdin.readline()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import textwrap
 
+from workflows.approval import shown_below
 from workflows.compaction import command_exit_code, record_text, tool_arguments
 from workflows.tool_specs import call_summary
 from workflows.types import AgentResult, AgentStatus, AttentionReport, Limits, Message, PendingApproval, Usage
@@ -75,7 +76,11 @@ def _call_text(name: str, raw_arguments: str, result: str | None) -> str:
 
 
 def approval_lines(run_id: str, pending: list[PendingApproval]) -> list[str]:
-    lines = [f"awaiting approval: {p.call_id} · {p.summary} · {p.reason}" for p in pending]
+    """Each pending call, and below it what it would do, whole, where its line cannot say it."""
+    lines = []
+    for p in pending:
+        lines.append(f"awaiting approval: {p.call_id} · {p.summary} · {p.reason}")
+        lines += [f"    {line}" for line in p.shown.split("\n")] if shown_below(p) else []
     if pending:
         lines.append(f"  decide with: durable-agent approve {run_id} {pending[0].call_id} [--deny] [--note TEXT]")
     return lines

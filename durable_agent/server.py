@@ -109,8 +109,10 @@ def start_server(
     """Start `temporal server start-dev` in the background and wait until it answers."""
     if port_open("127.0.0.1", port):
         raise ServerError(f"something is already listening on port {port}: a Temporal server is probably running")
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
     db_file = home / "temporal.sqlite" if persistent else None
+    for existing in home.glob("temporal.sqlite*"):
+        existing.chmod(0o600)  # written by an earlier version with the default umask
     log_file = home / f"server-{port}.log"
     args = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1", "--port", str(port)]
     args += ["--log-level", "error", "--log-format", "json"]
@@ -127,9 +129,10 @@ def start_server(
     for key, value in DYNAMIC_CONFIG.items():
         args += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]  # values are JSON
     args += extra_args or []
-    with open(log_file, "ab") as log:
+    with open(os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log:
+        # umask 077: the database holds every run's history, in clear without a key.
         process = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, umask=0o077
         )
     server = EmbeddedServer(
         process=process,

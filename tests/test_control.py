@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.worker import Worker
 
 from durable_agent.model_server import Failure, ModelServer, Reply, count_assistant_turns
 from durable_agent.server import EmbeddedServer
-from tests.helpers import host_processes_named, rejected_update, run_cli, start, wait_for
+from tests.helpers import cli_start_agent, host_processes_named, rejected_update, run_cli, start, wait_for
 from tests.scripts import Script, answer, tool_results, tools
 from worker import build_worker
 from workflows.agent import AGENT_STATE
@@ -286,3 +286,108 @@ async def test_a_pause_sent_with_the_start_holds_before_the_first_step(
     assert status.step == 0 and not model_server.requests
     await handle.signal("resume")
     assert (await handle.result()).output == "after the pause"
+
+
+async def workflow_tasks_failed(handle: WorkflowHandle) -> int:
+    history = await handle.fetch_history()
+    return sum(1 for event in history.events if event.HasField("workflow_task_failed_event_attributes"))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"approval": {"tools": ["run_command"], "timeout_s": 1e15}},
+        {"approval": {"tools": ["run_command"]}, "limits": {"max_duration_s": 1e15}},
+        {"approval": {"tools": ["run_command"]}, "delegation": {"stall_after_s": 1e15}},
+        {"approval": {"tools": ["run_command"]}, "context": {"max_context_tokens": 10**30}},
+    ],
+)
+async def test_a_huge_duration_or_count_from_the_temporal_cli_closes_the_run_with_a_clear_error(
+    bad: dict[str, Any],
+    client: Client,
+    worker: Worker,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    temporal_server: EmbeddedServer,
+) -> None:
+    model_server.responder = gated_script()
+    run_id = f"huge-{uuid.uuid4().hex[:8]}"
+    started = await cli_start_agent(
+        temporal_server.address, task_queue, run_id, {"goal": "x", "workspace": str(workspace), **bad}
+    )
+    assert started.returncode == 0, started.stderr
+    handle = client.get_workflow_handle(run_id)
+    with pytest.raises(WorkflowFailureError) as failure:
+        await asyncio.wait_for(handle.result(), timeout=30)
+    message = str(failure.value.cause)
+    assert "invalid AgentInput" in message and "less than or equal" in message, message
+    assert await workflow_tasks_failed(handle) == 0
+
+
+async def test_raise_limits_with_infinity_or_huge_values_is_rejected_and_the_run_goes_on(
+    client: Client,
+    worker: Worker,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    temporal_server: EmbeddedServer,
+) -> None:
+    model_server.responder = Script([tools(("run_command", {"command": "sleep 1"})), answer("finished")])
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    await handle.signal("pause")
+    await wait_for(handle, lambda s: s.state == "paused")
+    # Raw JSON text, as a person types it: 1e309 is infinity to the workflow's JSON decoder.
+    for patch in ('{"max_duration_s": 1e309}', '{"max_duration_s": 1e15}', '{"hard_steps": 1' + "0" * 30 + "}"):
+        rejected = await cli(
+            temporal_server, "workflow", "update", "execute", "--workflow-id", handle.id, "--name", "raise_limits",
+            "--input", patch,
+        )  # fmt: skip
+        said = rejected.stdout + rejected.stderr
+        assert rejected.returncode != 0 and ("less than or equal" in said or "finite" in said), said
+    raised = await cli(
+        temporal_server, "workflow", "update", "execute", "--workflow-id", handle.id, "--name", "raise_limits",
+        "--input", '{"max_duration_s": 7200}',
+    )  # fmt: skip
+    assert raised.returncode == 0, raised.stderr
+    await handle.signal("resume")
+    result = await asyncio.wait_for(handle.result(), timeout=60)
+    assert result.state == "completed" and result.output == "finished"
+    assert await workflow_tasks_failed(handle) == 0
+
+
+async def test_identical_calls_of_one_reply_are_not_a_livelock(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    same = [("read_file", {"path": "missing.txt"})] * 30
+    model_server.responder = Script([tools(*same), tools(*same)], final="read what exists")
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    result = await asyncio.wait_for(handle.result(), timeout=60)
+    # Two steps of 30 side by side: two repeats, not 60 (three would need a person).
+    assert result.state == "completed" and result.output == "read what exists"
+    status = await handle.query("status", result_type=AgentStatus)
+    assert status.attention_reports == []
+
+
+async def test_the_result_summary_lists_as_run_only_the_commands_that_ran(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    calls = [("run_command", {"command": f"echo ran-{n}"}) for n in range(66)]
+    calls[0] = ("run_command", {"command": "echo never-denied"})
+    model_server.responder = Script([tools(*calls)], final="done")
+    handle = await start(
+        client,
+        task_queue,
+        goal="x",
+        workspace=str(workspace),
+        approval={"commands": ["never-denied"], "timeout_s": 1, "on_timeout": "deny"},
+    )
+    result = await asyncio.wait_for(handle.result(), timeout=120)
+    assert result.state == "completed" and result.summary is not None
+    said_ran = "\n".join(result.summary.outputs)
+    # 64 calls is a reply's cap: calls 64 and 65 never ran, nor did the denied one. (The
+    # summary keeps only its newest items.)
+    assert "step 1: ran `echo ran-63` (exit 0)" in said_ran, said_ran
+    assert "ran-64" not in said_ran and "ran-65" not in said_ran and "never-denied" not in said_ran
+    results = tool_results(model_server.requests[-1])
+    assert results[0].startswith("ERROR: not run: denied by a person") and results[65].startswith("ERROR: not run:")

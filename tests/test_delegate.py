@@ -241,7 +241,7 @@ async def test_fan_out_and_depth_limits_are_clear_tool_errors(
     deep = [r for r in model_server.requests if goal_of(r) == "deep"]
     # At the deepest level the delegate is not offered `delegate`, and a call to it is refused.
     assert "delegate" not in {t["function"]["name"] for t in deep[0]["tools"]}
-    assert tool_results(deep[-1])[0].startswith("ERROR: unknown tool 'delegate'")
+    assert tool_results(deep[-1])[0].startswith("ERROR: not run: unknown tool 'delegate'")
 
 
 def test_the_depth_limit_and_a_budget_too_small_are_refused() -> None:

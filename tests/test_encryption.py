@@ -6,10 +6,13 @@ the Web UI (headless Chromium) print, never by the codec's own words.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,7 +28,7 @@ from temporalio.api.common.v1 import Payload
 from temporalio.client import Client
 
 from durable_agent.codec_server import CodecServer
-from durable_agent.codecs import ENCRYPTED, KEY_ENV, KEY_ID, CodecError, EncryptionKeys, PayloadCodecChain
+from durable_agent.codecs import ENCRYPTED, KEY_CHECK, KEY_ENV, KEY_ID, CodecError, EncryptionKeys, PayloadCodecChain
 from durable_agent.connection import connect, data_converter
 from durable_agent.model_server import Failure, ModelServer, Reply
 from durable_agent.server import EmbeddedServer, free_port, port_open
@@ -92,6 +95,9 @@ def test_a_tampered_payload_fails_naming_its_key_id() -> None:
     relabelled = Payload()
     relabelled.CopyFrom(sealed)
     relabelled.metadata[KEY_ID] = b"k2"  # the id is bound to the ciphertext too
+    with pytest.raises(CodecError, match="key id k2 not held by this process .it holds another key under that id"):
+        codec.decode_all([relabelled])
+    del relabelled.metadata[KEY_CHECK]  # as payloads written before the check existed
     with pytest.raises(CodecError, match="key id 'k2' does not authenticate"):
         codec.decode_all([relabelled])
 
@@ -101,11 +107,14 @@ def test_an_unknown_key_id_or_no_key_fails_naming_the_id() -> None:
         [Payload(metadata={"encoding": b"json/plain"}, data=b'"hello"')]
     )
     with pytest.raises(
-        CodecError, match=r"key id 'old', which DURABLE_AGENT_ENCRYPTION_KEY does not hold \(held: 'new'"
+        CodecError,
+        match=r"cannot decrypt: key id old not held by this process; DURABLE_AGENT_ENCRYPTION_KEY holds 'new'",
     ):
         PayloadCodecChain(EncryptionKeys.parse(f"new:{new_key()}")).decode_all([sealed])
-    with pytest.raises(CodecError, match=r"key id 'old', .* \(held: none: it is not set\)"):
+    with pytest.raises(CodecError, match=r"key id old not held .* holds none: it is not set"):
         PayloadCodecChain(None).decode_all([sealed])
+    with pytest.raises(CodecError, match=r"key id old not held by this process .it holds another key under that id"):
+        PayloadCodecChain(EncryptionKeys.parse(f"old:{new_key()}")).decode_all([sealed])
 
 
 def test_rotation_old_payloads_still_decode_and_new_ones_use_the_first_key() -> None:
@@ -192,13 +201,13 @@ async def test_an_encrypted_run_leaves_nothing_in_clear_and_stays_readable_with_
     for setting in (f"k2:{new_key()}", None):
         keys = EncryptionKeys.parse(setting) if setting else None
         other = await connect(temporal_server.address, converter=data_converter(keys))
-        with pytest.raises(CodecError, match="key id 'k1'"):
+        with pytest.raises(CodecError, match="key id k1 not held"):
             await other.get_workflow_handle(run_id, result_type=AgentResult).result()
 
     # durable-agent says so in one line, naming the key id.
     env = cli_env(**{KEY_ENV: f"k2:{new_key()}"})
     refused = await durable_agent("status", run_id, env=env)
-    one_line_error(refused, 2, "payload encrypted with key id 'k1', which DURABLE_AGENT_ENCRYPTION_KEY does not hold")
+    one_line_error(refused, 2, "cannot decrypt: key id k1 not held by this process")
 
     # The Temporal CLI reads it in clear through the codec server, and only through it.
     with CodecServer(PayloadCodecChain(EncryptionKeys.parse(f"k1:{old_key}")), token="codec-token") as codec:
@@ -375,3 +384,77 @@ async def test_durable_agent_server_makes_the_web_ui_decrypt_through_its_codec_s
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
     assert not port_open("127.0.0.1", codec_port)
+
+
+def peak_rss_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)[1]) * 1024
+
+
+def send_raw(port: int, head: str, body_bytes: int) -> bytes:
+    """Send a request head and `body_bytes` of body (until the server closes), then whatever it answered."""
+    chunk = b"x" * 2**20
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as connection:
+        try:
+            connection.sendall(head.encode())
+            for _ in range(body_bytes // len(chunk)):
+                connection.sendall(chunk)
+            connection.shutdown(socket.SHUT_WR)
+            return connection.recv(4096)
+        except OSError:  # closed or reset by the server with the body unread: that is the point
+            return b""
+
+
+def test_the_codec_server_reads_no_body_before_the_token_and_refuses_a_negative_length(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, KEY_ENV: f"k1:{new_key()}", "DURABLE_AGENT_CODEC_TOKEN": "tok"}
+    process = durable_agent_process("codec-server", "--port", str(port), env=env)
+    try:
+        assert process.stdout is not None and b"codec server on" in process.stdout.readline()
+        before = peak_rss_bytes(process.pid)
+        head = "POST /decode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: -1\r\n\r\n"
+        answer = send_raw(port, head, 300 * 2**20)
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 401")
+        grew = peak_rss_bytes(process.pid) - before
+        assert grew < 32 * 2**20, f"an unauthenticated body grew the codec server by {grew / 2**20:.0f} MiB"
+
+        authorized = head.replace("Host: x\r\n", "Host: x\r\nAuthorization: Bearer tok\r\n")
+        assert send_raw(port, authorized, 0).startswith(b"HTTP/1.1 400")  # no body: no reset before the answer
+        assert peak_rss_bytes(process.pid) - before < 32 * 2**20
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+
+
+async def test_a_worker_with_another_key_says_so_and_the_run_waits_for_one_that_holds_it(
+    temporal_server: EmbeddedServer, task_queue: str, model_server: ModelServer, workspace: Path, tmp_path: Path
+) -> None:
+    key = new_key()
+    right = await connect(temporal_server.address, converter=data_converter(EncryptionKeys.parse(f"k1:{key}")))
+    model_server.responder = Script([answer("done with the right key")])
+    log = tmp_path / "wrong-worker.log"
+    env = {
+        **os.environ,
+        KEY_ENV: f"k1:{new_key()}",  # the same id, another key: the probe's wrong worker
+        "DURABLE_AGENT_TASK_QUEUE": task_queue,
+        "TEMPORAL_ADDRESS": temporal_server.address,
+    }
+    with open(log, "wb") as out:
+        wrong = subprocess.Popen([sys.executable, "worker.py"], cwd=ROOT, env=env, stdout=out, stderr=out)
+    try:
+        handle = await start(right, task_queue, goal="x", workspace=str(workspace))
+        said = "cannot decrypt: key id k1 not held by this worker (it holds another key under that id)"
+        while said not in log.read_text():  # the wrong worker tried the run's first task
+            assert wrong.poll() is None, log.read_text()
+            await asyncio.sleep(0.2)
+        status = await durable_agent("status", handle.id, env=cli_env(**{KEY_ENV: f"k1:{key}"}))
+        one_line_error(status, 2, f"{handle.id} is running, but its workflow task fails: {said}")
+    finally:
+        wrong.send_signal(signal.SIGTERM)
+        wrong.wait(timeout=30)
+    text = log.read_text()
+    # One line, not a traceback at every retry of the task (the SDK's core adds a WARN of its own).
+    assert "Traceback" not in text and text.count("the run waits for a worker that holds it") == 1, text
+    async with build_worker(right, task_queue):  # a worker holding the key takes the run on
+        result = await asyncio.wait_for(handle.result(), timeout=60)
+    assert result.output == "done with the right key"

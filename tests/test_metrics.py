@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import socket
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -139,3 +143,61 @@ async def test_a_scripted_runs_metrics(
     assert alerting and alerting <= exported
     # The SDK's own worker metrics come out of the same endpoint.
     assert any(name.startswith("temporal_") for name, _, _ in samples)
+
+
+def listening_addresses(pid: int, port: int) -> set[str]:
+    """The local IPv4 addresses on which process `pid`'s network namespace listens on `port`
+    (/proc/PID/net/tcp: hex address:port, state 0A = LISTEN)."""
+    found = set()
+    for line in Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, _, hex_port = local.partition(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            found.add(".".join(str(b) for b in reversed(bytes.fromhex(address))))
+    return found
+
+
+SERVE_METRICS = (  # the runtime serves while it is referenced
+    "from durable_agent.metrics import worker_runtime; r = worker_runtime(); print('up', flush=True); input()"
+)
+
+
+@pytest.mark.parametrize("address, expected", [(None, "127.0.0.1"), ("0.0.0.0", "0.0.0.0")])
+def test_the_metrics_port_listens_on_loopback_unless_an_address_is_given(
+    address: str | None, expected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    env = {**os.environ, "DURABLE_AGENT_METRICS_PORT": str(port)}
+    env.pop("DURABLE_AGENT_METRICS_ADDRESS", None)
+    if address is not None:
+        env["DURABLE_AGENT_METRICS_ADDRESS"] = address
+    process = subprocess.Popen(
+        [sys.executable, "-c", SERVE_METRICS], cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline() == b"up\n"
+        assert listening_addresses(process.pid, port) == {expected}
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.parametrize("command", [["durable-agent", "worker"], ["python", "worker.py"]])
+def test_a_second_worker_on_a_taken_metrics_port_says_so_in_one_line(command: list[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "DURABLE_AGENT_METRICS_PORT": str(port), "TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"}
+        done = subprocess.run(
+            [str(Path(sys.executable).parent / command[0]), *command[1:]],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"cannot serve metrics on 127.0.0.1:{port}" in lines[0], done.stderr

@@ -6,8 +6,10 @@ Judged by bytes: the serialized history events and the files on disk, never the 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -226,3 +228,86 @@ async def test_export_redacts_a_run_recorded_without_redaction(
         exported = await durable_agent("export", handle.id, "-o", str(out), env=cli_env())
     assert exported.returncode == 0, exported
     planted.assert_redacted("export", out.read_text())
+
+
+ENCODERS = {
+    "base64": 'echo "$T" | base64',
+    "base64 at offset 1": 'echo "x$T" | base64 -w0',
+    "base64 at offset 2": 'echo "xy$T" | base64 -w0',
+    "base64url": 'echo "$T" | base64 -w0 | tr +/ -_',
+    "hex (xxd -p, wrapped)": 'echo "$T" | xxd -p -c 8',
+    "hex (od, with addresses)": 'echo "$T" | od -tx1',
+    "hex (od -An, upper case)": 'echo "$T" | od -An -tx1 | tr a-f A-F',
+    "reversed": 'echo "$T" | rev',
+}
+
+
+@pytest.mark.parametrize("encoder", ENCODERS)
+def test_a_known_value_is_caught_in_its_common_encodings(encoder: str) -> None:
+    value = "tok-" + _random(ALNUM + "+/", 40)
+    printed = subprocess.run(
+        ["bash", "-c", ENCODERS[encoder]], env={"T": value, "PATH": "/usr/bin:/bin"}, capture_output=True, text=True
+    ).stdout
+    redacted = Redactor({"DEPLOY_TOKEN": value}).text(printed)
+    assert "[REDACTED:DEPLOY_TOKEN]" in redacted, (printed, redacted)
+    # What is left is the encoding of the characters around the value, never enough of it to decode.
+    assert len(re.sub(r"\[REDACTED:DEPLOY_TOKEN\]|\s", "", redacted)) < 16, redacted
+
+
+def test_credentials_in_any_url_and_database_urls_are_redacted() -> None:
+    url = "postgres://admin:FAKEDBPASS-" + _random(ALNUM, 12) + "@db.internal:5432/prod"
+    redactor = Redactor(secret_env({"DATABASE_URL": url, "SENTRY_DSN": "https://k" + _random(ALNUM, 20) + "@s.io/1"}))
+    assert redactor.text(f"url={url}") == "url=[REDACTED:DATABASE_URL]"
+    other = "mysql://app:" + _random(ALNUM, 10) + "@10.0.0.5/x"
+    assert redactor.text(f"connect {other} now") == "connect mysql://[REDACTED:url-credentials]@10.0.0.5/x now"
+    plain = "see https://example.com/a@b and git@github.com:o/r.git"
+    assert redactor.text(plain) == plain
+
+
+def test_a_known_value_split_across_writes_of_a_long_line_is_still_caught() -> None:
+    value = "tok-" + _random(ALNUM, 60)
+    blob = ("x" * 300 + value + "y" * 300).encode()  # no line break: released in pieces
+    for size in (1, 7, 33, 64):
+        stream = StreamRedactor(Redactor({"DEPLOY_TOKEN": value}), max_hold=64, overlap=16)
+        out = b"".join(stream.feed(blob[i : i + size]) for i in range(0, len(blob), size)) + stream.flush()
+        assert value.encode()[:12] not in out and out.count(b"[REDACTED:DEPLOY_TOKEN]") == 1, (size, out)
+
+
+async def test_encoded_secrets_and_url_credentials_stay_out_of_history(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    value = "tok-" + _random(ALNUM, 40)
+    password = "FAKEDBPASS-" + _random(ALNUM, 12)
+    monkeypatch.setenv("DA_TEST_DEPLOY_TOKEN", value)
+    monkeypatch.setenv("DATABASE_URL", f"postgres://admin:{password}@db.internal:5432/prod")
+    printing = "; ".join(
+        [
+            'echo "$DATABASE_URL"',
+            'echo "$DA_TEST_DEPLOY_TOKEN" | base64',
+            'echo "$DA_TEST_DEPLOY_TOKEN" | od -An -tx1',
+            'echo "$DA_TEST_DEPLOY_TOKEN" | rev',
+            'printf "%s" "${DA_TEST_DEPLOY_TOKEN:0:20}"; sleep 0.3; echo "${DA_TEST_DEPLOY_TOKEN:20}"',
+            'echo "copy to postgres://svc:${DA_TEST_DEPLOY_TOKEN:0:12}x@backup/db"',
+        ]
+    )
+    model_server.responder = Script([tools(("run_command", {"command": printing}))], final="printed")
+    async with build_worker(client, task_queue):
+        handle = await start(
+            client,
+            task_queue,
+            goal="print the secrets",
+            workspace=str(workspace),
+            env_allow=["DA_TEST_DEPLOY_TOKEN", "DATABASE_URL"],
+        )
+        assert (await handle.result()).output == "printed"
+    history = b"".join(e.SerializeToString() for e in (await handle.fetch_history()).events).decode(errors="replace")
+    assert history.count("[REDACTED:DA_TEST_DEPLOY_TOKEN]") == 4 and "[REDACTED:DATABASE_URL]" in history
+    assert "postgres://[REDACTED:url-credentials]@backup/db" in history
+    encoded = subprocess.run(
+        ["bash", "-c", 'echo "$T" | base64; echo "$T" | od -An -tx1 | tr -d " \\n"'],
+        env={"T": value, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    leaked = [s for s in [value, value[::-1], password, encoded[0][:40], encoded[1][:40], value[:12]] if s in history]
+    assert not leaked, leaked

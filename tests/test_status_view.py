@@ -93,7 +93,9 @@ def test_summaries_name_what_a_call_touches() -> None:
     assert call_summary("list_files", {"pattern": "*.py"}) == "list_files: *.py"
     assert call_summary("list_files", {"path": "src", "pattern": "*.py"}) == "list_files: src *.py"
     assert call_summary("search_files", {"pattern": "TODO", "path": "src"}) == "search_files: TODO src"
-    assert call_summary("run_command", {"command": "pytest -q\n"}) == "run_command: pytest -q "
+    assert (
+        call_summary("run_command", {"command": "pytest -q\necho \x1b[2J"}) == "run_command: pytest -q\\necho \\x1b[2J"
+    )
     assert len(call_summary("write_file", {"path": "x" * 300})) == 120
 
 

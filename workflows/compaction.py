@@ -26,7 +26,7 @@ from workflows.state import (
     ModelView,
     StructuredSummary,
 )
-from workflows.types import ContextSettings, Message
+from workflows.types import NOT_RUN, ContextSettings, Message
 
 INDEX_STEP_LINES = 40
 """Folded steps the index shows a line for, at most; older ones are counted in its digest."""
@@ -156,7 +156,7 @@ def index_steps(folded: list[Message]) -> list[FoldedStep]:
             continue
         name, arguments = calls.get(message.tool_call_id or "", (message.tool_name or "", {}))
         text = message.content or ""
-        if name == "run_command":
+        if name == "run_command" and not text.startswith(f"ERROR: {NOT_RUN}"):
             command = str(arguments.get("command", ""))[:200]
             entry.commands.append(CommandRun(command=command, exit_code=command_exit_code(text)))
         if text.startswith("ERROR"):

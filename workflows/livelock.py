@@ -17,6 +17,8 @@ def call_key(tool: str, arguments: dict[str, Any]) -> str:
 class FailureStreak(BaseModel):
     error: str
     count: int
+    step: int | None = None
+    """The step of the last failure counted."""
 
 
 class LivelockTracker(BaseModel):
@@ -24,15 +26,21 @@ class LivelockTracker(BaseModel):
 
     streaks: dict[str, FailureStreak] = Field(default_factory=dict)
 
-    def record(self, key: str, error: str | None) -> int:
-        """Record one outcome; returns how many times in a row it failed this same way."""
+    def record(self, key: str, error: str | None, step: int | None = None) -> int:
+        """Record one outcome; returns how many times in a row it failed this same way.
+
+        With `step`, a failure counts once per step: identical calls of one reply ran side
+        by side, not one after another, so a second one in the same step returns 0."""
         if error is None:
             self.streaks.pop(key, None)
             return 0
         streak = self.streaks.get(key)
         if streak is None or streak.error != error:
             streak = FailureStreak(error=error, count=0)
+        elif step is not None and streak.step == step:
+            return 0
         streak.count += 1
+        streak.step = step
         self.streaks[key] = streak
         return streak.count
 

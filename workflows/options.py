@@ -106,6 +106,8 @@ WAITS_NOT_TIMED_PATCH = "waits-not-timed"
 """`workflow.patched` id: time waiting for a person is left out of `elapsed_s`."""
 CLOSED_RUN_STATE_PATCH = "closed-run-state"
 """`workflow.patched` id: a run clears its AgentState before it continues as new."""
+LIVELOCK_ACROSS_STEPS_PATCH = "livelock-across-steps"
+"""`workflow.patched` id: runs recorded before it count identical calls of one reply as repeats."""
 WORKSPACE_CHECK_PATCH = "workspace-roots-check"
 """`workflow.patched` id: runs recorded before the check replay without it."""
 WORKSPACE_CHECK_TIMEOUT = timedelta(seconds=10)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 
+from workflows.approval import shown_below
 from workflows.compaction import record_text, render_index
 from workflows.state import ContextStatus
 from workflows.types import AgentInput, AgentStatus
@@ -26,6 +27,12 @@ def bar(used: float, limit: float) -> str:
 def plain(text: str) -> str:
     """Free text (a goal, an error, a command) shown as itself, not as markdown."""
     return re.sub(r"([\\`*_\[\]<>#|])", r"\\\1", text)
+
+
+def _fenced(text: str) -> list[str]:
+    """`text` as a code block, whole: its fence is longer than any run of backticks in it."""
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+    return ["", f"  {fence}", *(f"  {line}" for line in text.split("\n")), f"  {fence}", ""]
 
 
 def budget_block(status: AgentStatus) -> list[str]:
@@ -56,7 +63,9 @@ def details_markdown(status: AgentStatus) -> str:
         lines += ["", f"Now: {plain(status.activity)}"]
     if status.pending_approvals:
         lines += ["", "**Waiting for approval.** Decide with the `approve` update and the call id:", ""]
-        lines += [f"- `{p.call_id}` {plain(p.summary)} ({plain(p.reason)})" for p in status.pending_approvals]
+        for p in status.pending_approvals:
+            lines += [f"- `{p.call_id}` {plain(p.summary)} ({plain(p.reason)})"]
+            lines += _fenced(p.shown) if shown_below(p) else []
     reports = status.attention_reports or ([status.attention] if status.attention else [])
     for a in reports:
         lines += ["", f"**Needs attention:** {plain(a.what_failed)} (step {a.step}, {a.attempts} attempts)", ""]

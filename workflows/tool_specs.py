@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workflows.types import AGENT_NAME, ALL_TOOLS, ToolCall
+from workflows.visible import one_line
 
 
 class _Args(BaseModel):
@@ -235,8 +236,9 @@ SUMMARY_ARGUMENTS: dict[str, tuple[str, ...]] = {
 
 
 def call_summary(name: str, arguments: dict[str, Any], limit: int = 120) -> str:
-    """One line for the Web UI and the CLI: `run_command: pytest -q`."""
+    """One line for the Web UI and the CLI: `run_command: pytest -q`, escaped
+    (workflows/visible.py) and cut at `limit`; approvals show the whole call (`approval_view`)."""
     keys = SUMMARY_ARGUMENTS.get(name, ("path",))
-    detail = " ".join(str(arguments[k]) for k in keys if arguments.get(k) not in (None, "")).replace("\n", " ")
+    detail = one_line(" ".join(str(arguments[k]) for k in keys if arguments.get(k) not in (None, "")))
     text = f"{name}: {detail}" if detail else name
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -17,7 +17,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from activities.redaction import Redactor
     from workflows import limits, options
-    from workflows.approval import approval_reason
+    from workflows.approval import approval_reason, approval_view
     from workflows.delegation import WAIT_ACTIONS, ParentSide
     from workflows.failures import ACTIVITY_FAILED, failure_message, raise_if_cancelled, timed_out, worker_lost
     from workflows.livelock import LIVELOCK_REPEATS, call_key
@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.tool_catalog import CatalogRequest, ToolCatalog, ToolSpec
     from workflows.tool_specs import RecallArgs, ToolArgumentError, call_summary, decode_arguments, parse_tool_call
     from workflows.types import (
+        NOT_RUN,
         ApprovalDecision,
         Message,
         PendingApproval,
@@ -162,7 +163,7 @@ class ToolSteps:
         outcomes = await asyncio.gather(*(self._run_tool(call) for call in runnable))
         not_run = ToolOutcome(
             ok=False,
-            error=f"not run: a reply may ask for at most {limits.MAX_TOOL_CALLS_PER_STEP} tool calls; "
+            error=f"{NOT_RUN}a reply may ask for at most {limits.MAX_TOOL_CALLS_PER_STEP} tool calls; "
             f"this one asked for {len(calls):,}. Ask again for the ones you still need.",
         )
         outcomes += [not_run] * (len(calls) - len(runnable))
@@ -182,7 +183,7 @@ class ToolSteps:
             else:
                 args = parse_tool_call(call.name, call.arguments, enabled).model_dump(exclude_none=True)
         except ToolArgumentError as e:
-            return ToolOutcome(ok=False, error=str(e))
+            return ToolOutcome(ok=False, error=f"{NOT_RUN}{e}")
         if call.name == "load_skill" and (repeat := already_loaded(args["name"], self._carry.loaded_skills)):
             return repeat
         key = call_key(call.name, args)
@@ -192,7 +193,9 @@ class ToolSteps:
             if denial is not None:
                 return denial
             outcome = await self._execute_tool(call, args, retry)
-            streak = self._carry.livelock.record(key, None if outcome.ok else outcome.error)
+            # Identical calls of one reply ran side by side: only a repeat in a later step counts.
+            step = self._carry.step if self._patched(options.LIVELOCK_ACROSS_STEPS_PATCH) else None
+            streak = self._carry.livelock.record(key, None if outcome.ok else outcome.error, step)
             if streak < LIVELOCK_REPEATS:
                 return outcome
             resolution = await self._needs_attention(
@@ -203,7 +206,7 @@ class ToolSteps:
             )
             self._carry.livelock.clear(key)
             if resolution.action == "skip":
-                return ToolOutcome(ok=False, error=f"skipped by a person: {resolution.note or 'no note'}")
+                return ToolOutcome(ok=False, error=f"{NOT_RUN}skipped by a person: {resolution.note or 'no note'}")
             retry += 1
 
     async def _execute_tool(self, call: ToolCall, args: dict[str, Any], retry: int) -> ToolOutcome:
@@ -290,6 +293,7 @@ class ToolSteps:
             summary=call_summary(call.name, args),
             step=self._carry.step,
             reason=reason,
+            shown=approval_view(call.name, args),
         )
         self._publish()
         with self._waiting_for_a_person():
@@ -298,7 +302,7 @@ class ToolSteps:
         self._publish()
         if decision.approved:
             return None
-        return ToolOutcome(ok=False, error=f"denied by a person: {decision.note or 'no reason given'}")
+        return ToolOutcome(ok=False, error=f"{NOT_RUN}denied by a person: {decision.note or 'no reason given'}")
 
     async def _wait_for_decision(self, approval_id: str) -> ApprovalDecision:
         settings = self._agent.approval

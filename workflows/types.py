@@ -70,6 +70,17 @@ class _Strict(BaseModel):
 # --- input -------------------------------------------------------------------------
 
 
+# Upper bounds of every count and duration a caller sets (input, `raise_limits`). Far above
+# any real run, far below what breaks the workflow: a timer or a search attribute of
+# 1e15 s or 10**30 overflowed (timedelta, int64) and failed the workflow task for good.
+MAX_COUNT = 1_000_000
+MAX_TOKENS = 10**12
+MAX_COST_USD = 1_000_000.0
+MAX_DURATION_S = 366 * 86_400.0
+MAX_WAIT_S = 30 * 86_400.0
+MAX_OUTPUT_CHARS = 10_000_000
+
+
 PRESETS: dict[str, dict[str, float]] = {
     "simple_qa": {"max_model_calls": 3, "max_tokens": 5_000, "max_tool_calls": 1, "max_duration_s": 10},
     "data_analysis": {"max_model_calls": 30, "max_tokens": 80_000, "max_tool_calls": 15, "max_duration_s": 300},
@@ -82,14 +93,14 @@ class Limits(_Strict):
     """Step limits and budgets. Soft tiers warn and degrade; hard tiers stop the run cleanly."""
 
     preset: Literal["simple_qa", "data_analysis", "report", "orchestration"] | None = None
-    soft_steps: int = Field(default=40, ge=1)
-    hard_steps: int = Field(default=50, ge=1)
-    max_tokens: int = Field(default=500_000, ge=1)
-    max_cost_usd: float = Field(default=5.0, ge=0)
-    max_model_calls: int = Field(default=100, ge=1)
-    max_tool_calls: int = Field(default=300, ge=0)
-    max_duration_s: float = Field(default=3600, gt=0)
-    soft_ratio: float = Field(default=0.8, gt=0, le=1)
+    soft_steps: int = Field(default=40, ge=1, le=MAX_COUNT)
+    hard_steps: int = Field(default=50, ge=1, le=MAX_COUNT)
+    max_tokens: int = Field(default=500_000, ge=1, le=MAX_TOKENS)
+    max_cost_usd: float = Field(default=5.0, ge=0, le=MAX_COST_USD, allow_inf_nan=False)
+    max_model_calls: int = Field(default=100, ge=1, le=MAX_COUNT)
+    max_tool_calls: int = Field(default=300, ge=0, le=MAX_COUNT)
+    max_duration_s: float = Field(default=3600, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
+    soft_ratio: float = Field(default=0.8, gt=0, le=1, allow_inf_nan=False)
     """Fraction of each budget at which its soft tier begins."""
 
     @model_validator(mode="before")
@@ -130,14 +141,14 @@ class Limits(_Strict):
 class LimitsPatch(_Strict):
     """Payload of `raise_limits`: any subset of `limits`."""
 
-    soft_steps: int | None = Field(default=None, ge=1)
-    hard_steps: int | None = Field(default=None, ge=1)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_cost_usd: float | None = Field(default=None, ge=0)
-    max_model_calls: int | None = Field(default=None, ge=1)
-    max_tool_calls: int | None = Field(default=None, ge=0)
-    max_duration_s: float | None = Field(default=None, gt=0)
-    soft_ratio: float | None = Field(default=None, gt=0, le=1)
+    soft_steps: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    hard_steps: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    max_tokens: int | None = Field(default=None, ge=1, le=MAX_TOKENS)
+    max_cost_usd: float | None = Field(default=None, ge=0, le=MAX_COST_USD, allow_inf_nan=False)
+    max_model_calls: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    max_tool_calls: int | None = Field(default=None, ge=0, le=MAX_COUNT)
+    max_duration_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
+    soft_ratio: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
 
     def apply_to(self, limits: Limits) -> Limits:
         """The new limits; raises ValueError when the result is inconsistent (hard < soft)."""
@@ -150,7 +161,7 @@ class Approval(_Strict):
     """Tools whose every call waits for a person."""
     commands: list[str] = Field(default_factory=list)
     """Regexes: a `run_command` whose command matches one waits for a person."""
-    timeout_s: float | None = Field(default=None, gt=0)
+    timeout_s: float | None = Field(default=None, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
     """How long a pending approval may wait; None waits forever."""
     on_timeout: Literal["deny", "pause"] = "deny"
 
@@ -166,9 +177,9 @@ class Approval(_Strict):
 
 
 class ContextSettings(_Strict):
-    max_context_tokens: int = Field(default=100_000, ge=1_000)
-    keep_recent_steps: int = Field(default=6, ge=1)
-    tool_output_chars: int = Field(default=8_000, ge=500)
+    max_context_tokens: int = Field(default=100_000, ge=1_000, le=MAX_TOKENS)
+    keep_recent_steps: int = Field(default=6, ge=1, le=MAX_COUNT)
+    tool_output_chars: int = Field(default=8_000, ge=500, le=MAX_OUTPUT_CHARS)
     """Tool output longer than this is truncated in context; the whole is kept by reference."""
 
 
@@ -178,11 +189,11 @@ goal and in the transcript), and Temporal refuses an input over 2 MB."""
 
 
 class DelegationSettings(_Strict):
-    max_depth: int = Field(default=3, ge=0)
+    max_depth: int = Field(default=3, ge=0, le=MAX_COUNT)
     """Levels of delegates below the root run (0: `delegate` is refused)."""
-    max_children: int = Field(default=8, ge=0)
+    max_children: int = Field(default=8, ge=0, le=MAX_COUNT)
     """Delegates one run may have running at once."""
-    stall_after_s: float = Field(default=600, gt=0)
+    stall_after_s: float = Field(default=600, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
     """A run that waits this long on a delegate which itself waits (for a person, or on its own
     delegate), with no step or spend in between, needs attention with the wait chain."""
 
@@ -256,7 +267,7 @@ class AgentInput(_Strict):
     limits: Limits = Field(default_factory=Limits)
     approval: Approval = Field(default_factory=Approval)
     context: ContextSettings = Field(default_factory=ContextSettings)
-    continue_as_new_every: int = Field(default=50, ge=10)
+    continue_as_new_every: int = Field(default=50, ge=10, le=MAX_COUNT)
     """Steps per run before continue-as-new, even if the server has not suggested it yet.
     50 keeps a new worker's full replay of a run well inside the 1.5 s workflow task
     timeout that fast crash recovery relies on (see durable_agent/runs.py)."""
@@ -479,6 +490,11 @@ class ToolCallInput(BaseModel):
         return one_folder_name(value)
 
 
+NOT_RUN = "not run: "
+"""How the error of a tool call that never ran begins (arguments refused, over the per-reply
+cap, denied or skipped by a person): summaries and the fold index do not count it as run."""
+
+
 class ToolOutcome(BaseModel):
     ok: bool
     output: str = ""
@@ -625,8 +641,12 @@ class PendingApproval(BaseModel):
     call_id: str
     tool: str
     summary: str
+    """One line, cut at 120 characters: for lists."""
     step: int
     reason: str
+    shown: str = ""
+    """What the person approves, whole and escaped (workflows/approval.py `approval_view`):
+    the command, the file's content. Empty in runs recorded before it existed."""
 
 
 class ApprovalDecision(BaseModel):

@@ -30,6 +30,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
+from activities.home import refuse_workspace_holding_home
 from activities.journal import JournalFull, JournalUnsafe
 from activities.regular_files import NotRegularFile
 from activities.run_files import HostileLayout, RunFileCaps, run_file_caps
@@ -111,6 +112,7 @@ class ToolActivities:
         """Run by the workflow at a run's start, before any tool: a refused workspace closes the run."""
         try:
             await asyncio.to_thread(check_allowed, workspace, self._roots)
+            refuse_workspace_holding_home(workspace)
         except WorkspaceRefused as e:
             raise ApplicationError(str(e), type="WorkspaceRefused", non_retryable=True) from None
 

@@ -69,6 +69,7 @@ def build_worker(
         tools=configured_tools(tool_modules),
         model_task_queue=settings.model_task_queue if settings.model_queue_is_separate else None,
         activities=overrides.pop("activities", None),  # type: ignore[arg-type]
+        worker_interceptors=overrides.pop("interceptors", None),  # type: ignore[arg-type]
     )
     options: dict[str, object] = {
         "task_queue": settings.task_queue,

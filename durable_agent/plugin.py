@@ -54,15 +54,18 @@ class DurableAgentPlugin(SimplePlugin):
         encryption_keys: EncryptionKeys | None = None,
         model_task_queue: str | None = None,
         activities: Sequence[Callable[..., Any]] | None = None,
+        worker_interceptors: Sequence[Interceptor] | None = None,
     ) -> None:
         """`tools`: decorated tools; `tool_modules`: modules whose tools to load as well.
         `encryption_keys`: default from `DURABLE_AGENT_ENCRYPTION_KEY`. `model_task_queue`:
         where model calls run when not on the worker's queue. `activities`: in place of the
         model call and the built-in tools (a test's model, other tool limits); the workflow's
-        local activities are added to them whatever they are."""
+        local activities are added to them whatever they are. `worker_interceptors`: in place of
+        metrics, model routing and redaction (a test's worker as it was before redaction)."""
         self.tools = unique([*tools, *load_modules(tool_modules)])
         self._model_task_queue = model_task_queue
         self._activities = activities
+        self._worker_interceptors = worker_interceptors
         converter = data_converter(encryption_keys)
         super().__init__(
             PLUGIN_NAME,
@@ -84,7 +87,10 @@ class DurableAgentPlugin(SimplePlugin):
         ours = list(self._activities) if self._activities is not None else [ModelActivities().call_model]
         given = [*(config.get("activities") or []), *ours]
         config["activities"] = with_missing(given, [*workflow_activities(), tools.tool_catalog])
-        config["interceptors"] = [*(config.get("interceptors") or []), *interceptors(self._model_task_queue)]
+        ours_around = (
+            interceptors(self._model_task_queue) if self._worker_interceptors is None else self._worker_interceptors
+        )
+        config["interceptors"] = [*(config.get("interceptors") or []), *ours_around]
         return config
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:

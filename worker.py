@@ -23,6 +23,7 @@ from activities.model import ModelActivities
 from activities.model_clients import openai_sdk
 from activities.redaction import RedactingInterceptor
 from activities.skills import SkillActivities
+from activities.snapshots import SnapshotActivities
 from activities.tools import ToolActivities
 from activities.tools.sandbox import remove_stale_cgroups
 from durable_agent import telemetry
@@ -99,6 +100,7 @@ def workflow_activities() -> list[Callable[..., Any]]:
         *ArchiveActivities().all(),
         *SkillActivities().all(),
         *CleanupActivities().all(),
+        *SnapshotActivities().all(),
     ]
 
 

@@ -16,6 +16,7 @@ COMMANDS = {
     "replay": ("bench.replay", "a new worker's replay of a run, with and without the SDK's sandbox"),
     "sandbox": ("bench.sandbox", "what run_command's bubblewrap sandbox costs per command"),
     "stream": ("bench.stream", "CPU per model call, streamed against unstreamed"),
+    "snapshots": ("bench.snapshots", "workspace snapshot cost per step: own store against git's objects"),
     "clients": ("bench.clients", "CPU per model call with many in flight: one connection pool or several"),
 }
 

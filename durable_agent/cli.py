@@ -33,6 +33,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.redaction import worker_redactor
 from durable_agent import demo_model, render, telemetry
+from durable_agent.cli_history import add_history_commands
 from durable_agent.codec_server import TOKEN_ENV, CodecServer, ui_origins
 from durable_agent.codecs import CodecError, EncryptionKeys, PayloadCodecChain
 from durable_agent.connection import home, task_queue
@@ -273,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--state", choices=LIST_STATES, help="only runs in this state")
     listing.add_argument("--limit", type=int, default=50, help="at most this many runs (default 50)")
     _add_gc_parser(commands)
+    add_history_commands(commands, _command)
     return parser
 
 

@@ -26,8 +26,11 @@ async def start_agent(
     task_queue: str | None = None,
     *,
     start_signal: str | None = None,
+    summary: str | None = None,
+    details: str = "",
 ) -> WorkflowHandle[Any, AgentResult]:
-    """`start_signal` (e.g. "pause") comes with the start, so the run has it before its first step."""
+    """`start_signal` (e.g. "pause") comes with the start, so the run has it before its first step.
+    `summary` replaces the goal as the Web UI's summary; `details` is added to its details."""
     return await client.start_workflow(
         WORKFLOW_TYPE,
         agent,
@@ -35,8 +38,8 @@ async def start_agent(
         task_queue=task_queue or default_task_queue(),
         task_timeout=WORKFLOW_TASK_TIMEOUT,
         result_type=AgentResult,
-        static_summary=agent.goal[:400],  # the run page's "Summary" in the Web UI
-        static_details=start_details(agent),
+        static_summary=(summary or agent.goal)[:400],  # the run page's "Summary" in the Web UI
+        static_details=start_details(agent) + details,
         start_signal=start_signal,
     )
 

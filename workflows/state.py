@@ -156,6 +156,8 @@ class Carry(BaseModel):
     """The skills were listed (once per chain, at its first run that reaches its loop)."""
     loaded_skills: list[str] = Field(default_factory=list)
     """Skills loaded so far; their bodies are `skill` messages in the session layer."""
+    snapshot: str | None = None
+    """The digest of the workspace's latest snapshot (workflows/snapshots.py)."""
 
     @model_validator(mode="before")
     @classmethod

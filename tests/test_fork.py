@@ -1,0 +1,143 @@
+"""Snapshots at step boundaries, `steps`, `diff` and `fork` (issue #25), judged by files and requests.
+
+Real dev server, real worker, the scripted model server, the real CLI as a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.snapshots import Store, store_path
+from durable_agent.model_server import ModelServer, Reply
+from tests.helpers import start
+from tests.scripts import Script, answer, tools
+from tests.test_cli import cli_env, durable_agent, one_line_error
+from workflows.types import AgentResult
+
+RETRY = "try again, differently"
+
+
+def tree(path: Path) -> dict[str, bytes]:
+    """Every file under `path` with its bytes: what 'byte-identical' compares."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def append_line(step: int) -> Reply:
+    return tools(("run_command", {"command": f"echo line{step} >> log.txt"}))
+
+
+def six_steps_then_retry(request: dict[str, Any]) -> Reply:
+    """Six steps that each append a line, then an answer; a fork (the retry message) answers at once."""
+    if any(m.get("content") == RETRY for m in request["messages"]):
+        return answer("the fork is done")
+    return Script([append_line(step) for step in range(1, 7)], final="six lines")(request)
+
+
+async def six_step_run(client: Client, task_queue: str, model_server: ModelServer, workspace: Path) -> str:
+    model_server.responder = six_steps_then_retry
+    handle = await start(client, task_queue, goal="append six lines", workspace=str(workspace))
+    result = await handle.result()
+    assert result.state == "completed" and result.steps == 7, result
+    assert (workspace / "log.txt").read_text() == "".join(f"line{i}\n" for i in range(1, 7))
+    return handle.id
+
+
+async def test_fork_at_step_3_restores_three_lines_and_asks_only_for_the_later_steps(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path, tmp_path: Path
+) -> None:
+    source = await six_step_run(client, task_queue, model_server, workspace)
+    source_files = tree(workspace)
+    asked_before = len(model_server.requests)
+    source_step_4 = model_server.requests[3]["messages"]  # what the source sent for its step 4
+    env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue)
+
+    forked = await durable_agent("fork", source, "--at-step", "3", "--message", RETRY, "--json", env=env)
+
+    assert forked.returncode == 0, forked
+    fork = json.loads(forked.stdout)
+    assert fork["workspace"] == str(tmp_path / fork["workflow_id"])  # beside the source's, named after the fork
+    assert fork["side_effects"] == [f"step {s}: run_command: echo line{s} >> log.txt" for s in (4, 5, 6)]
+    result = await client.get_workflow_handle(fork["workflow_id"], result_type=AgentResult).result()
+    assert result.state == "completed" and result.output == "the fork is done", result
+    assert (Path(fork["workspace"]) / "log.txt").read_text() == "line1\nline2\nline3\n"
+    # One model call: the fork's step 4, holding the source's transcript through step 3, then
+    # the note of what the source did after it, then the person's message.
+    fork_requests = model_server.requests[asked_before:]
+    assert len(fork_requests) == 1
+    sent = fork_requests[0]["messages"]
+    assert sent[: len(source_step_4)] == source_step_4
+    note, message = sent[len(source_step_4) :]
+    assert note["role"] == "user" and "fork of run" in note["content"] and "echo line6 >> log.txt" in note["content"]
+    assert message == {"role": "user", "content": RETRY}
+    assert tree(workspace) == source_files
+    description = await client.get_workflow_handle(fork["workflow_id"]).describe()
+    assert await description.static_summary() == f"fork of {source} at step 3: append six lines"
+
+
+async def test_steps_and_diff_name_each_steps_files(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    source = await six_step_run(client, task_queue, model_server, workspace)
+    env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue)
+
+    steps = await durable_agent("steps", source, env=env)
+    diff = await durable_agent("diff", source, "--step", "2", env=env)
+    span = await durable_agent("diff", source, "--from", "1", "--to", "3", env=env)
+
+    assert steps.returncode == 0, steps
+    lines = steps.stdout.splitlines()
+    assert len(lines) == 6, lines
+    assert lines[0].startswith("step 1: calls: run_command: echo line1 >> log.txt | files: +log.txt | tokens ")
+    assert lines[1].startswith("step 2: calls: run_command: echo line2 >> log.txt | files: ~log.txt | tokens ")
+    assert diff.returncode == 0, diff
+    assert diff.stdout.splitlines()[-2:] == [" line1", "+line2"]
+    assert span.stdout.splitlines()[-3:] == [" line1", "+line2", "+line3"]
+
+
+async def test_a_bad_step_a_full_folder_and_a_run_without_snapshots_are_one_line_and_exit_2(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path, tmp_path: Path
+) -> None:
+    source = await six_step_run(client, task_queue, model_server, workspace)
+    env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "kept.txt").write_text("mine")
+
+    beyond = await durable_agent("fork", source, "--at-step", "9", env=env)
+    full = await durable_agent("fork", source, "--at-step", "2", "--workspace", str(tmp_path / "full"), env=env)
+    unknown = await durable_agent("fork", "no-such-run", "--at-step", "1", env=env)
+
+    one_line_error(beyond, 2, "has no snapshot of step 9: its steps with one are 0-6")
+    one_line_error(full, 2, "holds files")
+    assert (tmp_path / "full" / "kept.txt").read_text() == "mine" and len(os.listdir(tmp_path / "full")) == 1
+    one_line_error(unknown, 2, "no-such-run has no workspace snapshots")
+
+
+def test_one_changed_file_costs_its_bytes_and_an_unchanged_tree_nothing(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    (workspace / "src").mkdir(parents=True)
+    for i in range(200):
+        (workspace / "src" / f"f{i}.txt").write_text("x" * 1000)
+    (workspace / ".durable-agent").mkdir()
+    (workspace / ".durable-agent" / "journal.json").write_text("{}")
+    store = Store(tmp_path / "store")
+    first, _ = store.take(str(workspace), None)
+    (workspace / "src" / "f7.txt").write_text("y" * 1000)
+    second, added = store.take(str(workspace), first)
+    same, nothing = store.take(str(workspace), second)
+
+    assert 1000 < added <= 1000 + 1024
+    assert (same, nothing) == (second, 0)
+    assert ".durable-agent/journal.json" not in store.files(second)
+    restored = tmp_path / "restored"
+    restored.mkdir()
+    store.restore(first, str(restored))
+    assert tree(restored) == {k: v for k, v in tree(workspace).items() if not k.startswith(".durable-agent")} | {
+        "src/f7.txt": b"x" * 1000
+    }
+    assert store_path() != workspace  # the store lies outside every workspace

@@ -31,7 +31,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 from temporalio import activity
@@ -276,22 +276,27 @@ def _same_stat(entry: Entry, st: os.stat_result) -> bool:
     )
 
 
-def _walk(root: str, rel: str = ""):
+def _walk(root: str) -> Iterator[tuple[str, os.stat_result, str]]:
     """(relative path, lstat, full path) of every regular file and symlink, `.durable-agent/`
-    at the top excluded; symlinked folders are recorded as links, never entered."""
-    try:
-        entries = list(os.scandir(os.path.join(root, rel) if rel else root))
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    for entry in entries:
-        path = f"{rel}/{entry.name}" if rel else entry.name
-        if not rel and entry.name == RESERVED_DIR:
+    at the top excluded; symlinked folders are recorded as links, never entered. A loop, not
+    nested generators: each file would pass through one per folder level."""
+    folders = [("", root)]
+    while folders:
+        rel, full = folders.pop()
+        try:
+            entries = os.scandir(full)
+        except (FileNotFoundError, NotADirectoryError):
             continue
-        st = entry.stat(follow_symlinks=False)
-        if stat.S_ISDIR(st.st_mode):
-            yield from _walk(root, path)
-        elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-            yield path, st, entry.path
+        with entries:
+            for entry in entries:
+                if not rel and entry.name == RESERVED_DIR:
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                path = f"{rel}/{entry.name}" if rel else entry.name
+                if stat.S_ISDIR(st.st_mode):
+                    folders.append((path, entry.path))
+                elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                    yield path, st, entry.path
 
 
 class SnapshotActivities:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from activities.snapshots import Store
@@ -43,21 +45,46 @@ def tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def bench_own(workspace: Path, store_root: Path, steps: int) -> tuple[list[float], list[int], list[int]]:
+class Figures:
+    """Per step: wall ms, CPU ms (this process and its children: load on a shared machine
+    stretches the first, hardly the second), store bytes added, bytes of the changed file."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+        self.grown: list[int] = []
+        self.changed: list[int] = []
+
+    def measure(self, snapshot: Callable[[], object], store: Path, changed: int) -> None:
+        before = tree_bytes(store)
+        started, cpu = time.perf_counter(), _cpu_s()
+        snapshot()
+        self.wall.append((time.perf_counter() - started) * 1000)
+        self.cpu.append((_cpu_s() - cpu) * 1000)
+        self.grown.append(tree_bytes(store) - before)
+        self.changed.append(changed)
+
+
+def _cpu_s() -> float:
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+def bench_own(workspace: Path, store_root: Path, steps: int) -> Figures:
     store = Store(store_root)
-    digest, _ = store.take(str(workspace), None, chain="bench")
-    times, grown, changed = [], [], []
+    digest = store.take(str(workspace), None, chain="bench")[0]
+    figures = Figures()
+
+    def snapshot() -> None:
+        nonlocal digest
+        digest = store.take(str(workspace), digest, chain="bench")[0]
+
     for step in range(1, steps + 1):
-        changed.append(change_one(workspace, step))
-        before = tree_bytes(store_root)
-        started = time.perf_counter()
-        digest, _ = store.take(str(workspace), digest, chain="bench")
-        times.append((time.perf_counter() - started) * 1000)
-        grown.append(tree_bytes(store_root) - before)
-    return times, grown, changed
+        figures.measure(snapshot, store_root, change_one(workspace, step))
+    return figures
 
 
-def bench_git(workspace: Path, git_dir: Path, steps: int) -> tuple[list[float], list[int], list[int]]:
+def bench_git(workspace: Path, git_dir: Path, steps: int) -> Figures:
     env = {**os.environ, "GIT_DIR": str(git_dir), "GIT_WORK_TREE": str(workspace)}
     env.update({"GIT_INDEX_FILE": str(git_dir / "index"), "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b"})
     env.update({"GIT_COMMITTER_NAME": "b", "GIT_COMMITTER_EMAIL": "b@b"})
@@ -70,23 +97,23 @@ def bench_git(workspace: Path, git_dir: Path, steps: int) -> tuple[list[float], 
         return subprocess.run(args, check=True, env=env, capture_output=True, text=True).stdout.strip()
 
     commit = snapshot(None)
-    times, grown, changed = [], [], []
-    for step in range(1, steps + 1):
-        changed.append(change_one(workspace, step))
-        before = tree_bytes(git_dir / "objects")
-        started = time.perf_counter()
+    figures = Figures()
+
+    def step_snapshot() -> None:
+        nonlocal commit
         commit = snapshot(commit)
-        times.append((time.perf_counter() - started) * 1000)
-        grown.append(tree_bytes(git_dir / "objects") - before)
-    return times, grown, changed
+
+    for step in range(1, steps + 1):
+        figures.measure(step_snapshot, git_dir / "objects", change_one(workspace, step))
+    return figures
 
 
-def report(name: str, times: list[float], grown: list[int], changed: list[int]) -> str:
-    p95 = sorted(times)[int(len(times) * 0.95) - 1]
-    over = statistics.mean(g - c for g, c in zip(grown, changed, strict=True))
+def report(name: str, f: Figures) -> str:
+    p95 = sorted(f.wall)[int(len(f.wall) * 0.95) - 1]
+    over = statistics.mean(g - c for g, c in zip(f.grown, f.changed, strict=True))
     return (
-        f"| {name} | {statistics.median(times):.2f} | {p95:.2f} | {statistics.mean(grown):,.0f} | "
-        f"{statistics.mean(changed):,.0f} | {over:+,.0f} |"
+        f"| {name} | {statistics.median(f.wall):.2f} | {p95:.2f} | {statistics.median(f.cpu):.2f} | "
+        f"{statistics.mean(f.grown):,.0f} | {statistics.mean(f.changed):,.0f} | {over:+,.0f} |"
     )
 
 
@@ -95,14 +122,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
     print(f"{FOLDERS * FILES_PER_FOLDER} files, {args.steps} steps, one file changed per step")
-    print("| store | median ms | p95 ms | bytes added per step | bytes of the changed file | over it |")
-    print("|---|---|---|---|---|---|")
+    print("| store | median ms | p95 ms | median CPU ms | bytes added per step | bytes of the changed file | over it |")
+    print("|---|---|---|---|---|---|---|")
     stores = (("own (activities/snapshots.py)", bench_own), ("git (add -A, write-tree, commit-tree)", bench_git))
     for name, run in stores:
         with tempfile.TemporaryDirectory() as tmp:
             workspace = Path(tmp) / "ws"
             make_workspace(workspace)
-            print(report(name, *run(workspace, Path(tmp) / "store", args.steps)), flush=True)
+            print(report(name, run(workspace, Path(tmp) / "store", args.steps)), flush=True)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Real dev server, real worker, the scripted model server, the real CLI as a subpr
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -14,10 +15,13 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.snapshots import Store, store_path
-from durable_agent.model_server import ModelServer, Reply
-from tests.helpers import start
-from tests.scripts import Script, answer, tools
+from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
+from durable_agent.processes import kill_hard, spawn_worker, stop_gently
+from durable_agent.server import EmbeddedServer
+from tests.helpers import start, until
+from tests.scripts import ByGoal, Script, answer, tools
 from tests.test_cli import cli_env, durable_agent, one_line_error
+from tests.test_crash import SlowTurn, worker_env
 from workflows.types import AgentResult
 
 RETRY = "try again, differently"
@@ -141,3 +145,95 @@ def test_one_changed_file_costs_its_bytes_and_an_unchanged_tree_nothing(tmp_path
         "src/f7.txt": b"x" * 1000
     }
     assert store_path() != workspace  # the store lies outside every workspace
+
+
+async def test_a_fork_of_a_step_inside_an_earlier_run_of_a_continue_as_new_chain(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    script = Script([append_line(step) for step in range(1, 13)], final="twelve lines")
+    model_server.responder = lambda request: (
+        answer("the fork is done") if any(m.get("content") == RETRY for m in request["messages"]) else script(request)
+    )
+    handle = await start(client, task_queue, goal="append lines", workspace=str(workspace), continue_as_new_every=10)
+    assert (await handle.result()).steps == 13
+    runs = [r async for r in client.list_workflows(f'WorkflowId="{handle.id}"')]
+    assert len(runs) == 2  # steps 1-10, then 11-13: step 3 is in the chain's first run
+    asked_before = len(model_server.requests)
+    source_step_4 = model_server.requests[3]["messages"]
+
+    forked = await durable_agent("fork", handle.id, "--at-step", "3", "--message", RETRY, "--json", env=cli_env())
+
+    assert forked.returncode == 0, forked
+    fork = json.loads(forked.stdout)
+    assert len(fork["side_effects"]) == 9  # steps 4-12, in both runs
+    await client.get_workflow_handle(fork["workflow_id"]).result()
+    assert (Path(fork["workspace"]) / "log.txt").read_text() == "line1\nline2\nline3\n"
+    [request] = model_server.requests[asked_before:]
+    assert request["messages"][: len(source_step_4)] == source_step_4
+    assert request["messages"][-1] == {"role": "user", "content": RETRY}
+
+
+async def test_a_fork_of_a_run_with_a_delegate_has_the_childs_files(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    parent = Script(
+        [
+            tools(("delegate", {"goal": "write the child's file"})),
+            tools(("write_file", {"path": "parent.txt", "content": "after the delegate"})),
+        ],
+        final="parent done",
+    )
+    child = Script([tools(("write_file", {"path": "child.txt", "content": "from the child"}))], final="child done")
+
+    def responder(request: dict[str, Any]) -> Reply:
+        if any(m.get("content") == RETRY for m in request["messages"]):
+            return answer("the fork is done")
+        return ByGoal({"plan": parent, "write the child's file": child})(request)
+
+    model_server.responder = responder
+    handle = await start(client, task_queue, goal="plan", workspace=str(workspace))
+    assert (await handle.result()).state == "completed"
+
+    forked = await durable_agent("fork", handle.id, "--at-step", "1", "--message", RETRY, "--json", env=cli_env())
+
+    assert forked.returncode == 0, forked
+    fork = json.loads(forked.stdout)
+    assert fork["side_effects"] == ["step 2: write_file: parent.txt"]
+    await client.get_workflow_handle(fork["workflow_id"]).result()
+    assert tree(Path(fork["workspace"])).keys() >= {"child.txt"}
+    assert (Path(fork["workspace"]) / "child.txt").read_text() == "from the child"
+    assert not (Path(fork["workspace"]) / "parent.txt").exists()
+
+
+async def test_a_fork_whose_worker_is_killed_during_its_first_step_finishes_it_once(
+    client: Client, temporal_server: EmbeddedServer, model_server: ModelServer, task_queue: str, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    slow = SlowTurn(tools(("run_command", {"command": "echo fork4 >> log.txt"})), delay_s=3)
+
+    def responder(request: dict[str, Any]) -> Reply:
+        if any(m.get("content") == RETRY for m in request["messages"]):
+            return slow(request) if count_assistant_turns(request) == 3 else answer("the fork is done")
+        return six_steps_then_retry(request)
+
+    env = worker_env(temporal_server, model_server, task_queue)
+    workers = [spawn_worker(env, tmp_path / "w0.log")]
+    try:
+        source = await six_step_run(client, task_queue, model_server, workspace)
+        model_server.responder = responder
+        forked = await durable_agent("fork", source, "--at-step", "3", "--message", RETRY, "--json", env=cli_env())
+        assert forked.returncode == 0, forked
+        fork = json.loads(forked.stdout)
+        await until(slow.asked.is_set)  # the fork's first model call is under way
+        kill_hard(workers[0])
+        workers.append(spawn_worker(env, tmp_path / "w1.log"))
+        result = await asyncio.wait_for(
+            client.get_workflow_handle(fork["workflow_id"], result_type=AgentResult).result(), timeout=90
+        )
+    finally:
+        stop_gently(workers[-1])
+
+    assert result.output == "the fork is done"
+    assert (Path(fork["workspace"]) / "log.txt").read_text() == "line1\nline2\nline3\nfork4\n"
+    assert (workspace / "log.txt").read_text() == "".join(f"line{i}\n" for i in range(1, 7))

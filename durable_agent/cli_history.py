@@ -41,6 +41,9 @@ def add_history_commands(commands: Any, command: Callable[..., argparse.Argument
     fork.add_argument("--id", dest="new_id", help="the fork's workflow id (default <id>-fork<N>-<random>)")
     fork.add_argument("--json", action="store_true", help="print the fork as JSON, for scripts")
     fork.add_argument("--fresh-budget", action="store_true", help="budgets count from 0, not the source's spend at N")
+    back = command(commands, "rewind", rewind_run, "take a run back to a step, its files too (it waits paused)", True)
+    back.add_argument("--to-step", type=int, required=True, help="the step whose context and files it goes back to")
+    back.add_argument("--message", help="a user message the model gets before its next call")
 
 
 async def list_steps(args: argparse.Namespace, console: Console) -> int:
@@ -112,6 +115,21 @@ async def fork_run(args: argparse.Namespace, console: Console) -> int:
         console.line(json.dumps(fields))
     else:
         console.line(f"forked {args.id} at step {args.at_step}: {handle.id} (workspace {plan.workspace})")
+    return EXIT_OK
+
+
+async def rewind_run(args: argparse.Namespace, console: Console) -> int:
+    from durable_agent.fork import rewind
+
+    def announce(effects: list[str]) -> None:
+        console.line(f"calls of {args.id} after step {args.to_step} whose effects outside its files are not undone:")
+        console.lines([f"  {line}" for line in effects] or ["  none"])
+
+    done = await rewind(await connect_client(), args.id, args.to_step, args.message, announce)
+    console.line(
+        f"rewound {args.id} to step {args.to_step} (run {done.run_id}), paused: `durable-agent resume {args.id}`; "
+        f"the files before the rewind are snapshot {done.before}"
+    )
     return EXIT_OK
 
 

@@ -1,10 +1,19 @@
-"""`durable-agent fork`: a new run from a step of another, its context and its files.
+"""`durable-agent fork` and `rewind`: a new run from a step of another, or the same run taken
+back to a step, context and files both.
 
 The context is the source's state after step N as its history's replay rebuilt it
 (durable_agent/step_history.py): no call before N is made again. The workspace is step N's
 snapshot restored into a folder of the fork's own. What the source did after N in the world
 (writes, commands, delegates) cannot be undone: it is listed before the fork starts, and the
 fork's model is told about it in a user message before its first call.
+
+Rewind is a new run of the same workflow id, not Temporal's reset: a reset replays the kept
+part of history and runs the step's last workflow task again, which would re-run that task's
+local activities (file tools whose journal the closed run removed) and cannot start from a
+step in an earlier run of a continue-as-new chain. A new run from the replayed state has
+neither problem and is the fork's own path. The files are reset in place once the open run is
+terminated; what they were just before is stored first (its digest is printed), and the
+earlier run's steps stay in the chain, so rewinding to a later step of it undoes the rewind.
 """
 
 from __future__ import annotations
@@ -12,10 +21,11 @@ from __future__ import annotations
 import json
 import os
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import BaseModel
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from activities.snapshots import SnapshotError, Store
@@ -142,3 +152,62 @@ def _ranges(steps: list[int]) -> str:
     if not steps:
         return "none"
     return f"{steps[0]}-{steps[-1]}" if steps == list(range(steps[0], steps[-1] + 1)) else ", ".join(map(str, steps))
+
+
+class Rewound(BaseModel):
+    workflow_id: str
+    run_id: str | None
+    step: int
+    before: str
+    """The digest of the workspace as it was before the rewind: what undoing it restores."""
+    side_effects: list[str]
+
+
+async def rewind(
+    client: Client, workflow_id: str, step: int, message: str | None, announce: Callable[[list[str]], None]
+) -> Rewound:
+    """The same workflow id goes back to `step`: the open run (if any) is terminated, the files
+    are reset in place, and a new run of the id starts paused from the step's state. `announce`
+    gets the calls after the step that are not undone, before anything is changed."""
+    handle = client.get_workflow_handle(workflow_id)
+    description = await handle.describe()
+    open_run = description.status == WorkflowExecutionStatus.RUNNING
+    pending = [a.activity_type.name for a in description.raw_description.pending_activities] if open_run else []
+    running = [name for name in pending if name != "call_model"]  # a model call has no effect to tear
+    if running:
+        raise ForkError(f"{workflow_id} is running {', '.join(running)}: wait for it (or `pause`), then rewind")
+    steps = await chain_steps(client, workflow_id)
+    point = find_point(steps, workflow_id, step)
+    effects = [f"step {s}: {describe_call(call)}" for s, call in steps.calls_after(point)]
+    announce(effects)
+    if open_run:
+        await handle.terminate(reason=f"rewound to step {step} by a person")
+    store = Store()
+    workspace = point.agent.workspace
+    before, _ = store.take(
+        workspace, steps.points[-1].digest, chain=f"{workflow_id}-before-rewind-{uuid.uuid4().hex[:6]}"
+    )
+    store.reset(point.digest, workspace)
+    agent = _rewound_input(point, workflow_id, step, effects, message)
+    started = await start_agent(
+        client, agent, workflow_id, description.task_queue, summary=f"rewound to step {step}: {agent.goal}"
+    )
+    return Rewound(
+        workflow_id=workflow_id, run_id=started.result_run_id, step=step, before=before, side_effects=effects
+    )
+
+
+def _rewound_input(
+    point: StepPoint, workflow_id: str, step: int, effects: list[str], message: str | None
+) -> AgentInput:
+    carry: Carry = point.carry.model_copy(deep=True)
+    carry.first_run_id, carry.elapsed_before_s = "", point.elapsed_s
+    carry.paused, carry.paused_reason = True, f"rewound to step {step}: `durable-agent resume {workflow_id}` goes on"
+    listed = "\n".join(f"- {line}" for line in effects) or "- none"
+    note = (
+        f"A person rewound this run to step {step}: the conversation and the workspace's files are as they "
+        f"were after step {step}. After it, the run had made these calls; their files are undone, anything "
+        f"they changed outside the workspace is not:\n{listed}"
+    )
+    carry.pending_user_messages += [note, *([message] if message else [])]
+    return point.agent.model_copy(update={"carry": carry})

@@ -18,7 +18,7 @@ from activities.snapshots import Store, store_path
 from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
-from tests.helpers import start, until
+from tests.helpers import start, until, wait_for
 from tests.scripts import ByGoal, Script, answer, tools
 from tests.test_cli import cli_env, durable_agent, one_line_error
 from tests.test_crash import SlowTurn, worker_env
@@ -237,3 +237,48 @@ async def test_a_fork_whose_worker_is_killed_during_its_first_step_finishes_it_o
     assert result.output == "the fork is done"
     assert (Path(fork["workspace"]) / "log.txt").read_text() == "line1\nline2\nline3\nfork4\n"
     assert (workspace / "log.txt").read_text() == "".join(f"line{i}\n" for i in range(1, 7))
+
+
+async def test_rewind_of_a_failed_run_then_resume_completes_and_rewinding_the_rewind_restores(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    fix = "do not get stuck this time"
+    script = Script(
+        [
+            *(tools(("write_file", {"path": "a.txt", "content": text})) for text in ("one", "two", "three")),
+            tools(("run_command", {"command": "sleep 60"})),
+        ]
+    )
+    model_server.responder = lambda request: (
+        answer("fixed") if any(m.get("content") == fix for m in request["messages"]) else script(request)
+    )
+    handle = await start(client, task_queue, goal="write a.txt", workspace=str(workspace))
+
+    async def command_running() -> None:
+        pending = lambda d: [a.activity_type.name for a in d.raw_description.pending_activities]  # noqa: E731
+        while pending(await handle.describe()) != ["run_command"]:
+            await asyncio.sleep(0.1)
+
+    await asyncio.wait_for(command_running(), timeout=60)
+    refused = await durable_agent("rewind", handle.id, "--to-step", "2", env=cli_env())
+    one_line_error(refused, 2, "is running run_command")
+    await handle.terminate(reason="stuck")  # the run failed: a person ended it
+    assert (workspace / "a.txt").read_text() == "three"
+
+    back = await durable_agent("rewind", handle.id, "--to-step", "2", "--message", fix, env=cli_env())
+
+    assert back.returncode == 0, back
+    assert "step 3: write_file: a.txt" in back.stdout and "step 4: run_command: sleep 60" in back.stdout
+    assert (workspace / "a.txt").read_text() == "two"
+    rewound = client.get_workflow_handle(handle.id, result_type=AgentResult)
+    assert (await wait_for(rewound, lambda s: s.state == "paused")).step == 2
+    asked_before = len(model_server.requests)
+    assert (await durable_agent("resume", handle.id, env=cli_env())).returncode == 0
+    result = await rewound.result()
+    assert (result.state, result.output) == ("completed", "fixed")
+    assert len(model_server.requests) == asked_before + 1  # only the step after 2, once
+
+    again = await durable_agent("rewind", handle.id, "--to-step", "3", env=cli_env())
+
+    assert again.returncode == 0, again
+    assert (workspace / "a.txt").read_text() == "three"  # the state the first rewind left

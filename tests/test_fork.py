@@ -8,13 +8,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from activities.snapshots import Store, store_path
+from activities.snapshots import STORE_ENV, SnapshotError, Store, store_path
 from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
@@ -25,6 +28,15 @@ from tests.test_crash import SlowTurn, worker_env
 from workflows.types import AgentResult
 
 RETRY = "try again, differently"
+
+
+@pytest.fixture(autouse=True)
+def own_store(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A snapshot store per test (set before the worker fixture builds its activities): gc's
+    test sweeps it whole."""
+    store = tmp_path_factory.mktemp("snapshots")
+    monkeypatch.setenv(STORE_ENV, str(store))
+    yield store
 
 
 def tree(path: Path) -> dict[str, bytes]:
@@ -282,3 +294,39 @@ async def test_rewind_of_a_failed_run_then_resume_completes_and_rewinding_the_re
 
     assert again.returncode == 0, again
     assert (workspace / "a.txt").read_text() == "three"  # the state the first rewind left
+
+
+async def test_gc_removes_the_snapshots_of_a_closed_run_by_age_and_keeps_an_open_ones(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, tmp_path: Path
+) -> None:
+    closed_ws, open_ws = tmp_path / "closed", tmp_path / "open"
+    closed_ws.mkdir(), open_ws.mkdir()
+    (open_ws / "kept.txt").write_text("the open run's file")
+    model_server.responder = Script([tools(("write_file", {"path": "gone.txt", "content": "closed run's file"}))])
+    closed = await start(client, task_queue, goal="write", workspace=str(closed_ws))
+    await closed.result()
+    opened = await start(client, task_queue, start_signal="pause", goal="wait", workspace=str(open_ws))
+    await wait_for(opened, lambda s: s.state == "paused")
+    store = Store()
+    refs = {p.name: p.read_text() for p in (store.root / "refs").iterdir()}
+    [closed_digest] = [d for name, d in refs.items() if name.startswith(closed.id)]
+    [open_digest] = [d for name, d in refs.items() if name.startswith(opened.id)]
+    hour_ago = time.time() - 7200  # as if written two hours ago: past the sweep's grace for fresh objects
+    for path in store.root.rglob("*"):
+        os.utime(path, (hour_ago, hour_ago))
+
+    young = await durable_agent("gc", str(tmp_path), "--snapshots-older-than", "1d", env=cli_env())
+    assert young.returncode == 0 and f"kept          snapshots of {closed.id}" in young.stdout, young
+    assert store.files(closed_digest)
+    collected = await durable_agent("gc", str(tmp_path), "--snapshots-older-than", "0s", env=cli_env())
+
+    assert collected.returncode == 0, collected
+    assert f"removed       snapshots of {closed.id}" in collected.stdout
+    assert f"kept          snapshots of {opened.id}" in collected.stdout
+    with pytest.raises(SnapshotError):
+        store.files(closed_digest)
+    restored = tmp_path / "restored"
+    restored.mkdir()
+    Store().restore(open_digest, str(restored))
+    assert (restored / "kept.txt").read_text() == "the open run's file"
+    await opened.terminate()

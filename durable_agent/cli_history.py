@@ -9,6 +9,7 @@ imported by these commands only, not by every other command at start. Registered
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -44,6 +45,12 @@ def add_history_commands(commands: Any, command: Callable[..., argparse.Argument
     back = command(commands, "rewind", rewind_run, "take a run back to a step, its files too (it waits paused)", True)
     back.add_argument("--to-step", type=int, required=True, help="the step whose context and files it goes back to")
     back.add_argument("--message", help="a user message the model gets before its next call")
+    edit = command(commands, "edit", edit_run, "edit a paused or needs-attention run's context (edit_context)", True)
+    what = edit.add_mutually_exclusive_group(required=True)
+    what.add_argument("--drop-step", type=int, help="drop an unfolded step's reply and tool results")
+    what.add_argument("--replace-message", type=int, metavar="K", help="replace unfolded message K's text (--text)")
+    what.add_argument("--compact", action="store_true", help="fold the older steps into the summary now")
+    edit.add_argument("--text", help="with --replace-message: the new text")
 
 
 async def list_steps(args: argparse.Namespace, console: Console) -> int:
@@ -130,6 +137,17 @@ async def rewind_run(args: argparse.Namespace, console: Console) -> int:
         f"rewound {args.id} to step {args.to_step} (run {done.run_id}), paused: `durable-agent resume {args.id}`; "
         f"the files before the rewind are snapshot {done.before}"
     )
+    return EXIT_OK
+
+
+async def edit_run(args: argparse.Namespace, console: Console) -> int:
+    if (args.replace_message is None) != (args.text is None):
+        raise LaunchError("--text goes with --replace-message, and only with it")
+    payload = {"drop_step": args.drop_step, "replace_message": args.replace_message, "text": args.text}
+    payload |= {"compact": args.compact, "by": f"{getpass.getuser()} (durable-agent edit)"}
+    handle = (await connect_client()).get_workflow_handle(args.id)
+    done = await handle.execute_update("edit_context", payload, result_type=str)
+    console.line(f"{args.id}: {done}")
     return EXIT_OK
 
 

@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         last_answer,
         progress_summary,
     )
+    from workflows.context_edit import ContextEditing
     from workflows.context_steps import ContextSteps
     from workflows.control import RunControl
     from workflows.delegation import Delegates, ParentReporter
@@ -88,7 +89,7 @@ class _Terminate(Exception):
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
-class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps):
+class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing):
     @workflow.init
     def __init__(self, raw_input: Any) -> None:
         # The input is decoded here, before any signal handler runs, so a pause or message

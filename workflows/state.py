@@ -77,7 +77,7 @@ class Compaction(BaseModel):
     step: int
     first_step: int
     last_step: int
-    trigger: Literal["size", "soft_tier"]
+    trigger: Literal["size", "soft_tier", "person"]
     summary_source: Literal["model", "model_retry", "extractive"]
     """Who wrote the summary: the model, the model on its second try, or the deterministic
     extractive fallback after two malformed replies."""

@@ -21,7 +21,7 @@ from durable_agent.launch import LaunchError, connect_client
 if TYPE_CHECKING:
     from durable_agent.step_history import ChainSteps, StepPoint
 
-EXIT_OK = 0
+EXIT_OK, EXIT_FAILED = 0, 1
 Handler = Callable[[argparse.Namespace, Console], Awaitable[int]]
 
 
@@ -45,6 +45,7 @@ def add_history_commands(commands: Any, command: Callable[..., argparse.Argument
     back = command(commands, "rewind", rewind_run, "take a run back to a step, its files too (it waits paused)", True)
     back.add_argument("--to-step", type=int, required=True, help="the step whose context and files it goes back to")
     back.add_argument("--message", help="a user message the model gets before its next call")
+    command(commands, "doctor", doctor_run, "the recovery checklist for a run, with the fix of each failure", True)
     edit = command(commands, "edit", edit_run, "edit a paused or needs-attention run's context (edit_context)", True)
     what = edit.add_mutually_exclusive_group(required=True)
     what.add_argument("--drop-step", type=int, help="drop an unfolded step's reply and tool results")
@@ -149,6 +150,14 @@ async def edit_run(args: argparse.Namespace, console: Console) -> int:
     done = await handle.execute_update("edit_context", payload, result_type=str)
     console.line(f"{args.id}: {done}")
     return EXIT_OK
+
+
+async def doctor_run(args: argparse.Namespace, console: Console) -> int:
+    from durable_agent.doctor import diagnose
+
+    checks = await diagnose(await connect_client(), args.id, await _steps(args.id))
+    console.lines([check.line() for check in checks])
+    return EXIT_OK if all(check.ok for check in checks) else EXIT_FAILED
 
 
 async def _steps(workflow_id: str) -> ChainSteps:

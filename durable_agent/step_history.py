@@ -68,6 +68,8 @@ class ChainSteps(BaseModel):
     workflow_id: str
     points: list[StepPoint] = Field(default_factory=list)
     turns: list[ModelTurn] = Field(default_factory=list)
+    failures: list[str] = Field(default_factory=list)
+    """Runs today's code could not replay (a nondeterminism error): `doctor` reports them."""
 
     def point(self, step: int) -> StepPoint | None:
         """The latest run's state after `step` (a rewound chain went through a step twice)."""
@@ -96,7 +98,9 @@ async def replay_steps(client: Client, workflow_id: str, histories: list[Workflo
     )
     for history in histories:
         capture.run_id = history.run_id
-        await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        if replayed.replay_failure is not None:
+            steps.failures.append(f"run {history.run_id}: {replayed.replay_failure}")
     return steps
 
 

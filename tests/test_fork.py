@@ -21,6 +21,7 @@ from activities.snapshots import STORE_ENV, SnapshotError, Store, store_path
 from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
+from durable_agent.step_history import chain_steps
 from tests.helpers import start, until, wait_for
 from tests.scripts import ByGoal, Script, answer, tools
 from tests.test_cli import cli_env, durable_agent, one_line_error
@@ -367,3 +368,35 @@ async def test_edit_context_drops_a_poisoned_output_and_history_shows_who(
     assert update.input.name == "edit_context" and b"(durable-agent edit)" in update.input.args.payloads[0].data
     exported = await durable_agent("export", handle.id, "--format", "markdown", env=cli_env())
     assert "**A person:** " in exported.stdout and "edited the context: dropped step 1" in exported.stdout
+
+
+async def test_doctor_walks_six_checks_and_names_the_fix_of_each_failure(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path, tmp_path: Path
+) -> None:
+    source = await six_step_run(client, task_queue, model_server, workspace)
+    healthy = await durable_agent("doctor", source, env=cli_env())
+    assert healthy.returncode == 0, healthy.stdout
+    names = ["checkpoint integrity", "version compatibility", "dependencies", "context consistency", "quota left"]
+    assert [line.split(":")[0] for line in healthy.stdout.splitlines()] == [
+        f"ok    {n}" for n in [*names, "idempotency"]
+    ]
+
+    steps = await chain_steps(client, source)
+    store = Store()
+    six_lines = store.files(steps.point(6).digest)["log.txt"][-1]
+    (store.root / "blobs" / six_lines[:2] / six_lines[2:]).unlink()  # the bytes only step 6 had
+    (other := tmp_path / "other").mkdir()
+    model_server.responder = Script([append_line(1), append_line(2), append_line(3)])
+    stopped = await start(client, task_queue, goal="append", workspace=str(other), limits={"hard_steps": 2})
+    assert (await stopped.result()).stop_reason == "hard_step_limit"
+
+    broken = await durable_agent("doctor", source, env=cli_env())
+    spent = await durable_agent("doctor", stopped.id, env=cli_env())
+
+    assert broken.returncode == 1, broken
+    [line] = [x for x in broken.stdout.splitlines() if "checkpoint integrity" in x]
+    assert line.startswith("FAIL") and line.endswith(f"fix: `durable-agent rewind {source} --to-step 5`")
+    assert spent.returncode == 1, spent
+    [line] = [x for x in spent.stdout.splitlines() if "quota left" in x]
+    assert line.startswith("FAIL  quota left: spent: hard_steps 2 of 2")
+    assert line.endswith(f"fix: `durable-agent limits {stopped.id} --hard-steps N`")

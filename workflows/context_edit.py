@@ -70,6 +70,8 @@ class ContextEditing:
             raise ValueError(validation_text(e)) from None
         if self._input is None or self._state() not in EDITABLE_STATES:
             raise ValueError(f"the context is edited on a paused or needs-attention run (state: {self._state()})")
+        if not self._waiting:  # paused, but its step's tool calls still run: their results are yet to come
+            raise ValueError(f"step {self._carry.step} is still running; edit once the run waits before the next step")
         messages: list[Message] = self._carry.view.messages
         if edit.drop_step is not None and not any(m.step == edit.drop_step and m.role == "assistant" for m in messages):
             unfolded = sorted({m.step for m in messages if m.role == "assistant"})

@@ -18,15 +18,17 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities.snapshots import STORE_ENV, SnapshotError, Store, store_path
+from durable_agent.fork import ForkPlan, ForkRequest, fork_input
 from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
-from durable_agent.step_history import chain_steps
+from durable_agent.step_history import StepPoint, chain_steps
 from tests.helpers import start, until, wait_for
 from tests.scripts import ByGoal, Script, answer, tools
 from tests.test_cli import cli_env, durable_agent, one_line_error
 from tests.test_crash import SlowTurn, worker_env
-from workflows.types import AgentResult, AgentStatus, Message
+from workflows.state import Carry
+from workflows.types import AgentInput, AgentResult, AgentStatus, Message, Usage
 
 RETRY = "try again, differently"
 
@@ -441,3 +443,25 @@ async def test_a_fork_of_a_paused_run_leaves_it_paused_and_its_files_alone(
     assert (await handle.query("status", result_type=AgentStatus)).state == "paused"
     await client.get_workflow_handle(fork["workflow_id"]).result()
     await handle.terminate()
+
+
+def test_fork_input_takes_the_model_and_counts_budgets_from_the_step_unless_fresh() -> None:
+    carry = Carry(step=3, usage=Usage(input_tokens=900, output_tokens=100, cost_usd=0.5), model="m1", snapshot="d")
+    carry.first_run_id, carry.archive_dir, carry.paused = "source-run", ".durable-agent/archive/source", True
+    agent = AgentInput(goal="g", workspace="/tmp/source", model="m1")
+    point = StepPoint(step=3, run_id="r", digest="d", carry=carry, agent=agent, elapsed_s=12.0, turns_before=3)
+    plan = ForkPlan(workflow_id="f", workspace="/tmp/f", point=point, side_effects=["step 4: run_command: rm x"])
+
+    same = fork_input(ForkRequest(source="s", step=3, message="hi"), plan)
+    other = fork_input(ForkRequest(source="s", step=3, model="m2", fresh_budget=True), plan)
+
+    assert same.carry.usage.tokens == 1000 and same.carry.elapsed_before_s == 12.0 and same.model == "m1"
+    assert (same.carry.first_run_id, same.carry.archive_dir, same.carry.paused) == ("", "", False)
+    assert (
+        same.carry.pending_user_messages[-1] == "hi"
+        and "step 4: run_command: rm x" in same.carry.pending_user_messages[0]
+    )
+    assert same.workspace == "/tmp/f" and same.carry.snapshot == "d"
+    assert other.carry.usage.tokens == 0 and other.carry.elapsed_before_s == 0.0
+    assert (other.model, other.carry.model) == ("m2", "m2")
+    assert carry.usage.tokens == 1000 and carry.paused  # the source's state is not changed

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -465,3 +466,24 @@ def test_fork_input_takes_the_model_and_counts_budgets_from_the_step_unless_fres
     assert other.carry.usage.tokens == 0 and other.carry.elapsed_before_s == 0.0
     assert (other.model, other.carry.model) == ("m2", "m2")
     assert carry.usage.tokens == 1000 and carry.paused  # the source's state is not changed
+
+
+async def test_snapshots_are_recorded_by_digest_and_add_no_workflow_task(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    source = await six_step_run(client, task_queue, model_server, workspace)
+    events = (await client.get_workflow_handle(source).fetch_history()).events
+    details = [
+        e.marker_recorded_event_attributes.details
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and "data" in e.marker_recorded_event_attributes.details
+    ]
+    snapshots = [d for d in details if json.loads(d["data"].payloads[0].data)["activity_type"] == "snapshot_workspace"]
+    assert len(snapshots) == 7  # step 0 and after each of the six tool steps
+    results = [json.loads(d["result"].payloads[0].data) for d in snapshots]
+    assert [sorted(r) for r in results] == [["added_bytes", "digest", "step"]] * 7  # a digest, never the files
+    # Each workflow task after the first is one an activity's completion woke: the snapshot,
+    # a local activity in a task the step has anyway, adds none.
+    count = lambda kind: sum(e.event_type == kind for e in events)  # noqa: E731
+    tasks = count(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)  # a task the server dropped is not among them
+    assert tasks == count(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED) + 1

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import functools
 import hashlib
 import json
 import os
@@ -31,7 +32,8 @@ import threading
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from fnmatch import fnmatch
 from pathlib import Path
 
 from temporalio import activity
@@ -79,15 +81,18 @@ class Store:
 
     # --- taking -------------------------------------------------------------------------
 
-    def take(self, workspace: str, previous: str | None, chain: str | None = None) -> tuple[str, int]:
-        """Snapshot `workspace`; returns the digest and the bytes it added to the store."""
+    def take(
+        self, workspace: str, previous: str | None, chain: str | None = None, exclude: Sequence[str] = ()
+    ) -> tuple[str, int]:
+        """Snapshot `workspace` but the names matching `exclude`; returns the digest and the bytes
+        it added to the store."""
         root = os.path.realpath(workspace)
         verified_ns = _coarse_now_ns()
         before = self._previous(root, previous)
         old_files, depth, old_verified = before[1], before[2], before[3]
         added = 0
         files: Files = {}
-        for rel, st, full in _walk(root):
+        for rel, st, full in _walk(root, exclude):
             old = old_files.get(rel)
             if old is not None and _same_stat(old, st) and old[_MTIME] < old_verified:
                 files[rel] = old
@@ -276,7 +281,7 @@ def _same_stat(entry: Entry, st: os.stat_result) -> bool:
     )
 
 
-def _walk(root: str) -> Iterator[tuple[str, os.stat_result, str]]:
+def _walk(root: str, exclude: Sequence[str] = ()) -> Iterator[tuple[str, os.stat_result, str]]:
     """(relative path, lstat, full path) of every regular file and symlink, `.durable-agent/`
     at the top excluded; symlinked folders are recorded as links, never entered. A loop, not
     nested generators: each file would pass through one per folder level."""
@@ -289,7 +294,7 @@ def _walk(root: str) -> Iterator[tuple[str, os.stat_result, str]]:
             continue
         with entries:
             for entry in entries:
-                if not rel and entry.name == RESERVED_DIR:
+                if (not rel and entry.name == RESERVED_DIR) or any(fnmatch(entry.name, p) for p in exclude):
                     continue
                 st = entry.stat(follow_symlinks=False)
                 path = f"{rel}/{entry.name}" if rel else entry.name
@@ -311,7 +316,8 @@ class SnapshotActivities:
     async def snapshot_workspace(self, request: SnapshotRequest) -> SnapshotTaken:
         try:
             root = Workspace(request.workspace, self._roots).root
-            digest, added = await asyncio.to_thread(self._store.take, root, request.previous, request.chain or None)
+            take = functools.partial(self._store.take, exclude=request.exclude)
+            digest, added = await asyncio.to_thread(take, root, request.previous, request.chain or None)
         except (WorkspaceError, SnapshotError) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from None
         except OSError as e:

@@ -174,6 +174,11 @@ def test_one_changed_file_costs_its_bytes_and_an_unchanged_tree_nothing(tmp_path
         "src/f7.txt": b"x" * 1000
     }
     assert store_path() != workspace  # the store lies outside every workspace
+    (workspace / "src" / "node_modules").mkdir()
+    (workspace / "src" / "node_modules" / "dep.js").write_text("big")
+    (workspace / "build.log").write_text("noise")
+    excluded, _ = store.take(str(workspace), second, exclude=["node_modules", "*.log"])
+    assert excluded == second  # nothing but excluded names changed
 
 
 async def test_a_fork_of_a_step_inside_an_earlier_run_of_a_continue_as_new_chain(

@@ -33,6 +33,7 @@ class SnapshotSteps:
             step=self._carry.step,
             previous=self._carry.snapshot,
             chain=self._run_folder(),
+            exclude=self._agent.snapshot_exclude,
         )
         try:
             taken = await workflow.execute_local_activity(

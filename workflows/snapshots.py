@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from temporalio.common import RetryPolicy
 
 SNAPSHOT_ACTIVITY = "snapshot_workspace"
@@ -29,6 +29,8 @@ class SnapshotRequest(BaseModel):
     """The chain's latest snapshot: the new one is stored as what changed since it."""
     chain: str = ""
     """The run chain's folder name (workflows/compaction.run_folder): the ref `gc` reads."""
+    exclude: list[str] = Field(default_factory=list)
+    """`AgentInput.snapshot_exclude`."""
 
 
 class SnapshotTaken(BaseModel):

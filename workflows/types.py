@@ -231,6 +231,9 @@ class AgentInput(_Strict):
     env_allow: list[str] = Field(default_factory=list)
     """Names of worker environment variables that commands may see, besides PATH, the locale,
     TERM, HOME and TMPDIR (which are the sandbox's own)."""
+    snapshot_exclude: list[str] = Field(default_factory=list)
+    """Names (glob patterns, e.g. `node_modules`, `*.log`) of files and folders the step
+    snapshots leave out, at any depth (`.durable-agent/` always is)."""
 
     @field_validator("env_allow")
     @classmethod

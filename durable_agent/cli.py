@@ -33,6 +33,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.redaction import worker_redactor
 from durable_agent import cli_agents, demo_model, render, telemetry
+from durable_agent.cli_history import add_history_commands
 from durable_agent.codec_server import TOKEN_ENV, CodecServer, ui_origins
 from durable_agent.codecs import CodecError, EncryptionKeys, PayloadCodecChain
 from durable_agent.connection import home, task_queue
@@ -300,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--limit", type=_positive_int, default=50, help="at most this many runs (default 50)")
     _add_gc_parser(commands)
     cli_agents.add_parser(commands)
+    add_history_commands(commands, _command)
     return parser
 
 
@@ -334,6 +336,7 @@ def _add_gc_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]
         "--outputs-older-than", default="7d", metavar="AGE", help="saved outputs of runs closed this long ago (7d)"
     )
     gc.add_argument("--archives", action="store_true", help="remove archives too (needs --older-than)")
+    gc.add_argument("--snapshots-older-than", default="7d", metavar="AGE", help="workspace snapshots (7d)")
     gc.add_argument("--older-than", metavar="AGE", help="with --archives: of runs closed this long ago, e.g. 30d")
 
 
@@ -878,7 +881,8 @@ def _list_row(run: WorkflowExecution) -> tuple[str, ...]:
 async def collect_garbage(args: argparse.Namespace, console: Console) -> int:
     from activities import run_files
     from activities.run_files import HostileLayout
-    from durable_agent import gc
+    from activities.snapshots import Store
+    from durable_agent import gc, snapshot_gc
 
     policy = _gc_policy(args)
     paths = _gc_paths(args.paths)
@@ -911,6 +915,9 @@ async def collect_garbage(args: argparse.Namespace, console: Console) -> int:
                     f"({verdict.state.text}, {verdict.reason})"
                 )
                 files, size = files + removed.files, size + removed.bytes
+    snapshots = await snapshot_gc.collect(client, Store(), gc.parse_age(args.snapshots_older_than), args.dry_run)
+    console.lines(snapshots.lines)
+    files, size = files + snapshots.files, size + snapshots.bytes
     dry = " (dry run: nothing removed)" if args.dry_run else ""
     console.line(f"total: {verb} {files} files, {size:,} bytes; kept {kept} folder(s); refused {refused}{dry}")
     return EXIT_REFUSED if refused else EXIT_OK
@@ -926,6 +933,7 @@ def _gc_policy(args: argparse.Namespace) -> Any:
     try:
         outputs = parse_age(args.outputs_older_than)
         archives = parse_age(args.older_than) if args.archives else None
+        parse_age(args.snapshots_older_than)  # read again by collect_garbage: refused here, before any work
     except ValueError as e:
         raise CliError(str(e)) from None
     return GcPolicy(outputs_after_s=outputs, archives_after_s=archives)

@@ -94,7 +94,7 @@ def _message_lines(message: Message, results: dict[str, str]) -> list[str]:
     if message.role == "system":
         return [f"> {message.kind}: {_one_line(message.content)}"]
     if message.role == "user":
-        who = "A person" if message.kind in ("user", "resolution") else "User"
+        who = "A person" if message.kind in ("user", "resolution", "edit") else "User"
         return [f"**{who}:** {_one_line(message.content)}"]
     lines = [f"**Model:** {message.content.strip()}"] if message.content else []
     for call in message.tool_calls:

@@ -30,6 +30,7 @@ from activities.cleanup import CleanupActivities
 from activities.model import ModelActivities
 from activities.redaction import RedactingInterceptor
 from activities.skills import SkillActivities
+from activities.snapshots import SnapshotActivities
 from activities.tools import ToolActivities
 from activities.user_tools import UserToolActivities
 from durable_agent import telemetry
@@ -129,7 +130,8 @@ def tool_worker(
 
 
 def workflow_activities() -> list[Callable[..., Any]]:
-    """The tools, the agent files, the archive, the skills and the run's cleanup: some run as local activities,
+    """The tools, the agent files, the archive, the skills, the run's cleanup and the workspace
+    snapshots: some run as local activities,
     which only the worker running the workflow can run."""
     return [
         *ToolActivities().all(),
@@ -137,6 +139,7 @@ def workflow_activities() -> list[Callable[..., Any]]:
         *ArchiveActivities().all(),
         *SkillActivities().all(),
         *CleanupActivities().all(),
+        *SnapshotActivities().all(),
     ]
 
 

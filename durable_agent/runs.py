@@ -28,9 +28,12 @@ async def start_agent(
     *,
     start_signal: str | None = None,
     start_signal_args: Sequence[Any] = (),
+    summary: str | None = None,
+    details: str = "",
 ) -> WorkflowHandle[Any, AgentResult]:
     """`start_signal` (e.g. "pause", or "watch" from a follower) comes with the start, so the
-    run has it before its first step."""
+    run has it before its first step. `summary` replaces the goal as the Web UI's summary;
+    `details` is added to its details."""
     # An agent run's input holds only the fields given: the run lays them over its agent file
     # and must tell them from defaults (workflows/agents.py).
     payload = agent.model_dump(mode="json", exclude_unset=True) if agent.agent else agent
@@ -41,8 +44,8 @@ async def start_agent(
         task_queue=task_queue or default_task_queue(),
         task_timeout=WORKFLOW_TASK_TIMEOUT,
         result_type=AgentResult,
-        static_summary=agent.goal[:400],  # the run page's "Summary" in the Web UI
-        static_details=start_details(agent),
+        static_summary=(summary or agent.goal)[:400],  # the run page's "Summary" in the Web UI
+        static_details=start_details(agent) + details,
         start_signal=start_signal,
         start_signal_args=start_signal_args,
     )

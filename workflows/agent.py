@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         last_answer,
         progress_summary,
     )
+    from workflows.context_edit import ContextEditing
     from workflows.context_steps import ContextSteps
     from workflows.control import RunControl
     from workflows.delegation import Delegates, ParentReporter
@@ -46,6 +47,8 @@ with workflow.unsafe.imports_passed_through():
         SkillCatalogRequest,
         catalog_text,
     )
+    from workflows.snapshot_steps import SnapshotSteps
+    from workflows.snapshots import SNAPSHOT_PATCH
     from workflows.state import Carry, ModelView
     from workflows.status_view import details_markdown
     from workflows.tool_specs import call_summary, unique_call_ids
@@ -87,7 +90,7 @@ class _Terminate(Exception):
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
-class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
+class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing):
     @workflow.init
     def __init__(self, raw_input: Any) -> None:
         # The input is decoded here, before any signal handler runs, so a pause or message
@@ -155,6 +158,8 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
         # Temporal CLI must close the run with a clear error, not fail its task forever.
         if self._input_error is not None:
             raise self._input_error
+        # Read once, before any local activity (see options.LOCAL_START_UP_PATCH on why).
+        self._snapshots_on = self._patched(SNAPSHOT_PATCH)
         try:
             await self._begin()
             await self._list_skills()
@@ -180,6 +185,8 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
         if self._patched(options.WORKSPACE_CHECK_PATCH):
             await self._check_workspace()
         await self._resolve_tools()
+        if self._carry.snapshot is None and self._carry.step == 0:
+            await self._snapshot()  # step 0: the workspace as the run found it
         self._publish()
 
     async def _clean_up_files(self, result: AgentResult) -> None:
@@ -295,6 +302,8 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
         self._reporter = ParentReporter(input.parent)
         if input.carry is not None:
             self._carry = input.carry
+            # A fork's carry comes from another chain: it starts its own (durable_agent/fork.py).
+            self._carry.first_run_id = self._carry.first_run_id or info.first_execution_run_id or info.run_id
         else:
             self._carry = Carry(
                 model=input.model,
@@ -319,6 +328,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl):
             if limits.tool_calls_exceed(self._carry.usage, self._limits, len(reply.tool_calls)):
                 return self._finish("stopped", "tool_call_budget", open_calls=reply.tool_calls)
             await self._run_tools(reply.tool_calls)
+            await self._snapshot()
             self._end_step()
             if self._should_continue_as_new():
                 await workflow.wait_condition(workflow.all_handlers_finished)

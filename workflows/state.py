@@ -78,7 +78,7 @@ class Compaction(BaseModel):
     step: int
     first_step: int
     last_step: int
-    trigger: Literal["size", "soft_tier"]
+    trigger: Literal["size", "soft_tier", "person"]
     summary_source: Literal["model", "model_retry", "extractive"]
     """Who wrote the summary: the model, the model on its second try, or the deterministic
     extractive fallback after two malformed replies."""
@@ -163,6 +163,8 @@ class Carry(BaseModel):
     catalog: list[ToolSpec] | None = None
     """The run's tools beyond the built-ins, as its workers offered them at the chain's start
     (`tool_catalog`, recorded once); None: not resolved (a run of built-in tools only)."""
+    snapshot: str | None = None
+    """The digest of the workspace's latest snapshot (workflows/snapshots.py)."""
 
     @model_validator(mode="before")
     @classmethod

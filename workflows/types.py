@@ -289,6 +289,9 @@ class AgentInput(_Strict):
     """Reserved (a definition of done): accepted and carried, not used yet."""
     activity_tools: list[ActivityTool] = Field(default_factory=list)
     """Tools served as Temporal activities by other workers; the model may use them all."""
+    snapshot_exclude: list[str] = Field(default_factory=list)
+    """Names (glob patterns, e.g. `node_modules`, `*.log`) of files and folders the step
+    snapshots leave out, at any depth (`.durable-agent/` always is)."""
 
     @field_validator("env_allow")
     @classmethod

@@ -1,0 +1,326 @@
+"""Workspace snapshots at step boundaries: a content-addressed store outside every workspace.
+
+Layout under the store (`DURABLE_AGENT_SNAPSHOT_STORE`, default `DURABLE_AGENT_HOME/snapshots`):
+- `blobs/ab/cdef…`: a file's bytes (a symlink's target), named by their sha256; written once.
+- `manifests/ab/cdef…`: a snapshot, named by the sha256 of its zlib-compressed JSON. A manifest
+  lists every file (`files`, a base) or only what changed since its `parent` (`changes`, a path
+  mapped to its entry or to null when deleted); every `BASE_EVERY`th is a base, so a snapshot
+  is rebuilt from at most that many small reads, and a step that changed one file costs that
+  file's bytes (once, whoever wrote them before) plus a ~200-byte manifest. A step that changed
+  nothing costs nothing: its digest is its parent's.
+- `refs/<chain>`: the digest of a run chain's latest snapshot, for `durable-agent gc`; every
+  snapshot of the chain is reached from it through the parents.
+
+An entry is `[mode, size, mtime_ns, ctime_ns, inode, sha256]`. Those stat fields are the stat
+cache: a file whose stat matches the previous snapshot's entry, and whose mtime is older than
+that snapshot's start, is not read again (git's "racy" rule: a file changed during the walk, in
+the clock tick the walk began, is hashed again next time). Not kept: empty folders, special
+files, ownership. `docs/fork.md` has the figures that chose this over git's object store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import functools
+import hashlib
+import json
+import os
+import shutil
+import stat
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from fnmatch import fnmatch
+from pathlib import Path
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from activities.workspace import RESERVED_DIR, Workspace, WorkspaceError, workspace_roots
+from workflows.snapshots import SNAPSHOT_ACTIVITY, SnapshotRequest, SnapshotTaken
+
+STORE_ENV = "DURABLE_AGENT_SNAPSHOT_STORE"
+BASE_EVERY = 256
+"""A manifest with every file after this many deltas: bounds the reads a restore makes."""
+CACHED_WORKSPACES = 64
+"""Workspaces whose latest file list a worker keeps in memory (the stat cache, warm)."""
+
+Entry = list  # [mode, size, mtime_ns, ctime_ns, inode, sha256]
+Files = dict[str, Entry]
+_MODE, _SIZE, _MTIME, _CTIME, _INODE, _DIGEST = range(6)
+
+
+class SnapshotError(Exception):
+    """A snapshot that is missing or unreadable, in one line."""
+
+
+def store_path() -> Path:
+    explicit = os.environ.get(STORE_ENV)
+    if explicit:
+        return Path(explicit).resolve()
+    home = os.environ.get("DURABLE_AGENT_HOME") or ".durable-agent"
+    return Path(home).resolve() / "snapshots"
+
+
+def _coarse_now_ns() -> int:
+    """The clock file times are stamped with (a coarse one on Linux): a file stamped at or
+    after this instant may still change within the same tick."""
+    clock = getattr(time, "CLOCK_REALTIME_COARSE", time.CLOCK_REALTIME)
+    return time.clock_gettime_ns(clock)
+
+
+class Store:
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or store_path()
+        # workspace -> (digest, files, depth, verified_ns): the previous snapshot, warm.
+        self._latest: OrderedDict[str, tuple[str, Files, int, int]] = OrderedDict()
+        self._lock = threading.Lock()  # takes of several workspaces run in threads at once
+
+    # --- taking -------------------------------------------------------------------------
+
+    def take(
+        self, workspace: str, previous: str | None, chain: str | None = None, exclude: Sequence[str] = ()
+    ) -> tuple[str, int]:
+        """Snapshot `workspace` but the names matching `exclude`; returns the digest and the bytes
+        it added to the store."""
+        root = os.path.realpath(workspace)
+        verified_ns = _coarse_now_ns()
+        before = self._previous(root, previous)
+        old_files, depth, old_verified = before[1], before[2], before[3]
+        added = 0
+        files: Files = {}
+        for rel, st, full in _walk(root, exclude):
+            old = old_files.get(rel)
+            if old is not None and _same_stat(old, st) and old[_MTIME] < old_verified:
+                files[rel] = old
+                continue
+            digest, written = self._put_blob(full, st)
+            added += written
+            files[rel] = [st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, digest]
+        changes = {p: e for p, e in files.items() if old_files.get(p) != e}
+        changes.update({p: None for p in old_files.keys() - files.keys()})
+        if previous is not None and not changes:
+            self._remember(root, previous, files, depth, verified_ns)
+            return previous, added
+        base = previous is None or depth + 1 >= BASE_EVERY
+        manifest = {"parent": previous, "verified_ns": verified_ns}
+        manifest.update({"depth": 0, "files": files} if base else {"depth": depth + 1, "changes": changes})
+        digest, written = self._put_manifest(manifest)
+        self._remember(root, digest, files, manifest["depth"], verified_ns)
+        if chain:
+            self._write_ref(chain, digest)
+        return digest, added + written
+
+    def _previous(self, root: str, previous: str | None) -> tuple[str, Files, int, int]:
+        with self._lock:
+            cached = self._latest.get(root)
+        if previous is None:
+            return ("", {}, 0, 0)
+        if cached is not None and cached[0] == previous:
+            return cached
+        manifest = self._manifest(previous)
+        return (previous, self.files(previous), int(manifest["depth"]), int(manifest.get("verified_ns", 0)))
+
+    def _remember(self, root: str, digest: str, files: Files, depth: int, verified_ns: int) -> None:
+        with self._lock:
+            self._latest[root] = (digest, files, depth, verified_ns)
+            self._latest.move_to_end(root)
+            while len(self._latest) > CACHED_WORKSPACES:
+                self._latest.popitem(last=False)
+
+    def _put_blob(self, full: str, st: os.stat_result) -> tuple[str, int]:
+        if stat.S_ISLNK(st.st_mode):
+            data = os.readlink(full).encode("utf-8", "surrogateescape")
+        else:
+            with open(full, "rb") as f:
+                data = f.read()
+        digest = hashlib.sha256(data).hexdigest()
+        return digest, self._write_object("blobs", digest, data)
+
+    def _put_manifest(self, manifest: dict) -> tuple[str, int]:
+        data = zlib.compress(json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode(), 6)
+        digest = hashlib.sha256(data).hexdigest()
+        return digest, self._write_object("manifests", digest, data)
+
+    def _write_object(self, kind: str, digest: str, data: bytes) -> int:
+        path = self.root / kind / digest[:2] / digest[2:]
+        if path.exists():
+            return 0
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        temporary.write_bytes(data)
+        os.replace(temporary, path)  # whole or absent: a reader never sees half an object
+        return len(data)
+
+    def _write_ref(self, chain: str, digest: str) -> None:
+        path = self.root / "refs" / chain
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(f".{chain}.{os.getpid()}.tmp")
+        temporary.write_text(digest)
+        os.replace(temporary, path)
+
+    # --- reading ------------------------------------------------------------------------
+
+    def _manifest(self, digest: str) -> dict:
+        path = self.root / "manifests" / digest[:2] / digest[2:]
+        try:
+            return json.loads(zlib.decompress(path.read_bytes()))
+        except FileNotFoundError:
+            raise SnapshotError(f"snapshot {digest[:12]} is not in the store {self.root}") from None
+        except (zlib.error, ValueError) as e:
+            raise SnapshotError(f"snapshot {digest[:12]} in {self.root} is damaged: {e}") from None
+
+    def files(self, digest: str) -> Files:
+        """Every file of a snapshot: its base, then each delta after it, applied in order."""
+        chain = [self._manifest(digest)]
+        while "files" not in chain[-1]:
+            chain.append(self._manifest(chain[-1]["parent"]))
+        files = dict(chain.pop()["files"])
+        for manifest in reversed(chain):
+            for path, entry in manifest["changes"].items():
+                if entry is None:
+                    files.pop(path, None)
+                else:
+                    files[path] = entry
+        return files
+
+    def blob(self, digest: str) -> bytes:
+        try:
+            return (self.root / "blobs" / digest[:2] / digest[2:]).read_bytes()
+        except FileNotFoundError:
+            raise SnapshotError(f"file content {digest[:12]} is not in the store {self.root}") from None
+
+    def restore(self, digest: str, dest: str) -> int:
+        """Write the snapshot's files into `dest` (which holds no other files); returns their count."""
+        files = self.files(digest)
+        for rel, entry in sorted(files.items()):
+            target = os.path.join(dest, rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if stat.S_ISLNK(entry[_MODE]):
+                os.symlink(self.blob(entry[_DIGEST]).decode("utf-8", "surrogateescape"), target)
+                continue
+            source = self.root / "blobs" / entry[_DIGEST][:2] / entry[_DIGEST][2:]
+            shutil.copyfile(source, target)  # a copy: the store's blob never changes
+            os.chmod(target, stat.S_IMODE(entry[_MODE]))
+        return len(files)
+
+    def reset(self, digest: str, workspace: str) -> None:
+        """Make `workspace` hold exactly the snapshot's files (`.durable-agent/` untouched)."""
+        wanted = self.files(digest)
+        root = os.path.realpath(workspace)
+        for rel, st, full in list(_walk(root)):
+            entry = wanted.get(rel)
+            if entry is None or stat.S_IFMT(st.st_mode) != stat.S_IFMT(entry[_MODE]) or st.st_size != entry[_SIZE]:
+                os.unlink(full)
+            elif not stat.S_ISLNK(st.st_mode) and hashlib.sha256(Path(full).read_bytes()).hexdigest() == entry[_DIGEST]:
+                wanted.pop(rel)
+            else:
+                os.unlink(full)
+        for rel, entry in wanted.items():
+            target = os.path.join(root, rel)
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            if stat.S_ISLNK(entry[_MODE]):
+                os.symlink(self.blob(entry[_DIGEST]).decode("utf-8", "surrogateescape"), target)
+            else:
+                shutil.copyfile(self.root / "blobs" / entry[_DIGEST][:2] / entry[_DIGEST][2:], target)
+                os.chmod(target, stat.S_IMODE(entry[_MODE]))
+        with self._lock:
+            self._latest.pop(root, None)
+
+
+def changed(before: Files, after: Files) -> tuple[list[str], list[str], list[str]]:
+    """Files added, modified (content or mode) and deleted between two snapshots."""
+    added = sorted(after.keys() - before.keys())
+    deleted = sorted(before.keys() - after.keys())
+    modified = sorted(
+        p
+        for p in after.keys() & before.keys()
+        if (after[p][_DIGEST], after[p][_MODE]) != (before[p][_DIGEST], before[p][_MODE])
+    )
+    return added, modified, deleted
+
+
+def unified_diff(store: Store, before: Files, after: Files) -> str:
+    """A unified diff of the text files; a binary one is named, not shown."""
+    added, modified, deleted = changed(before, after)
+    out: list[str] = []
+    for path in sorted([*added, *modified, *deleted]):
+        old = _text(store, before.get(path))
+        new = _text(store, after.get(path))
+        if old is None or new is None:
+            out.append(f"Binary file {path} differs\n")
+            continue
+        out += difflib.unified_diff(
+            old,
+            new,
+            fromfile=f"a/{path}" if path in before else "/dev/null",
+            tofile=f"b/{path}" if path in after else "/dev/null",
+        )
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in out)
+
+
+def _text(store: Store, entry: Entry | None) -> list[str] | None:
+    if entry is None:
+        return []
+    try:
+        return store.blob(entry[_DIGEST]).decode().splitlines(keepends=True)
+    except UnicodeDecodeError:
+        return None
+
+
+def _same_stat(entry: Entry, st: os.stat_result) -> bool:
+    return (entry[_MODE], entry[_SIZE], entry[_MTIME], entry[_CTIME], entry[_INODE]) == (
+        st.st_mode,
+        st.st_size,
+        st.st_mtime_ns,
+        st.st_ctime_ns,
+        st.st_ino,
+    )
+
+
+def _walk(root: str, exclude: Sequence[str] = ()) -> Iterator[tuple[str, os.stat_result, str]]:
+    """(relative path, lstat, full path) of every regular file and symlink, `.durable-agent/`
+    at the top excluded; symlinked folders are recorded as links, never entered. A loop, not
+    nested generators: each file would pass through one per folder level."""
+    folders = [("", root)]
+    while folders:
+        rel, full = folders.pop()
+        try:
+            entries = os.scandir(full)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        with entries:
+            for entry in entries:
+                if (not rel and entry.name == RESERVED_DIR) or any(fnmatch(entry.name, p) for p in exclude):
+                    continue
+                st = entry.stat(follow_symlinks=False)
+                path = f"{rel}/{entry.name}" if rel else entry.name
+                if stat.S_ISDIR(st.st_mode):
+                    folders.append((path, entry.path))
+                elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                    yield path, st, entry.path
+
+
+class SnapshotActivities:
+    def __init__(self, roots: list[str] | None = None, store: Store | None = None) -> None:
+        self._roots = roots if roots is not None else workspace_roots()
+        self._store = store or Store()
+
+    def all(self) -> list[Callable[..., Awaitable[object]]]:
+        return [self.snapshot_workspace]
+
+    @activity.defn(name=SNAPSHOT_ACTIVITY)
+    async def snapshot_workspace(self, request: SnapshotRequest) -> SnapshotTaken:
+        try:
+            root = Workspace(request.workspace, self._roots).root
+            take = functools.partial(self._store.take, exclude=request.exclude)
+            digest, added = await asyncio.to_thread(take, root, request.previous, request.chain or None)
+        except (WorkspaceError, SnapshotError) as e:
+            raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from None
+        except OSError as e:
+            message = f"snapshot_workspace could not store the workspace: {e}"
+            raise ApplicationError(message, type="SnapshotFailed") from e
+        return SnapshotTaken(digest=digest, step=request.step, added_bytes=added)

@@ -1,0 +1,213 @@
+"""`durable-agent fork` and `rewind`: a new run from a step of another, or the same run taken
+back to a step, context and files both.
+
+The context is the source's state after step N as its history's replay rebuilt it
+(durable_agent/step_history.py): no call before N is made again. The workspace is step N's
+snapshot restored into a folder of the fork's own. What the source did after N in the world
+(writes, commands, delegates) cannot be undone: it is listed before the fork starts, and the
+fork's model is told about it in a user message before its first call.
+
+Rewind is a new run of the same workflow id, not Temporal's reset: a reset replays the kept
+part of history and runs the step's last workflow task again, which would re-run that task's
+local activities (file tools whose journal the closed run removed) and cannot start from a
+step in an earlier run of a continue-as-new chain. A new run from the replayed state has
+neither problem and is the fork's own path. The files are reset in place once the open run is
+terminated; what they were just before is stored first (its digest is printed), and the
+earlier run's steps stay in the chain, so rewinding to a later step of it undoes the rewind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from activities.snapshots import SnapshotError, Store
+from durable_agent.launch import LaunchError
+from durable_agent.runs import start_agent
+from durable_agent.step_history import ChainSteps, StepPoint, chain_steps
+from workflows.state import Carry
+from workflows.tool_specs import call_summary
+from workflows.types import AgentInput, ToolCall, Usage
+
+
+class ForkError(LaunchError):
+    """Why the fork cannot be made, in one line (exit code 2)."""
+
+
+class ForkRequest(BaseModel):
+    source: str
+    step: int
+    message: str | None = None
+    model: str | None = None
+    workspace: str | None = None
+    new_id: str | None = None
+    fresh_budget: bool = False
+
+
+class ForkPlan(BaseModel):
+    workflow_id: str
+    workspace: str
+    point: StepPoint
+    side_effects: list[str]
+    """The source's calls after the step that may have changed things, one line each."""
+
+
+async def plan_fork(client: Client, request: ForkRequest) -> tuple[ForkPlan, ChainSteps]:
+    steps = await chain_steps(client, request.source)
+    point = find_point(steps, request.source, request.step)
+    new_id = request.new_id or f"{request.source}-fork{request.step}-{uuid.uuid4().hex[:6]}"
+    workspace = request.workspace or str(Path(point.agent.workspace).parent / new_id)
+    if os.path.exists(workspace) and (not os.path.isdir(workspace) or os.listdir(workspace)):
+        raise ForkError(f"{workspace} holds files: a fork's workspace must be a new or empty folder (--workspace)")
+    effects = [f"step {step}: {describe_call(call)}" for step, call in steps.calls_after(point)]
+    return ForkPlan(workflow_id=new_id, workspace=os.path.abspath(workspace), point=point, side_effects=effects), steps
+
+
+def find_point(steps: ChainSteps, source: str, step: int) -> StepPoint:
+    if not steps.points:
+        raise ForkError(f"{source} has no workspace snapshots (no step finished, or it started before they existed)")
+    point = steps.point(step)
+    if point is None:
+        have = sorted({p.step for p in steps.points})
+        raise ForkError(f"{source} has no snapshot of step {step}: its steps with one are {_ranges(have)}")
+    return point
+
+
+def describe_call(call: ToolCall) -> str:
+    try:
+        args = json.loads(call.arguments or "{}")
+    except ValueError:
+        args = {}
+    return call_summary(call.name, args if isinstance(args, dict) else {})
+
+
+async def start_fork(client: Client, request: ForkRequest, plan: ForkPlan) -> WorkflowHandle:
+    """Restores the files, then starts the run on the source's task queue."""
+    point = plan.point
+    queue = (await client.get_workflow_handle(request.source).describe()).task_queue
+    Path(plan.workspace).mkdir(parents=True, exist_ok=True)
+    try:
+        Store().restore(point.digest, plan.workspace)
+    except SnapshotError as e:
+        raise ForkError(str(e)) from None
+    agent = fork_input(request, plan)
+    summary = f"fork of {request.source} at step {request.step}: {agent.goal}"
+    try:
+        return await start_agent(
+            client, agent, plan.workflow_id, queue, summary=summary, details=_details(request, plan)
+        )
+    except WorkflowAlreadyStartedError:
+        raise ForkError(f"a run with id {plan.workflow_id} exists already (--id)") from None
+
+
+def fork_input(request: ForkRequest, plan: ForkPlan) -> AgentInput:
+    point = plan.point
+    carry: Carry = point.carry.model_copy(deep=True)
+    # The fork is a chain of its own: its run ids, archive and run files (workflows/agent.py).
+    carry.first_run_id, carry.archive_dir = "", ""
+    carry.paused, carry.paused_reason = False, None
+    carry.elapsed_before_s = point.elapsed_s
+    if request.fresh_budget:
+        carry.usage, carry.elapsed_before_s = Usage(), 0.0
+        carry.ladder, carry.warned, carry.early_soft_tier, carry.tokens_per_step = [], [], False, []
+    if request.model:
+        carry.model = request.model
+    carry.pending_user_messages += [fork_note(request, plan), *([request.message] if request.message else [])]
+    update = {"workspace": plan.workspace, "carry": carry, "parent": None}
+    if request.model:
+        update["model"] = request.model
+    return point.agent.model_copy(update=update)
+
+
+def fork_note(request: ForkRequest, plan: ForkPlan) -> str:
+    head = (
+        f"This run is a fork of run {request.source} at step {request.step}: the conversation and the "
+        f"workspace's files are as they were after step {request.step}."
+    )
+    if not plan.side_effects:
+        return f"{head} After it, the source run made no call that writes files or runs commands."
+    listed = "\n".join(f"- {line}" for line in plan.side_effects)
+    return (
+        f"{head} After it, the source run made these calls; their files are undone here, but anything "
+        f"they changed outside the workspace (services, networks, other folders) was not:\n{listed}"
+    )
+
+
+def _details(request: ForkRequest, plan: ForkPlan) -> str:
+    lines = "\n".join(f"- {line}" for line in plan.side_effects) or "- none"
+    return (
+        f"\n\n**Forked from:** {request.source} at step {request.step}\n\n"
+        f"**Calls of the source after step {request.step}, not taken here:**\n{lines}"
+    )
+
+
+def _ranges(steps: list[int]) -> str:
+    if not steps:
+        return "none"
+    return f"{steps[0]}-{steps[-1]}" if steps == list(range(steps[0], steps[-1] + 1)) else ", ".join(map(str, steps))
+
+
+class Rewound(BaseModel):
+    workflow_id: str
+    run_id: str | None
+    step: int
+    before: str
+    """The digest of the workspace as it was before the rewind: what undoing it restores."""
+    side_effects: list[str]
+
+
+async def rewind(
+    client: Client, workflow_id: str, step: int, message: str | None, announce: Callable[[list[str]], None]
+) -> Rewound:
+    """The same workflow id goes back to `step`: the open run (if any) is terminated, the files
+    are reset in place, and a new run of the id starts paused from the step's state. `announce`
+    gets the calls after the step that are not undone, before anything is changed."""
+    handle = client.get_workflow_handle(workflow_id)
+    description = await handle.describe()
+    open_run = description.status == WorkflowExecutionStatus.RUNNING
+    pending = [a.activity_type.name for a in description.raw_description.pending_activities] if open_run else []
+    running = [name for name in pending if name != "call_model"]  # a model call has no effect to tear
+    if running:
+        raise ForkError(f"{workflow_id} is running {', '.join(running)}: wait for it (or `pause`), then rewind")
+    steps = await chain_steps(client, workflow_id)
+    point = find_point(steps, workflow_id, step)
+    effects = [f"step {s}: {describe_call(call)}" for s, call in steps.calls_after(point)]
+    announce(effects)
+    if open_run:
+        await handle.terminate(reason=f"rewound to step {step} by a person")
+    store = Store()
+    workspace = point.agent.workspace
+    before, _ = store.take(
+        workspace, steps.points[-1].digest, chain=f"{workflow_id}-before-rewind-{uuid.uuid4().hex[:6]}"
+    )
+    store.reset(point.digest, workspace)
+    agent = _rewound_input(point, workflow_id, step, effects, message)
+    started = await start_agent(
+        client, agent, workflow_id, description.task_queue, summary=f"rewound to step {step}: {agent.goal}"
+    )
+    return Rewound(
+        workflow_id=workflow_id, run_id=started.result_run_id, step=step, before=before, side_effects=effects
+    )
+
+
+def _rewound_input(
+    point: StepPoint, workflow_id: str, step: int, effects: list[str], message: str | None
+) -> AgentInput:
+    carry: Carry = point.carry.model_copy(deep=True)
+    carry.first_run_id, carry.elapsed_before_s = "", point.elapsed_s
+    carry.paused, carry.paused_reason = True, f"rewound to step {step}: `durable-agent resume {workflow_id}` goes on"
+    listed = "\n".join(f"- {line}" for line in effects) or "- none"
+    note = (
+        f"A person rewound this run to step {step}: the conversation and the workspace's files are as they "
+        f"were after step {step}. After it, the run had made these calls; their files are undone, anything "
+        f"they changed outside the workspace is not:\n{listed}"
+    )
+    carry.pending_user_messages += [note, *([message] if message else [])]
+    return point.agent.model_copy(update={"carry": carry})

@@ -1,0 +1,100 @@
+"""`durable-agent gc`, the snapshot store's part: closed chains' snapshots, by age.
+
+Each chain has one ref in the store (activities/snapshots.py): its latest snapshot, from which
+its earlier ones are reached through their parents. A ref goes once its chain has been closed
+longer than `--snapshots-older-than` (a chain Temporal does not know, and the state kept before
+a rewind, age from the ref's last write); then every manifest and blob no remaining ref reaches
+goes, except those younger than `SWEEP_GRACE_S`: a worker writing a snapshot now has stored its
+blobs before the manifest and ref that will reach them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import zlib
+from pathlib import Path
+
+from pydantic import BaseModel
+from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.snapshots import Store
+
+SWEEP_GRACE_S = 3_600.0
+_CHAIN = re.compile(r"^(.+)-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
+"""workflows/compaction.run_folder: the workflow id (its unsafe characters replaced) and the chain's first run id."""
+
+
+class SnapshotSweep(BaseModel):
+    lines: list[str]
+    files: int = 0
+    bytes: int = 0
+
+
+async def collect(client: Client, store: Store, older_than_s: float, dry_run: bool) -> SnapshotSweep:
+    refs = sorted((store.root / "refs").glob("*")) if (store.root / "refs").is_dir() else []
+    sweep = SnapshotSweep(lines=[])
+    verb = "would remove" if dry_run else "removed"
+    gone: list[Path] = []
+    for ref in refs:
+        closed_at, text = await _closed_at(client, ref)
+        age = time.time() - closed_at if closed_at is not None else None
+        if age is None or age < older_than_s:
+            sweep.lines.append(f"kept          snapshots of {ref.name}: {text}")
+            continue
+        sweep.lines.append(f"{verb:13} snapshots of {ref.name}: {text}, {age / 86_400:.1f}d ago")
+        gone.append(ref)
+    if not gone:
+        return sweep
+    kept_refs = [r for r in refs if r not in gone]
+    for path in _unreachable(store, kept_refs):
+        sweep.files, sweep.bytes = sweep.files + 1, sweep.bytes + path.stat().st_size
+        if not dry_run:
+            path.unlink()
+    for ref in gone if not dry_run else []:
+        ref.unlink()
+    return sweep
+
+
+async def _closed_at(client: Client, ref: Path) -> tuple[float | None, str]:
+    """When the ref's chain closed (None: open), and how that was found."""
+    written = ref.stat().st_mtime
+    match = _CHAIN.match(ref.name)
+    if match is None:
+        return written, "not a run chain's (the files kept before a rewind)"
+    workflow_id, first_run_id = match.group(1), match.group(2)
+    try:
+        description = await client.get_workflow_handle(workflow_id).describe()
+    except RPCError as e:
+        if e.status != RPCStatusCode.NOT_FOUND:
+            raise
+        return written, f"run {workflow_id} unknown to Temporal"
+    if description.raw_description.workflow_execution_info.first_run_id != first_run_id:
+        return written, f"run {workflow_id}: a later chain reused its id"
+    if description.status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW, None):
+        return None, f"run {workflow_id}: open"
+    closed = description.close_time.timestamp() if description.close_time else written
+    return closed, f"run {workflow_id}: {description.status.name.lower()}"
+
+
+def _unreachable(store: Store, refs: list[Path]) -> list[Path]:
+    manifests, blobs = set(), set()
+    for ref in refs:
+        digest: str | None = ref.read_text().strip()
+        while digest and digest not in manifests:
+            manifests.add(digest)
+            manifest = json.loads(zlib.decompress((store.root / "manifests" / digest[:2] / digest[2:]).read_bytes()))
+            entries = manifest.get("files") or manifest.get("changes") or {}
+            blobs.update(entry[-1] for entry in entries.values() if entry is not None)
+            digest = manifest["parent"]
+    young = time.time() - SWEEP_GRACE_S
+    found = []
+    for kind, reached in (("manifests", manifests), ("blobs", blobs)):
+        for folder in sorted((store.root / kind).glob("*")):
+            for path in folder.iterdir():
+                if folder.name + path.name not in reached and os.stat(path).st_mtime < young:
+                    found.append(path)
+    return found

@@ -131,8 +131,7 @@ def tool_worker(
 
 def workflow_activities() -> list[Callable[..., Any]]:
     """The tools, the agent files, the archive, the skills, the run's cleanup and the workspace
-    snapshots: some run as local activities,
-    which only the worker running the workflow can run."""
+    snapshots: some run as local activities, which only the worker running the workflow can run."""
     return [
         *ToolActivities().all(),
         *AgentActivities().all(),

@@ -43,6 +43,7 @@ from durable_agent.follow import (
     EXIT_FAILED,
     QUERY_TIMEOUT,
     WATCH_LEASE_S,
+    Reporter,
     caught_up,
     failure_text,
     follow,
@@ -284,6 +285,14 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.add_argument(
         "--call", help="the call to decide, as status shows it (e.g. 4:call_3_0); without it, every open report"
     )
+    going_on = _command(
+        commands, "continue", continue_conversation, "a completed or stopped run goes on (a next turn)", with_id=True
+    )
+    going_on.add_argument("--message", help="what comes next: a user message before its next model call")
+    going_on.add_argument("--detach", action="store_true", help="start it and return at once")
+    going_on.add_argument("--no-worker", action="store_true", help="do not start a worker if none is polling")
+    going_on.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+    _add_limit_options(going_on, with_defaults=False)
     cancel = _command(commands, "cancel", cancel_run, "cancel a run: it stops cleanly, state cancelled", with_id=True)
     cancel.add_argument("--no-wait", action="store_true", help="return at once instead of waiting for it to close")
     limits = _command(
@@ -591,6 +600,30 @@ async def run_agent(args: argparse.Namespace, console: Console) -> int:
     code = await _until_signalled(following)
     if code is None:
         console.line(f"detached; the run goes on. Re-attach: durable-agent watch {run_id}")
+        return EXIT_INTERRUPTED
+    return code
+
+
+async def continue_conversation(args: argparse.Namespace, console: Console) -> int:
+    from durable_agent.conversation import Continuation, continue_run
+
+    request = Continuation(workflow_id=args.id, message=args.message, limits=LimitsPatch(**_limit_values(args)))
+    client, address = await connect_or_start_server(console)
+    await _handle(args.id)  # an unknown id is one line
+    if not args.no_worker:
+        await ensure_worker(client, task_queue(), address, console)
+    watch = {} if args.detach else {"start_signal": "watch", "start_signal_args": [WatchRequest(for_s=WATCH_LEASE_S)]}
+    handle, after = await continue_run(client, request, **watch)
+    console.line(f"{args.id} goes on after step {after} (run {handle.result_run_id})")
+    if args.detach:
+        console.line(f"detached: follow it with `durable-agent watch {args.id}`")
+        return EXIT_OK
+    reporter = Reporter(args.id, verbose=args.verbose)
+    reporter.next_step = after + 1  # the steps before were shown by the run that made them
+    following = follow(handle, console, approver=terminal_approver(handle, console), reporter=reporter)
+    code = await _until_signalled(following)
+    if code is None:
+        console.line(f"detached; the run goes on. Re-attach: durable-agent watch {args.id}")
         return EXIT_INTERRUPTED
     return code
 

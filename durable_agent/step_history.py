@@ -37,6 +37,8 @@ from workflows.types import AgentInput, ModelReply, ToolCall
 
 _AGENT_STEP = re.compile(r" step \d+$")
 """An agent step's model call (`call_model: MODEL step N`), not a compaction's summary."""
+CLOSING_ACTIVITY = "clean_up_run"
+"""The activity a closing chain runs last (workflows/agent.py `_clean_up_files`)."""
 WRITE_TOOLS = frozenset({"write_file", "edit_file", "run_command", "delegate"})
 """Calls that may change things: a fork or rewind lists those it does not undo."""
 
@@ -70,6 +72,8 @@ class ChainSteps(BaseModel):
     turns: list[ModelTurn] = Field(default_factory=list)
     failures: list[str] = Field(default_factory=list)
     """Runs today's code could not replay (a nondeterminism error): `doctor` reports them."""
+    end: StepPoint | None = None
+    """The chain's state as it closed (at its closing clean-up): where `continue` goes on from."""
 
     def point(self, step: int) -> StepPoint | None:
         """The latest run's state after `step` (a rewound chain went through a step twice)."""
@@ -124,7 +128,22 @@ class _Outbound(WorkflowOutboundInterceptor):
         super().__init__(next)
         self._capture = capture
 
+    def _closing(self, activity_name: str) -> None:
+        if activity_name != CLOSING_ACTIVITY:
+            return
+        run: Any = workflow.instance()
+        self._capture.steps.end = StepPoint(
+            step=run._carry.step,
+            run_id=self._capture.run_id,
+            digest=run._carry.snapshot or "",
+            carry=run._carry.model_copy(deep=True),
+            agent=run._agent.model_copy(update={"carry": None, "limits": run._limits.model_copy()}),
+            elapsed_s=run._usage_now().elapsed_s,
+            turns_before=len(self._capture.steps.turns),
+        )
+
     def start_local_activity(self, input: StartLocalActivityInput) -> ActivityHandle[Any]:
+        self._closing(input.activity)
         handle = super().start_local_activity(input)
         if input.activity == SNAPSHOT_ACTIVITY:
             run: Any = workflow.instance()
@@ -155,6 +174,7 @@ class _Outbound(WorkflowOutboundInterceptor):
         return handle
 
     def start_activity(self, input: StartActivityInput) -> ActivityHandle[Any]:
+        self._closing(input.activity)
         handle = super().start_activity(input)
         if input.activity == "call_model" and _AGENT_STEP.search(input.summary or ""):
             run: Any = workflow.instance()

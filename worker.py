@@ -26,7 +26,6 @@ from activities.skills import SkillActivities
 from activities.tools import ToolActivities
 from activities.tools.sandbox import remove_stale_cgroups
 from durable_agent import telemetry
-from durable_agent.connection import connect
 from durable_agent.metrics import (
     MetricsInterceptor,
     client_meter,
@@ -36,6 +35,7 @@ from durable_agent.metrics import (
     worker_runtime,
 )
 from durable_agent.model_queue import ModelQueueInterceptor
+from durable_agent.server_wait import ServerUnreachable, connect_when_up, watch_server
 from durable_agent.takeover import take_over, worker_identity
 from durable_agent.worker_settings import SettingsError, worker_settings
 from workflows.agent import AgentWorkflow
@@ -161,15 +161,21 @@ def start_waiting_runs(worker: Worker) -> asyncio.Task[None] | None:
     return asyncio.create_task(publish_waiting_runs(config["client"], config["task_queue"]))
 
 
-async def run_worker(client: Client | None = None, queue: str | None = None) -> None:
+async def run_worker(
+    client: Client | None = None, queue: str | None = None, connect_timeout_s: float | None = None
+) -> None:
     """Run until SIGINT or SIGTERM, then give in-flight tasks a few seconds and shut down.
 
     The one worker runtime: `python worker.py` and `durable-agent worker` both run this.
-    A fatal worker error (e.g. the server gone for good) is raised.
+    Without a `client` it waits for the server (durable_agent/server_wait.py): as long as it
+    takes, unless `connect_timeout_s` or the settings' limit says otherwise. A fatal worker
+    error is raised.
     """
     settings = worker_settings(queue)  # a bad setting fails before anything connects
     watch_commands_by_pidfd()
-    client = client or await connect(None, worker_runtime())
+    if client is None:
+        limit = settings.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
+        client = await connect_when_up(worker_runtime(), limit, lambda line: print(line, flush=True))
     workers = [build_worker(client, queue)]
     model_worker = build_model_worker(client, queue)
     if model_worker is not None:
@@ -182,6 +188,7 @@ async def run_worker(client: Client | None = None, queue: str | None = None) -> 
     takeover = start_takeover(workers[0])
     takeover.add_done_callback(_report_takeover)
     waiting = start_waiting_runs(workers[0])
+    watching = asyncio.create_task(watch_server(client, lambda line: print(line, flush=True)))
     print(
         f"worker polling task queue {settings.task_queue!r} on {client.service_client.config.target_host}", flush=True
     )
@@ -194,6 +201,7 @@ async def run_worker(client: Client | None = None, queue: str | None = None) -> 
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
     takeover.cancel()
+    watching.cancel()
     if waiting is not None:
         waiting.cancel()
     stopping.cancel()
@@ -229,14 +237,23 @@ def main() -> None:
     try:
         asyncio.run(run_worker())
     except SettingsError as e:
-        print(f"worker.py: {e}", file=sys.stderr, flush=True)
-        os._exit(2)
+        _exit_with(f"worker.py: {e}", 2)
+    except ServerUnreachable as e:
+        _exit_with(f"worker.py: {e}", 1)
+    except Exception as e:  # a fatal worker error
+        _exit_with(f"worker.py: the worker stopped: {e}", 1)
     telemetry.shutdown()  # export the last spans: os._exit below skips the exporters' own exit hooks
     # The core bridge can abort at interpreter exit (PyGILState_Release) while its runtime
     # winds down; everything is shut down by now, so leave without running finalizers.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _exit_with(line: str, code: int) -> None:
+    """Errors are one line on stderr (no traceback)."""
+    print(line, file=sys.stderr, flush=True)
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -171,6 +171,8 @@ environment:
                         (default 64M, 512M, 256M; `gc` removes what closed runs left)
   DURABLE_AGENT_MAX_CONCURRENT_ACTIVITIES (..._WORKFLOW_TASKS, ..._LOCAL_ACTIVITIES),
   DURABLE_AGENT_MAX_CACHED_WORKFLOWS  a worker's slots
+  DURABLE_AGENT_CONNECT_TIMEOUT_S  a worker gives up after this long without a server
+                        (default: it waits; `worker --connect-timeout S` too)
   OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_*  traces (none without them)
 
 exit codes:
@@ -231,7 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--cors-origin", action="append", default=[], metavar="ORIGIN", help="another origin browsers may call from"
     )
 
-    _command(commands, "worker", work, "run a worker for the task queue until Ctrl-C or SIGTERM")
+    _command(commands, "worker", work, "run a worker for the task queue until Ctrl-C or SIGTERM").add_argument(
+        "--connect-timeout", type=float, metavar="S", help="give up after S s without a server (default: wait)"
+    )
     demo = commands.add_parser(
         "demo-model",
         help="serve the offline demo model (a fixed script, not an LLM) as an OpenAI-compatible endpoint",
@@ -482,7 +486,7 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 async def work(args: argparse.Namespace, console: Console) -> int:
-    from durable_agent.metrics import worker_runtime
+    from durable_agent.server_wait import ServerUnreachable
     from durable_agent.worker_settings import SettingsError, worker_settings
     from worker import run_worker  # imports every activity: only here
 
@@ -490,10 +494,11 @@ async def work(args: argparse.Namespace, console: Console) -> int:
         worker_settings(task_queue())  # a bad setting fails before anything connects
     except SettingsError as e:
         raise CliError(str(e)) from None
-    client = await connect_client(runtime=worker_runtime())
     try:
-        await run_worker(client, task_queue())
-    except Exception as e:  # a fatal worker error, e.g. the server went away for good
+        await run_worker(None, task_queue(), args.connect_timeout)
+    except ServerUnreachable as e:
+        raise CliError(str(e)) from None
+    except Exception as e:  # a fatal worker error
         raise CliError(f"the worker stopped: {e}") from None
     return EXIT_OK
 

@@ -27,6 +27,7 @@ from temporalio.service import RPCError
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 from durable_agent import genai
+from durable_agent.server_wait import QUIET_RETRIES
 from workflows.run_metrics import WAITING_STATES
 from workflows.types import WORKFLOW_TYPE, ModelCallInput, ModelReply, ToolCallInput, ToolOutcome
 
@@ -47,12 +48,12 @@ def prometheus_address() -> str | None:
     return f"{host or '0.0.0.0'}:{port}"
 
 
-def worker_runtime() -> Runtime | None:
-    """A runtime serving Prometheus metrics when `DURABLE_AGENT_METRICS_PORT` asks for it."""
+def worker_runtime() -> Runtime:
+    """A worker's runtime: serving Prometheus metrics when `DURABLE_AGENT_METRICS_PORT` asks
+    for it, and logging without a warning per retried call (durable_agent/server_wait.py)."""
     address = prometheus_address()
-    if address is None:
-        return None
-    return Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(bind_address=address, durations_as_seconds=True)))
+    metrics = None if address is None else PrometheusConfig(bind_address=address, durations_as_seconds=True)
+    return Runtime(telemetry=TelemetryConfig(logging=QUIET_RETRIES, metrics=metrics))
 
 
 def client_meter(client: Client) -> MetricMeter:

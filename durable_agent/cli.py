@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib.metadata
 import os
 import signal
@@ -47,6 +48,7 @@ from durable_agent.launch import (
     ensure_worker,
     has_worker,
     is_local,
+    replace_worker,
     split_address,
     ui_url,
 )
@@ -552,7 +554,10 @@ async def run_agent(args: argparse.Namespace, console: Console) -> int:
     if args.detach:
         console.line(f"detached: follow it with `durable-agent watch {run_id}`")
         return EXIT_OK
-    code = await _until_signalled(follow(handle, console, approver=terminal_approver(handle, console)))
+    replace = None if args.no_worker else functools.partial(replace_worker, client, queue, address, console)
+    code = await _until_signalled(
+        follow(handle, console, approver=terminal_approver(handle, console), on_no_worker=replace)
+    )
     if code is None:
         console.line(f"detached; the run goes on. Re-attach: durable-agent watch {run_id}")
         return EXIT_INTERRUPTED

@@ -23,6 +23,7 @@ from activities.model import ModelActivities
 from activities.model_clients import openai_sdk
 from activities.redaction import RedactingInterceptor
 from activities.skills import SkillActivities
+from activities.stopped import StoppedAttemptInterceptor
 from activities.tools import ToolActivities
 from activities.tools.sandbox import remove_stale_cgroups
 from durable_agent import telemetry
@@ -116,9 +117,10 @@ def _activity_name(function: Callable[..., Any]) -> str:
 
 def interceptors(model_queue: str | None) -> list[Interceptor]:
     """Every worker's interceptors. Redaction is innermost, so what leaves an activity for
-    history, metrics or traces is redacted first; `model_queue` routes model calls there."""
+    history, metrics or traces is redacted first; `model_queue` routes model calls there.
+    A stopped attempt is told apart outermost, so metrics still see the cancel."""
     routing = [ModelQueueInterceptor(model_queue)] if model_queue else []
-    return [MetricsInterceptor(), *routing, RedactingInterceptor()]
+    return [StoppedAttemptInterceptor(), MetricsInterceptor(), *routing, RedactingInterceptor()]
 
 
 def build_model_worker(client: Client, queue: str | None = None) -> Worker | None:

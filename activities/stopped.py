@@ -1,12 +1,13 @@
-"""An activity attempt the server no longer waits for ends without a traceback in the log.
+"""An activity attempt whose run is gone ends without a traceback in the worker log.
 
-When a run closes while one of its activities still runs (a cancel, a model call the run
-abandons), or the server has already timed the attempt out, the worker learns it at the
-next heartbeat and cancels the activity. The SDK logs such a cancel, not asked for by the
-workflow, as a failure with its traceback ("CancelledError: Activity cancelled"), though
-nothing went wrong and nobody reads the outcome. This interceptor reports it as one
-BENIGN error instead, which the SDK logs at debug level. Cancels the workflow asked for,
-pauses, resets and worker shutdowns are left to the SDK, which handles each already.
+When a run closes while one of its activities still runs (a cancel during a model call,
+which the run abandons), the worker learns it at the next heartbeat (the server no longer
+knows the attempt) and cancels the activity. The SDK logs such a cancel, not asked for by
+the workflow, as a failure with its traceback ("CancelledError: Activity cancelled"),
+though nothing went wrong and nobody reads the outcome. This interceptor reports it as one
+BENIGN error instead, which the SDK logs at debug level. Every other cancel is left to
+the SDK: one the workflow asked for, a pause, a reset or a worker shutdown (handled
+already), and an attempt the server timed out (a stalled worker, worth its warning).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ class _StoppedAttemptInbound(ActivityInboundInterceptor):
             return await super().execute_activity(input)
         except asyncio.CancelledError:
             details = activity.cancellation_details()
-            if details is None or not (details.not_found or details.timed_out):
+            if details is None or not details.not_found:
                 raise
-            why = "its run or the attempt is gone" if details.not_found else "the server timed the attempt out"
             raise ApplicationError(
-                f"stopped: {why}", type="AttemptStopped", category=ApplicationErrorCategory.BENIGN
+                "stopped: the server no longer knows this attempt (its run has closed)",
+                type="AttemptStopped",
+                category=ApplicationErrorCategory.BENIGN,
             ) from None

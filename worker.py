@@ -175,22 +175,25 @@ async def run_worker(
     """
     settings = worker_settings(queue)  # a bad setting fails before anything connects
     watch_commands_by_pidfd()
-    if client is None:
-        limit = settings.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
-        client = await connect_when_up(worker_runtime(), limit, lambda line: print(line, flush=True))
-    workers = [build_worker(client, queue)]
-    model_worker = build_model_worker(client, queue)
-    if model_worker is not None:
-        workers.append(model_worker)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if client is None:
+        limit = settings.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
+        client = await _connect_unless_stopped(limit, stop)
+        if client is None:
+            print("worker stopped before the server answered", flush=True)
+            return
+    workers = [build_worker(client, queue)]
+    model_worker = build_model_worker(client, queue)
+    if model_worker is not None:
+        workers.append(model_worker)
     running = asyncio.ensure_future(asyncio.gather(*(w.run() for w in workers)))
     takeover = start_takeover(workers[0])
     takeover.add_done_callback(_report_takeover)
     waiting = start_waiting_runs(workers[0])
-    watching = asyncio.create_task(watch_server(client, lambda line: print(line, flush=True)))
+    watching = asyncio.create_task(watch_server(client, _say))
     print(
         f"worker polling task queue {settings.task_queue!r} on {client.service_client.config.target_host}", flush=True
     )
@@ -214,6 +217,24 @@ async def run_worker(
     await asyncio.gather(*(w.shutdown() for w in workers))
     await running
     print("worker stopped", flush=True)
+
+
+async def _connect_unless_stopped(limit_s: float | None, stop: asyncio.Event) -> Client | None:
+    """A client once the server answers (durable_agent/server_wait.py); None on Ctrl-C or
+    SIGTERM while waiting for it."""
+    connecting = asyncio.ensure_future(connect_when_up(worker_runtime(), limit_s, _say))
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if connecting.done():
+        return connecting.result()
+    connecting.cancel()
+    await asyncio.gather(connecting, return_exceptions=True)
+    return None
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def watch_commands_by_pidfd() -> None:

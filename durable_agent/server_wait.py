@@ -29,6 +29,7 @@ RETRY_CAP_S = 3.0
 FIRST_RETRY_S = 0.2
 ATTEMPT_TIMEOUT_S = 10.0
 """One attempt that neither connects nor fails (a host that drops packets) is given up and retried."""
+MIN_ATTEMPT_S = 2.0
 
 
 WATCH_EVERY = timedelta(seconds=3)
@@ -46,7 +47,7 @@ class ServerUnreachable(Exception):
 def _reason(error: BaseException) -> str:
     """The error's gist: the core's connect errors are long nested debug strings."""
     if isinstance(error, TimeoutError):
-        return f"no answer within {ATTEMPT_TIMEOUT_S:.0f} s"
+        return "no answer"
     text = str(error)
     if "refused" in text.lower():
         return "connection refused"
@@ -62,7 +63,8 @@ async def connect_when_up(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     pause, waiting_since = FIRST_RETRY_S, None
     while True:
-        left = ATTEMPT_TIMEOUT_S if deadline is None else max(deadline - time.monotonic(), 0.1)
+        # Even a limit about to run out leaves one attempt time to connect.
+        left = ATTEMPT_TIMEOUT_S if deadline is None else max(deadline - time.monotonic(), MIN_ATTEMPT_S)
         try:
             client = await asyncio.wait_for(connect(None, runtime), min(left, ATTEMPT_TIMEOUT_S))
         except (RuntimeError, RPCError, TimeoutError) as e:

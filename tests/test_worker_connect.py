@@ -94,3 +94,14 @@ async def test_a_connect_timeout_fails_fast_with_one_line() -> None:
         sys.executable, "-m", "durable_agent.cli", "worker", "--connect-timeout", "0", env=nothing_there
     )
     assert code == 2 and err.startswith("error: no Temporal server answered") and err.count("\n") == 1, err
+
+
+async def test_ctrl_c_stops_a_worker_that_waits_for_its_server(tmp_path: Path) -> None:
+    log = tmp_path / "worker.log"
+    worker = spawn_worker({"TEMPORAL_ADDRESS": f"127.0.0.1:{free_port()}"}, log)
+    try:
+        await until(lambda: "waiting for the Temporal server" in _log(log) or worker.poll() is not None)
+    finally:
+        stop_gently(worker)  # SIGINT, as Ctrl-C sends
+    assert worker.returncode == 0 and "Traceback" not in _log(log), _log(log)
+    assert _log(log).splitlines()[-1] == "worker stopped before the server answered"

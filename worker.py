@@ -20,7 +20,6 @@ from activities.model_clients import openai_sdk
 from activities.tools.sandbox import remove_stale_cgroups
 from durable_agent import telemetry
 from durable_agent.codecs import act_as_worker
-from durable_agent.connection import connect
 from durable_agent.metrics import (
     client_meter,
     count_recoveries,
@@ -29,6 +28,7 @@ from durable_agent.metrics import (
     worker_runtime,
 )
 from durable_agent.plugin import DurableAgentPlugin, interceptors
+from durable_agent.server_wait import ServerUnreachable, connect_when_up, watch_server
 from durable_agent.takeover import take_over, worker_identity
 from durable_agent.tools import ToolLoadError, configured_tools
 from durable_agent.worker_settings import SettingsError, worker_settings
@@ -128,28 +128,41 @@ def start_waiting_runs(worker: Worker) -> asyncio.Task[None] | None:
     return asyncio.create_task(publish_waiting_runs(config["client"], config["task_queue"]))
 
 
-async def run_worker(client: Client | None = None, queue: str | None = None, tool_modules: Sequence[str] = ()) -> None:
+async def run_worker(
+    client: Client | None = None,
+    queue: str | None = None,
+    tool_modules: Sequence[str] = (),
+    connect_timeout_s: float | None = None,
+) -> None:
     """Run until SIGINT or SIGTERM, then give in-flight tasks a few seconds and shut down.
 
     The one worker runtime: `python worker.py` and `durable-agent worker` both run this.
-    A fatal worker error (e.g. the server gone for good) is raised.
+    Without a `client` it waits for the server (durable_agent/server_wait.py): as long as it
+    takes, unless `connect_timeout_s` or the settings' limit says otherwise. A fatal worker
+    error is raised.
     """
     settings = worker_settings(queue)  # a bad setting fails before anything connects
     act_as_worker()
     watch_commands_by_pidfd()
-    client = client or await connect(None, worker_runtime())
-    workers = [build_worker(client, queue, tool_modules=tool_modules)]
-    model_worker = build_model_worker(client, queue)
-    if model_worker is not None:
-        workers.append(model_worker)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if client is None:
+        limit = settings.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
+        client = await _connect_unless_stopped(limit, stop)
+        if client is None:
+            print("worker stopped before the server answered", flush=True)
+            return
+    workers = [build_worker(client, queue, tool_modules=tool_modules)]
+    model_worker = build_model_worker(client, queue)
+    if model_worker is not None:
+        workers.append(model_worker)
     running = asyncio.ensure_future(asyncio.gather(*(w.run() for w in workers)))
     takeover = start_takeover(workers[0])
     takeover.add_done_callback(_report_takeover)
     waiting = start_waiting_runs(workers[0])
+    watching = asyncio.create_task(watch_server(client, _say))
     print(
         f"worker polling task queue {settings.task_queue!r} on {client.service_client.config.target_host}", flush=True
     )
@@ -162,6 +175,7 @@ async def run_worker(client: Client | None = None, queue: str | None = None, too
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
     takeover.cancel()
+    watching.cancel()
     if waiting is not None:
         waiting.cancel()
     stopping.cancel()
@@ -172,6 +186,24 @@ async def run_worker(client: Client | None = None, queue: str | None = None, too
     await asyncio.gather(*(w.shutdown() for w in workers))
     await running
     print("worker stopped", flush=True)
+
+
+async def _connect_unless_stopped(limit_s: float | None, stop: asyncio.Event) -> Client | None:
+    """A client once the server answers (durable_agent/server_wait.py); None on Ctrl-C or
+    SIGTERM while waiting for it."""
+    connecting = asyncio.ensure_future(connect_when_up(worker_runtime(), limit_s, _say))
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({connecting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if connecting.done():
+        return connecting.result()
+    connecting.cancel()
+    await asyncio.gather(connecting, return_exceptions=True)
+    return None
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
 
 
 def watch_commands_by_pidfd() -> None:
@@ -197,14 +229,23 @@ def main() -> None:
     try:
         asyncio.run(run_worker())
     except (SettingsError, ToolLoadError) as e:
-        print(f"worker.py: {e}", file=sys.stderr, flush=True)
-        os._exit(2)
+        _exit_with(f"worker.py: {e}", 2)
+    except ServerUnreachable as e:
+        _exit_with(f"worker.py: {e}", 1)
+    except Exception as e:  # a fatal worker error
+        _exit_with(f"worker.py: the worker stopped: {e}", 1)
     telemetry.shutdown()  # export the last spans: os._exit below skips the exporters' own exit hooks
     # The core bridge can abort at interpreter exit (PyGILState_Release) while its runtime
     # winds down; everything is shut down by now, so leave without running finalizers.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _exit_with(line: str, code: int) -> None:
+    """Errors are one line on stderr (no traceback)."""
+    print(line, file=sys.stderr, flush=True)
+    os._exit(code)
 
 
 if __name__ == "__main__":

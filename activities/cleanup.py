@@ -30,20 +30,23 @@ def clean_up(request: RunFilesCleanup, roots: list[str]) -> RunFilesCleaned:
     journal = run_files.remove_chain(root, "journal", request.run_folder)
     outputs = run_files.measure_chain(root, "outputs", request.run_folder)
     archive = run_files.measure_chain(root, "archive", request.run_folder)
-    # Nothing there: the run journaled no tool call, or an earlier attempt of this clean-up
-    # (a workflow task the server dropped after it ran) removed it.
-    removed = (
-        f"removed the tool journal ({journal.files} files, {journal.bytes:,} bytes)"
-        if journal.files
-        else "no tool journal was left to remove"
-    )
+    # What is true at the close, not what this attempt did: an earlier attempt of this
+    # clean-up (a worker killed mid-close, a workflow task the server dropped after it ran)
+    # may have removed the journal already, and the run's result must not depend on that.
     note = (
-        f"{removed}; kept the saved outputs "
+        f"the tool journal is removed; kept the saved outputs "
         f"({outputs.files} files, {outputs.bytes:,} bytes) for `durable-agent gc` ({OUTPUTS_GRACE_DAYS} days "
         f"after the close by default) and the archive ({archive.files} files, {archive.bytes:,} bytes) "
         f"for `recall` and `export`"
     )
-    activity.logger.info("run files of %s in %s: %s", request.run_folder, root, note)
+    activity.logger.info(
+        "run files of %s in %s: %s (this attempt removed %d files, %d bytes)",
+        request.run_folder,
+        root,
+        note,
+        journal.files,
+        journal.bytes,
+    )
     return RunFilesCleaned(
         removed_files=journal.files,
         removed_bytes=journal.bytes,

@@ -8,9 +8,11 @@ persistence, two workers sharing the task queue:
 2. 50 concurrent agents of 20 steps under the same chaos.
 
 A killed worker is replaced by a new process only after a random 0.5-3 s, so the surviving
-worker has to take over. Afterwards, for every run: it completed; its result equals an
-uninterrupted run's (same output, steps, usage); its ledger holds every step exactly once;
-and for the single run, model calls <= steps + kills. Exit code 1 if any check fails.
+worker has to take over. During the first server restart one more worker starts while the
+server is down, and the server comes back only once that worker waits for it. Afterwards,
+for every run: it completed; its result equals an uninterrupted run's (same output, steps,
+usage); its ledger holds every step exactly once; and for the single run, model calls <=
+steps + kills. Exit code 1 if any check fails.
 
 `python -m bench chaos --soak 30`: 30 minutes of continuous runs instead (no kills), the
 worker's RSS sampled throughout and reported, with whether it stayed flat.
@@ -58,6 +60,9 @@ class Plan:
     server_restarts: int = 2
     workers: int = 2
     replace_after_s: tuple[float, float] = (0.5, 3.0)
+    workers_started_while_down: int = 1
+    """Server restarts (the first ones) during which one more worker starts, and waits for
+    the server: a replacement started during a deploy must not die (issue #29)."""
     seed: int = 1
     deadline_s: float = 900
 
@@ -84,8 +89,6 @@ class Monkey:
         self.events: list[dict[str, Any]] = []
         self.unexpected_exits = 0
         self._replacements: set[asyncio.Task[None]] = set()
-        self._server_up = asyncio.Event()
-        self._server_up.set()
         self._gates: list[threading.Event] = []
 
     def start_workers(self) -> None:
@@ -121,7 +124,7 @@ class Monkey:
 
     async def _kill_one(self) -> None:
         # Kill only with every worker up, so there is always a survivor to take over.
-        await self._until(lambda: self._count_live() == self.plan.workers)
+        await self._until(lambda: self._count_live() >= self.plan.workers)
         victim = self.rng.choice(self.live)
         self.live.remove(victim)
         self.b.kill_worker(victim)
@@ -139,19 +142,18 @@ class Monkey:
         task.add_done_callback(self._replacements.discard)
 
     async def _replace_after(self, delay_s: float) -> None:
-        await asyncio.sleep(delay_s)
-        await self._server_up.wait()  # a worker that starts while the server is down exits at once
+        await asyncio.sleep(delay_s)  # the server may be restarting: the worker waits for it
         self.live.append(self.b.start_worker())
 
     async def _restart_server(self, done: int) -> None:
         # Alternate a crash and a clean shutdown: both must lose nothing.
         sig = signal.SIGKILL if done % 2 == 0 else signal.SIGTERM
         at = time.time()
-        self._server_up.clear()
-        try:
-            await asyncio.to_thread(self.b.restart_server, sig)
-        finally:
-            self._server_up.set()
+        await asyncio.to_thread(self.b.stop_server, sig)
+        started_while_down = done < self.plan.workers_started_while_down
+        if started_while_down:
+            await self._start_worker_while_down()
+        await asyncio.to_thread(self.b.start_server_again)
         self.events.append(
             {
                 "kind": "restart",
@@ -159,8 +161,22 @@ class Monkey:
                 "at": at,
                 "turns": self.recorder.turns_done(),
                 "down_s": round(time.time() - at, 2),
+                "worker_started_while_down": started_while_down,
             }
         )
+
+    async def _start_worker_while_down(self) -> None:
+        """One more worker, started once the server is gone; the server comes back only once
+        the worker has tried it and is waiting (or has exited: counted as unexpected)."""
+        worker = self.b.start_worker()
+        self.live.append(worker)
+        log = self.b.worker_log(worker)
+        deadline = time.monotonic() + 60
+        while worker.poll() is None and time.monotonic() < deadline:
+            if "waiting for the Temporal server" in log.read_text(errors="replace"):
+                return
+            await asyncio.sleep(0.05)
+        self._count_live()  # it exited: counted now, whatever comes after
 
     def _count_live(self) -> int:
         """Live workers; one that died on its own is counted (a failure: workers must ride out
@@ -178,6 +194,7 @@ class Monkey:
 
     async def settle(self) -> None:
         await asyncio.gather(*self._replacements)
+        self._count_live()  # a worker that died after the last fault counts too
 
 
 @dataclass
@@ -214,10 +231,10 @@ async def outcome(client: Client, workflow_id: str, deadline: float) -> AgentRes
 def comparable(result: AgentResult) -> dict[str, Any]:
     """What must match an uninterrupted run: everything but wall-clock time (cost in
     micro-dollars, so that adding it up in another order cannot tell runs apart), the counts
-    of the files the close removed (journal entries hold the run's id, and a close that a
-    kill interrupted runs its cleanup again, which then finds fewer), the goal in the
-    summary (each agent has its own) and the summary's notes of commands that a kill
-    interrupted (the model re-checks them: RecheckingScript)."""
+    of the files the close kept (saved outputs and archive entries hold the run's id, and
+    re-checks add to them; the note's wording must match), the goal in the summary (each
+    agent has its own) and the summary's notes of commands that a kill interrupted (the
+    model re-checks them: RecheckingScript)."""
     usage = result.usage.model_dump(exclude={"elapsed_s"})
     usage["cost_usd"] = round(usage["cost_usd"] * 1e6)
     files = re.sub(r"[\d,]+ (bytes|files)", r"N \1", result.files or "")
@@ -235,24 +252,27 @@ def comparable(result: AgentResult) -> dict[str, Any]:
 
 def expected_result(reference: AgentResult, script: RecheckingScript, goal: str, steps: int) -> dict[str, Any]:
     """The uninterrupted run's result, plus what the model's re-checks add: each is one tool
-    call the uninterrupted run did not need, and re-checking the last step's command takes
-    one more step before the final answer (see RecheckingScript)."""
+    call the uninterrupted run did not need, and each turn from the last step's on that
+    re-checks takes one more step before the final answer (see RecheckingScript)."""
     want = comparable(reference)
-    want["usage"]["tool_calls"] += sum(1 for agent, _ in script.rechecked if agent == goal)
-    if (goal, steps) in script.rechecked and want["summary"] is not None:
+    rechecks = script.rechecks_of(goal)
+    want["usage"]["tool_calls"] += len(rechecks)
+    extra_steps = len({turn for turn, _ in rechecks if turn >= steps})
+    if not extra_steps:
+        return want
+    if want["summary"] is not None:
         final = f"step {steps + 1}: "
         want["summary"]["key_decisions"] = [
-            f"step {steps + 2}: {d.removeprefix(final)}" if d.startswith(final) else d
+            f"step {steps + 1 + extra_steps}: {d.removeprefix(final)}" if d.startswith(final) else d
             for d in want["summary"]["key_decisions"]
         ]
-    if (goal, steps) in script.rechecked:
-        model = AgentInput.model_fields["model"].default  # bench_input keeps the product's default
-        step = ModelReply(model=model, price=price_of(model), **script.STEP_TOKENS)
-        want["steps"] += 1
-        want["usage"]["model_calls"] += 1
-        want["usage"]["input_tokens"] += step.input_tokens
-        want["usage"]["output_tokens"] += step.output_tokens
-        want["usage"]["cost_usd"] += round(step.cost_usd() * 1e6)
+    model = AgentInput.model_fields["model"].default  # bench_input keeps the product's default
+    step = ModelReply(model=model, price=price_of(model), **script.STEP_TOKENS)
+    want["steps"] += extra_steps
+    want["usage"]["model_calls"] += extra_steps
+    want["usage"]["input_tokens"] += extra_steps * step.input_tokens
+    want["usage"]["output_tokens"] += extra_steps * step.output_tokens
+    want["usage"]["cost_usd"] += extra_steps * round(step.cost_usd() * 1e6)
     return want
 
 
@@ -307,11 +327,12 @@ def check(report: Report, reference: AgentResult, runs: list[Started], results: 
             "agents": report.plan.agents,
             "worker_kills": kills,
             "server_restarts": len(report.events) - kills,
+            "workers_started_while_server_down": sum(1 for e in report.events if e.get("worker_started_while_down")),
             "kills_taken_over_by_the_survivor": takeovers(report.events, recorder),
             "model_calls": sum(c["model_calls"] for c in checked),
             "model_calls_beyond_steps": sum(extra_calls),
             "max_model_calls_beyond_steps_per_run": max(extra_calls, default=0),
-            "commands_reported_interrupted": len(script.rechecked),
+            "commands_reported_interrupted": len(script.rechecks),
             "side_effects_duplicated": sum(c["side_effects_duplicated"] for c in checked),
             "side_effects_missing": sum(c["side_effects_missing"] for c in checked),
         }
@@ -328,7 +349,7 @@ def check_run(
         return {"steps": 0, "model_calls": 0, "side_effects_duplicated": 0, "side_effects_missing": 0}
     want = expected_result(reference, script, run.goal, report.plan.steps)
     got = comparable(result)
-    if any(agent == run.goal for agent, _ in script.rechecked):
+    if script.rechecks_of(run.goal):
         # A re-check's call and its result lengthen the prompts after it, which the stub bills
         # by their length: the tokens and cost can only be told to be no fewer.
         for usage in (got["usage"], want["usage"]):

@@ -77,13 +77,22 @@ class RecheckingScript(StepScript):
 
     def __init__(self, steps: int) -> None:
         super().__init__(steps)
-        self.rechecked: set[tuple[str, int]] = set()
-        """(agent, step) whose ledger command had to be checked: the model was told it was interrupted."""
+        self.rechecks: set[tuple[str, int, int]] = set()
+        """(agent, turn, step) of each re-check asked for: the ledger command of that step,
+        or an earlier re-check of it, was reported interrupted in the turn before. A re-check
+        that is itself interrupted is re-checked again at the next turn: one more tool call
+        (the 43 against 42 of issue #29). A turn asked again (a model call retried after a
+        kill) asks for the same re-checks, which count once."""
+
+    def rechecks_of(self, agent: str) -> list[tuple[int, int]]:
+        """(turn, step) of the agent's re-checks, one per tool call its run made for them."""
+        return sorted((turn, step) for who, turn, step in self.rechecks if who == agent)
 
     def __call__(self, request: dict[str, Any]) -> Reply:
         reply = super().__call__(request)
         failed = failed_ledger_writes(request)
-        self.rechecked.update((agent_of(request), n) for n in failed)
+        turn = count_assistant_turns(request)
+        self.rechecks.update((agent_of(request), turn, n) for n in failed)
         rechecks = [("run_command", {"command": f"grep -qx {n} ledger.txt || echo {n} >> ledger.txt"}) for n in failed]
         if rechecks and not reply.tool_calls:  # the last step's command: settle it before finishing
             return Reply(tool_calls=rechecks, **self.STEP_TOKENS)
@@ -134,12 +143,18 @@ class Bench:
         self.workers.append(worker)
         return worker
 
+    def worker_log(self, worker: Popen[bytes]) -> Path:
+        return self.home / f"worker-{self.workers.index(worker)}.log"
+
     def kill_worker(self, worker: Popen[bytes]) -> None:
         kill_hard(worker)
 
-    def restart_server(self, sig: int = signal.SIGKILL) -> None:
-        """Stop the dev server with `sig` and start a new process on the same SQLite file and port."""
+    def stop_server(self, sig: int = signal.SIGKILL) -> None:
+        """Stop the dev server with `sig`; `start_server_again` brings it back."""
         self.server.stop(sig)
+
+    def start_server_again(self) -> None:
+        """A new dev server process on the same SQLite file and port."""
         host, port = self.server.address.rsplit(":", 1)
         self.server = start_server(self.home / "temporal", port=int(port), ui_port=None, persistent=True)
 
@@ -168,7 +183,7 @@ def bench(script: Any, latency_s: float = 0.0, persistent: bool = True) -> Itera
         for worker in b.workers:
             stop_gently(worker, timeout_s=5)
         model.stop()
-        b.server.stop()  # the one running now: restart_server may have replaced it
+        b.server.stop()  # the one running now: start_server_again may have replaced it
         # Put back the caller's server (the test suite's session server, for instance).
         for name, earlier in (("TEMPORAL_ADDRESS", earlier_address), (ROOTS_ENV, earlier_roots)):
             if earlier is None:

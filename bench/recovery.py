@@ -186,7 +186,7 @@ async def measure(kills: int, restart_delay_s: float, seed: int, start: str, lat
         "state": result.state,
         "steps": result.steps,
         "model_calls_served": len(b.model.requests),
-        "commands_reported_interrupted": len(script.rechecked),
+        "commands_reported_interrupted": len(script.rechecks),
         "side_effects_duplicated": len(ledger) - len(set(ledger)),
         "side_effects_missing": steps - len(set(ledger)),
     }

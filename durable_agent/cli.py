@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import importlib.metadata
 import os
 import signal
@@ -58,6 +59,7 @@ from durable_agent.launch import (
     ensure_worker,
     has_worker,
     is_local,
+    replace_worker,
     split_address,
     ui_url,
 )
@@ -193,6 +195,8 @@ environment:
                         (default 64M, 512M, 256M; `gc` removes what closed runs left)
   DURABLE_AGENT_MAX_CONCURRENT_ACTIVITIES (..._WORKFLOW_TASKS, ..._LOCAL_ACTIVITIES),
   DURABLE_AGENT_MAX_CACHED_WORKFLOWS  a worker's slots
+  DURABLE_AGENT_CONNECT_TIMEOUT_S  a worker gives up after this long without a server
+                        (default: it waits; `worker --connect-timeout S` too)
   OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_ENDPOINT, OTEL_*  traces (none without them)
 
 exit codes:
@@ -257,6 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = _command(commands, "worker", work, "run a worker for the task queue until Ctrl-C or SIGTERM")
     worker.add_argument("--tools", action="append", default=[], metavar="MODULE", help="load @tool functions of MODULE")
+    worker.add_argument(
+        "--connect-timeout", type=float, metavar="S", help="give up after S s without a server (default: wait)"
+    )
     demo = commands.add_parser(
         "demo-model",
         help="serve the offline demo model (a fixed script, not an LLM) as an OpenAI-compatible endpoint",
@@ -530,19 +537,20 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 async def work(args: argparse.Namespace, console: Console) -> int:
-    from durable_agent.metrics import worker_runtime
+    from durable_agent.server_wait import ServerUnreachable
+    from durable_agent.tools import ToolLoadError
     from durable_agent.worker_settings import SettingsError, worker_settings
     from worker import run_worker  # imports every activity: only here
 
     try:
         worker_settings(task_queue())  # a bad setting fails before anything connects
-        runtime = worker_runtime()
     except SettingsError as e:
         raise CliError(str(e)) from None
-    client = await connect_client(runtime=runtime)
     try:
-        await run_worker(client, task_queue(), tool_modules=args.tools)
-    except Exception as e:  # a fatal worker error, e.g. the server went away for good
+        await run_worker(None, task_queue(), tool_modules=args.tools, connect_timeout_s=args.connect_timeout)
+    except (ServerUnreachable, SettingsError, ToolLoadError) as e:
+        raise CliError(str(e)) from None
+    except Exception as e:  # a fatal worker error
         raise CliError(f"the worker stopped: {e}") from None
     return EXIT_OK
 
@@ -596,7 +604,9 @@ async def run_agent(args: argparse.Namespace, console: Console) -> int:
     if args.detach:
         console.line(f"detached: follow it with `durable-agent watch {run_id}`")
         return EXIT_OK
-    following = follow(handle, console, approver=terminal_approver(handle, console), verbose=args.verbose)
+    replace = None if args.no_worker else functools.partial(replace_worker, client, queue, address, console)
+    approver = terminal_approver(handle, console)
+    following = follow(handle, console, approver=approver, verbose=args.verbose, on_no_worker=replace)
     code = await _until_signalled(following)
     if code is None:
         console.line(f"detached; the run goes on. Re-attach: durable-agent watch {run_id}")

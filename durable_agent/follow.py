@@ -51,6 +51,10 @@ EXIT_FAILED = 4
 
 Approver = Callable[[PendingApproval], Awaitable[None]]
 
+NoWorkerHook = Callable[[], Awaitable[bool]]
+"""Called when no worker answered a poll: `run` starts one if none polls (a SIGKILLed one)
+and says so; True if it did."""
+
 ProgressHook = Callable[[int], None]
 """Called with the last step printed so far, at each poll and before each new step line:
 a caller can print its own lines in step order (the demo's crash notes)."""
@@ -212,12 +216,14 @@ async def follow(
     approver: Approver | None = None,
     reporter: Reporter | None = None,
     verbose: bool = False,
+    on_no_worker: NoWorkerHook | None = None,
 ) -> int:
     """Print the run as it goes until it ends; returns the exit code for its outcome.
 
     With an `approver`, each newly pending approval is handed to it (in a task, so the
     run keeps being followed while a person thinks). `reporter`: one already past what
-    was printed (`caught_up`).
+    was printed (`caught_up`). With `on_no_worker`, a poll no worker answered calls it
+    before the next poll.
     """
     reporter = reporter or Reporter(handle.id, since, verbose)
     live = LiveReply()
@@ -245,7 +251,8 @@ async def follow(
                     return _report_end(console, snapshot.status.result, reporter.verbose)
             if ended:
                 return _report_end(console, ending.result(), reporter.verbose)
-            if snapshot is None and not waiting_noted:
+            replaced = snapshot is None and on_no_worker is not None and await on_no_worker()
+            if snapshot is None and not replaced and not waiting_noted:
                 waiting_noted = True
                 console.line(
                     f"no worker answered within {QUERY_TIMEOUT.seconds} s: the run makes no progress until a worker "

@@ -18,6 +18,7 @@ from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
 from temporalio.runtime import Runtime
+from temporalio.service import RPCError
 
 from activities.home import refuse_workspace_holding_home
 from activities.workspace import ROOTS_ENV, WorkspaceRefused
@@ -157,10 +158,10 @@ def allow_workspace(workspace: str) -> None:
         os.environ[ROOTS_ENV] = os.pathsep.join([os.getcwd(), workspace])
 
 
-async def ensure_worker(client: Client, queue: str, address: str, console: Console) -> None:
-    """Start a detached background worker unless a live one already polls the queue."""
+async def ensure_worker(client: Client, queue: str, address: str, console: Console) -> bool:
+    """Start a detached background worker unless a live one already polls the queue; True if it did."""
     if await has_worker(client, queue):
-        return
+        return False
     log = home() / "worker.log"
     process = spawn_worker({"DURABLE_AGENT_TASK_QUEUE": queue, "TEMPORAL_ADDRESS": address}, log)
     await wait_until_polling(client, queue, process, log)
@@ -168,6 +169,19 @@ async def ensure_worker(client: Client, queue: str, address: str, console: Conso
         f"started a background worker for task queue {queue} (pid {process.pid}, log {log}); "
         f"it keeps serving runs after this command: stop it with `kill {process.pid}`"
     )
+    return True
+
+
+async def replace_worker(client: Client, queue: str, address: str, console: Console) -> bool:
+    """While `run` follows and no worker answered: start one if none polls, as `run` does
+    at start (a SIGKILLed local worker is known gone at once: `has_worker`). True if it did."""
+    try:
+        return await ensure_worker(client, queue, address, console)
+    except RPCError:
+        return False  # the server itself is away: `follow` says no worker answers
+    except LaunchError as e:
+        console.line(f"no worker polls task queue {queue}, and starting one failed: {e}")
+        return False
 
 
 async def wait_until_polling(client: Client, queue: str, process: subprocess.Popen[bytes], log: Path) -> None:

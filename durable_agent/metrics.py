@@ -29,6 +29,7 @@ from temporalio.service import RPCError
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor
 
 from durable_agent import genai
+from durable_agent.server_wait import QUIET_RETRIES
 from durable_agent.worker_settings import SettingsError
 from workflows.run_metrics import WAITING_STATES
 from workflows.types import WORKFLOW_TYPE, ModelCallInput, ModelReply, ToolCallInput, ToolOutcome
@@ -51,17 +52,16 @@ def prometheus_address() -> str | None:
     return f"{host or os.environ.get(ADDRESS_ENV, '').strip() or '127.0.0.1'}:{port}"
 
 
-def worker_runtime() -> Runtime | None:
-    """A runtime serving Prometheus metrics when `DURABLE_AGENT_METRICS_PORT` asks for it.
+def worker_runtime() -> Runtime:
+    """A worker's runtime: serving Prometheus metrics when `DURABLE_AGENT_METRICS_PORT` asks
+    for it, and logging without a warning per retried call (durable_agent/server_wait.py).
 
     Raises SettingsError, one line, when the address cannot be served (e.g. a second worker
     on the same port): the SDK's exporter says only "Failed starting Prometheus exporter"."""
     address = prometheus_address()
-    if address is None:
-        return None
-    metrics = PrometheusConfig(bind_address=address, durations_as_seconds=True)
+    metrics = None if address is None else PrometheusConfig(bind_address=address, durations_as_seconds=True)
     try:
-        return Runtime(telemetry=TelemetryConfig(metrics=metrics))
+        return Runtime(telemetry=TelemetryConfig(logging=QUIET_RETRIES, metrics=metrics))
     except ValueError as e:
         raise SettingsError(
             f"{PORT_ENV}: cannot serve metrics on {address} ({str(e).rpartition(': ')[2]}); "

@@ -31,6 +31,7 @@ from activities.model import ModelActivities
 from activities.redaction import RedactingInterceptor
 from activities.skills import SkillActivities
 from activities.snapshots import SnapshotActivities
+from activities.stopped import StoppedAttemptInterceptor
 from activities.tools import ToolActivities
 from activities.user_tools import UserToolActivities
 from durable_agent import telemetry
@@ -158,6 +159,7 @@ def activity_name(function: Callable[..., Any]) -> str:
 
 def interceptors(model_queue: str | None) -> list[Interceptor]:
     """Every worker's interceptors. Redaction is innermost, so what leaves an activity for
-    history, metrics or traces is redacted first; `model_queue` routes model calls there."""
+    history, metrics or traces is redacted first; `model_queue` routes model calls there.
+    A stopped attempt is told apart outermost, so metrics still see the cancel."""
     routing = [ModelQueueInterceptor(model_queue)] if model_queue else []
-    return [MetricsInterceptor(), *routing, RedactingInterceptor()]
+    return [StoppedAttemptInterceptor(), MetricsInterceptor(), *routing, RedactingInterceptor()]

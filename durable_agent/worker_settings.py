@@ -6,6 +6,8 @@
 - `DURABLE_AGENT_MODEL_RPS`: model calls per second across every worker of that queue,
   enforced by the Temporal server; a call over the rate waits in the queue, scheduled but
   not started.
+- `DURABLE_AGENT_CONNECT_TIMEOUT_S`: how long a worker waits for an unreachable server at
+  start before it gives up (default: forever; durable_agent/server_wait.py).
 - `DURABLE_AGENT_MAX_CONCURRENT_ACTIVITIES`, `..._WORKFLOW_TASKS`, `..._LOCAL_ACTIVITIES`
   and `DURABLE_AGENT_MAX_CACHED_WORKFLOWS`: the worker's slots. A waiting model call holds
   an activity slot and a cached run, nothing else, so the defaults serve 500 waiting agents.
@@ -40,6 +42,8 @@ class WorkerSettings(BaseModel):
     """The file tools, which take milliseconds."""
     max_cached_workflows: int = Field(default=2_000, ge=0, le=MAX_SLOTS)
     """Runs kept in memory between tasks; one evicted is replayed from history at its next task."""
+    connect_timeout_s: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    """None: wait for the server as long as it takes, as a worker under a supervisor should."""
 
     @property
     def model_queue_is_separate(self) -> bool:
@@ -61,6 +65,7 @@ ENV_FIELDS = {
     "max_concurrent_workflow_tasks": "DURABLE_AGENT_MAX_CONCURRENT_WORKFLOW_TASKS",
     "max_concurrent_local_activities": "DURABLE_AGENT_MAX_CONCURRENT_LOCAL_ACTIVITIES",
     "max_cached_workflows": "DURABLE_AGENT_MAX_CACHED_WORKFLOWS",
+    "connect_timeout_s": "DURABLE_AGENT_CONNECT_TIMEOUT_S",
 }
 
 

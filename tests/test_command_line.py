@@ -23,6 +23,7 @@ from durable_agent.server import EmbeddedServer, free_port
 from tests.helpers import cli_start_agent, run_cli, start, until, wait_for
 from tests.scripts import Script, answer, tools
 from tests.test_cli import LABEL, ROOT, cli_env, durable_agent, one_line_error
+from tests.test_crash import SlowTurn
 from workflows.types import ALL_TOOLS, LimitsPatch
 
 WORKER_COMMANDS = {
@@ -332,3 +333,41 @@ async def test_demo_model_serves_the_offline_demo_as_an_openai_endpoint(
             os.kill(pid, signal.SIGTERM)
         server.send_signal(signal.SIGTERM)
         await asyncio.wait_for(server.wait(), 30)
+
+
+async def test_run_replaces_a_worker_sigkilled_while_it_follows(
+    client: Client, temporal_server: EmbeddedServer, task_queue: str, model_server: ModelServer, tmp_path: Path
+) -> None:
+    """#23 item 2: the README says a SIGKILLed worker is replaced at once; `run` used to print
+    "no worker answered within 5 s" and wait for a person to start one."""
+    slow = SlowTurn(tools(("write_file", {"path": "b.txt", "content": "b"})), delay_s=2)
+    model_server.responder = Script([tools(("write_file", {"path": "a.txt", "content": "a"})), slow], final="made")
+    env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue, DURABLE_AGENT_HOME=str(tmp_path / "home"))
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    run = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "durable_agent.cli", "run", "make two files", "--workspace", str(workspace),
+        cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    assert run.stdout is not None
+    seen = ""
+    workers: list[int] = []
+    try:
+        while not workers:
+            line = (await asyncio.wait_for(run.stdout.readline(), 60)).decode()
+            assert line, seen
+            seen += line
+            workers += [int(pid) for pid in re.findall(r"background worker .*\(pid (\d+),", line)]
+        await until(slow.asked.is_set)  # step 2's model call is in flight on that worker
+        os.kill(workers[0], signal.SIGKILL)
+        rest = (await asyncio.wait_for(run.stdout.read(), 90)).decode()
+        workers += [int(pid) for pid in re.findall(r"background worker .*\(pid (\d+),", rest)]
+        assert await run.wait() == 0, seen + rest
+        assert len(workers) == 2 and "no worker answered" not in rest, seen + rest
+        assert "completed (final_answer) after 3 steps" in rest
+        assert (workspace / "a.txt").read_text() == "a" and (workspace / "b.txt").read_text() == "b"
+    finally:
+        if run.returncode is None:
+            run.kill()
+        for pid in workers[1:]:
+            os.kill(pid, signal.SIGTERM)

@@ -27,7 +27,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.heartbeat import heartbeating
 from activities.home import refuse_workspace_holding_home
@@ -114,7 +114,10 @@ class ToolActivities:
             await asyncio.to_thread(check_allowed, workspace, self._roots)
             refuse_workspace_holding_home(workspace)
         except WorkspaceRefused as e:
-            raise ApplicationError(str(e), type="WorkspaceRefused", non_retryable=True) from None
+            # BENIGN: an outcome the run reports, not a worker fault; the SDK logs it without a traceback.
+            raise ApplicationError(
+                str(e), type="WorkspaceRefused", non_retryable=True, category=ApplicationErrorCategory.BENIGN
+            ) from None
 
     @activity.defn(name="read_file")
     async def read_file(self, input: ToolCallInput) -> ToolOutcome:

@@ -9,6 +9,7 @@ the chain) come from the run's archive in the workspace (`activities/archive.py`
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from datetime import timedelta
 from pathlib import Path
@@ -99,8 +100,22 @@ def _message_lines(message: Message, results: dict[str, str]) -> list[str]:
     lines = [f"**Model:** {message.content.strip()}"] if message.content else []
     for call in message.tool_calls:
         outcome = results.get(call.id, "(no result recorded)")
-        lines.append(f"- `{_summary(call.name, call.arguments)}` → {_one_line(outcome, TOOL_RESULT_CHARS)}")
+        summary = f"- `{_summary(call.name, call.arguments)}` →"
+        if "\n" not in outcome.strip():
+            lines.append(f"{summary} {_one_line(outcome, TOOL_RESULT_CHARS)}")
+        else:  # a traceback or a file keeps its lines
+            lines += [summary, *_indented_block(outcome, TOOL_RESULT_CHARS)]
     return lines
+
+
+def _indented_block(text: str, limit: int) -> list[str]:
+    """`text` as a fenced block under a list item, cut at `limit` characters; the fence is
+    longer than any run of backticks inside, so the text cannot close it."""
+    body = text.strip("\n")
+    if len(body) > limit:
+        body = body[: limit - 1] + "…"
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", body)), default=0))
+    return [f"  {line}".rstrip() for line in [fence, *body.split("\n"), fence]]
 
 
 def _summary(name: str, raw_arguments: str) -> str:

@@ -62,7 +62,7 @@ async def test_export_of_a_closed_continued_as_new_run_needs_no_worker(
     assert f"| {result.usage.input_tokens:,} | {result.usage.output_tokens:,} | 13 | 12 |" in text
     assert "### Step 1\n" in text and "### Step 12\n" in text
     assert "- `write_file: 11.txt` → wrote" in text
-    assert "- `run_command: cat 11.txt` → exit code: 0 11" in text
+    assert "- `run_command: cat 11.txt` →\n  ```\n  exit code: 0\n  11\n  ```\n" in text  # its lines kept
     assert f"- step 12: approved tool call {status.pending_approvals[0].call_id}" in text
     assert "eleven files written and checked" in text.split("## Result", 1)[1]
 

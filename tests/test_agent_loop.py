@@ -236,10 +236,12 @@ async def test_every_model_call_and_tool_call_is_labelled_for_the_web_ui(
     assert summaries == [
         "label",
         f"check_workspace: {workspace}",
+        "snapshot_workspace: step 0",  # the workspace as the run found it (durable-agent fork)
         "discover_skills",
         "call_model: gpt-4.1-mini step 1",
         "run_command: echo hi",  # scheduled in the task that records write_file's result
         "write_file: a.txt",
+        "snapshot_workspace: step 1",
         "call_model: gpt-4.1-mini step 2",
         f"clean_up_run: {run_folder(handle.id, handle.first_execution_run_id or '')}",
     ]

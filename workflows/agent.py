@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.delegation import Delegates, ParentReporter
     from workflows.failures import ACTIVITY_FAILED, attempts, failure_message, raise_if_cancelled
     from workflows.ladder import pressure, rungs_due
+    from workflows.options import SNAPSHOT_PATCH
     from workflows.run_metrics import RunMetrics
     from workflows.skills import (
         CATALOG_KIND,
@@ -48,7 +49,6 @@ with workflow.unsafe.imports_passed_through():
         catalog_text,
     )
     from workflows.snapshot_steps import SnapshotSteps
-    from workflows.snapshots import SNAPSHOT_PATCH
     from workflows.state import Carry, ModelView
     from workflows.status_view import details_markdown
     from workflows.tool_specs import call_summary, unique_call_ids
@@ -126,7 +126,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
         are in the archive only."""
         self._delegates = Delegates()
         self._reporter = ParentReporter(None)
-        self._baseline: bool | None = None
+        self._baseline: frozenset[str] | None = None
         self._tool_waits: dict[str, str] = {}
         """Tools whose calls wait for a worker to poll their task queue, and since when."""
         try:
@@ -141,14 +141,11 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
         return self._input
 
     def _patched(self, patch: str) -> bool:
-        """`workflow.patched(patch)`, except that a run recorded with today's baseline patch has
-        every patch of `options.BASELINE_PATCHES` without a marker of its own (see there)."""
-        if patch in options.BASELINE_PATCHES:
-            if self._baseline is None:
-                self._baseline = workflow.patched(options.BASELINE_PATCH)
-            if self._baseline:
-                return True
-        return workflow.patched(patch)
+        """`workflow.patched(patch)`, except that a run recorded with a baseline patch has every
+        patch of that baseline without a marker of its own (options.BASELINES)."""
+        if self._baseline is None:
+            self._baseline = next((patches for id, patches in options.BASELINES if workflow.patched(id)), frozenset())
+        return patch in self._baseline or workflow.patched(patch)
 
     # --- run ---------------------------------------------------------------------------
 

@@ -198,6 +198,14 @@ BASELINE_PATCHES = frozenset(
     }
 )
 
+SNAPSHOT_PATCH = "workspace-snapshots"
+"""`workflow.patched` id: runs recorded before step snapshots existed take none (workflows/snapshots.py)."""
+BASELINE_2_PATCH = "baseline-2"
+"""Baseline 1's patches and the two added since; runs started on this code record only it."""
+BASELINE_2_PATCHES = BASELINE_PATCHES | {SNAPSHOT_PATCH, LIVELOCK_ACROSS_STEPS_PATCH}
+BASELINES = ((BASELINE_2_PATCH, BASELINE_2_PATCHES), (BASELINE_PATCH, BASELINE_PATCHES))
+"""Newest first: a run takes the newest baseline its history has (a new run: the newest)."""
+
 
 TOOL_WORKER_WAIT = timedelta(seconds=10)
 """How long a user tool's call waits in its task queue for a worker before the run says it is

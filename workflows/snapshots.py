@@ -14,8 +14,6 @@ from pydantic import BaseModel, Field
 from temporalio.common import RetryPolicy
 
 SNAPSHOT_ACTIVITY = "snapshot_workspace"
-SNAPSHOT_PATCH = "workspace-snapshots"
-"""`workflow.patched` id: runs recorded before snapshots replay without them."""
 SNAPSHOT_TIMEOUT = timedelta(seconds=60)
 SNAPSHOT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=0.1), maximum_attempts=3)
 """A snapshot that keeps failing (the store's disk is full) leaves that step without one:

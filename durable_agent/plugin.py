@@ -83,6 +83,8 @@ class DurableAgentPlugin(SimplePlugin):
         if queue in self._tool_queues:
             return config  # a tool's own worker (it inherits the client's plugins): only its tool
         config = super().configure_worker(config)
+        # A user's worker may list AgentWorkflow itself: once is enough.
+        config["workflows"] = list(dict.fromkeys(config.get("workflows") or []))
         tools = UserToolActivities(self.tools, queue)
         self._tool_activities[queue] = tools
         self._tool_queues.update(tools.queues())

@@ -94,8 +94,9 @@ async def test_a_killed_worker_and_its_replacement_emit_each_span_once(
     try:
         handle = await start(client, task_queue, goal="crash me", workspace=str(workspace))
         await until(slow.asked.is_set)  # step 2's model call is in flight
-        # Step 1's spans have reached the collector before the kill.
+        # Step 1's spans, and the span of step 2's model call, have reached the collector before the kill.
         await until(lambda: sum(s.name.startswith("execute_tool") for s in collector.spans) == 2, within_s=30)
+        await until(lambda: sum(s.name == "StartActivity:call_model" for s in collector.spans) == 2, within_s=30)
         kill_hard(worker)
         worker = spawn_worker(env, tmp_path / "w1.log")
         result = await handle.result()

@@ -28,10 +28,10 @@ from durable_agent.metrics import (
     worker_runtime,
 )
 from durable_agent.plugin import DurableAgentPlugin, interceptors
-from durable_agent.server_wait import ServerUnreachable, connect_when_up, watch_server
+from durable_agent.server_wait import ServerUnreachable, connect_when_up, gone_at_start, until_answering, watch_server
 from durable_agent.takeover import take_over, worker_identity
 from durable_agent.tools import ToolLoadError, configured_tools
-from durable_agent.worker_settings import SettingsError, worker_settings
+from durable_agent.worker_settings import SettingsError, WorkerSettings, worker_settings
 
 STICKY_TIMEOUT = timedelta(seconds=1)
 """How long the server holds a run's next task for the worker that has it cached. The
@@ -154,6 +154,23 @@ async def run_worker(
         if client is None:
             print("worker stopped before the server answered", flush=True)
             return
+    while True:
+        try:
+            await _serve(client, settings, queue, tool_modules, stop)
+            return
+        except RuntimeError as e:
+            if not gone_at_start(e):
+                raise
+        _say("lost the Temporal server while the worker started; it starts again when the server answers")
+        if not await until_answering(client, stop):
+            print("worker stopped before the server answered", flush=True)
+            return
+
+
+async def _serve(
+    client: Client, settings: WorkerSettings, queue: str | None, tool_modules: Sequence[str], stop: asyncio.Event
+) -> None:
+    """The workers, until `stop` (then a graceful shutdown) or a fatal error, which is raised."""
     workers = [build_worker(client, queue, tool_modules=tool_modules)]
     model_worker = build_model_worker(client, queue)
     if model_worker is not None:

@@ -767,8 +767,13 @@ async def watch(args: argparse.Namespace, console: Console) -> int:
         console.lines(render.status_lines(args.id, current))
         reporter, done = await caught_up(handle, current, args.verbose)
         console.lines(done)
-    console.line("following (Ctrl-C stops watching; the run goes on)")
-    code = await _until_signalled(follow(handle, console, since=current, reporter=reporter, verbose=args.verbose))
+
+    async def following() -> int:
+        # Said once Ctrl-C is ours to handle: a person (or a script) may press it right after.
+        console.line("following (Ctrl-C stops watching; the run goes on)")
+        return await follow(handle, console, since=current, reporter=reporter, verbose=args.verbose)
+
+    code = await _until_signalled(following())
     if code is None:
         console.line(f"stopped watching; the run goes on. Watch again: durable-agent watch {args.id}")
         return EXIT_INTERRUPTED

@@ -100,3 +100,26 @@ async def watch_server(client: Client, say: Callable[[str], None] = print) -> No
         if lost:
             say(f"the Temporal server at {address} answers again")
         lost = False
+
+
+def gone_at_start(error: BaseException) -> bool:
+    """A worker's start-up check failed because the server went away after it connected."""
+    text = str(error)
+    return "validation failed" in text and ("Unavailable" in text or "connect error" in text)
+
+
+async def until_answering(client: Client, stop: asyncio.Event) -> bool:
+    """Poll the server with the connection's backoff until it answers (True) or `stop` is set (False)."""
+    delay = FIRST_RETRY_S
+    while not stop.is_set():
+        try:
+            await client.workflow_service.get_system_info(GetSystemInfoRequest(), timeout=WATCH_EVERY)
+            return True
+        except RPCError:
+            pass
+        try:
+            await asyncio.wait_for(stop.wait(), delay)
+        except TimeoutError:
+            pass
+        delay = min(delay * 2, RETRY_CAP_S)
+    return False

@@ -16,6 +16,7 @@ from durable_agent.connection import connect
 from durable_agent.model_server import ModelServer
 from durable_agent.processes import WORKER_SCRIPT, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer, free_port, start_server
+from durable_agent.server_wait import gone_at_start
 from tests.helpers import start, until
 from tests.scripts import Script, answer, tools
 
@@ -105,3 +106,15 @@ async def test_ctrl_c_stops_a_worker_that_waits_for_its_server(tmp_path: Path) -
         stop_gently(worker)  # SIGINT, as Ctrl-C sends
     assert worker.returncode == 0 and "Traceback" not in _log(log), _log(log)
     assert _log(log).splitlines()[-1] == "worker stopped before the server answered"
+
+
+def test_a_server_lost_between_connect_and_the_workers_start_up_check_is_waited_for() -> None:
+    # The message the SDK's bridge gives when the server went away after the worker connected
+    # (seen in CI): the worker waits for the server and starts again, it does not exit.
+    seen = RuntimeError(
+        "Worker validation failed: Namespace default was not found or otherwise could not be described: "
+        'Status { code: Unavailable, message: "tcp connect error" }'
+    )
+    assert gone_at_start(seen)
+    assert not gone_at_start(RuntimeError("Worker validation failed: Namespace nope is not found"))
+    assert not gone_at_start(RuntimeError("some other failure: Unavailable"))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -111,13 +112,17 @@ async def test_time_limit(
     assert result.stop_reason == "time_limit" and result.usage.elapsed_s >= 6
     # Prompt, by the run's own record: no model call was scheduled after the 6 s were up,
     # and the run closed in the task that first saw them up (no step after that).
+    # A call's time is when its workflow task started (the workflow's own clock, `workflow.now()`),
+    # not when the server recorded the task's commands; the run's clock starts at its first task.
     events = (await handle.fetch_history()).events
-    began = events[0].event_time.ToDatetime()
-    calls = [
-        (e.event_time.ToDatetime() - began).total_seconds()
-        for e in events
-        if e.activity_task_scheduled_event_attributes.activity_type.name == "call_model"
-    ]
+    started = EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED
+    decided_at, began, calls = None, None, []
+    for e in events:
+        if e.event_type == started:
+            decided_at = e.event_time.ToDatetime()
+            began = began or decided_at
+        elif e.activity_task_scheduled_event_attributes.activity_type.name == "call_model":
+            calls.append((decided_at - began).total_seconds())
     assert calls and max(calls) <= 6, calls
     status = await handle.query("status", result_type=AgentStatus)
     assert any(d.kind == "soft_warning" and d.detail.startswith("time") for d in status.degradations), status

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
@@ -120,11 +121,20 @@ class StreamedReply:
 
     def live_view(self) -> dict[str, Any]:
         """The reply so far, for `run` and `watch`: the text's last LIVE_TEXT_CHARS characters
-        (and how many came before them) and the names of the tools asked for."""
+        (and how many came before them) and the names of the tools asked for.
+
+        Only whole words go out: redaction (on the heartbeat) matches whole secret values, so
+        a word still arriving, or one the window's start cuts, could show part of a secret.
+        The text ends at its last whitespace until the model moves on to tool calls."""
         text = "".join(self.content or ())
+        if not self.calls:
+            text = text[: _after_last_space(text)]
+        start = max(0, len(text) - LIVE_TEXT_CHARS)
+        if start:
+            start = min(len(text), start + _after_last_space(text[start : start + 200]))
         return {
-            "text": text[-LIVE_TEXT_CHARS:],
-            "text_offset": max(0, len(text) - LIVE_TEXT_CHARS),
+            "text": text[start:],
+            "text_offset": start,
             "tool_calls": [call[1] for _, call in sorted(self.calls.items()) if call[1]],
         }
 
@@ -329,6 +339,15 @@ def _event(data: str, reply: StreamedReply, progress: StreamProgress) -> bool:
     if characters:
         progress.received(characters)
     return False
+
+
+def _after_last_space(text: str) -> int:
+    """The index just after `text`'s last whitespace character; 0 if it has none."""
+    match = _LAST_SPACE.search(text)
+    return match.end() if match else 0
+
+
+_LAST_SPACE = re.compile(r"\s(?=\S*\Z)")
 
 
 def _string(value: object) -> str:

@@ -192,7 +192,8 @@ async def test_a_followed_run_beats_with_its_reply_so_far_redacted(
         if details.get("text") and details["text"] not in texts:
             texts.append(details["text"])
         await asyncio.sleep(0.2)
-    assert all(t.startswith("[REDACTED:OPENAI_API_KEY] word word") for t in texts), texts
+    assert all(t.startswith("[REDACTED:OPENAI_API_KEY] ") for t in texts), texts
+    assert all(t.endswith(" ") for t in texts), texts  # whole words only: never part of a secret
     assert len(texts[-1]) > len(texts[0])  # it grows as the reply comes: more than one beat
     assert (await asyncio.wait_for(handle.result(), 60)).output.startswith("[REDACTED:OPENAI_API_KEY] word")
 
@@ -377,3 +378,15 @@ async def test_a_new_workers_first_wave_of_calls_makes_one_client(monkeypatch: p
 
     await asyncio.gather(*(call() for _ in range(CALLS_PER_CLIENT)))
     assert len(made) == 1 and clients.clients() == 1
+
+
+def test_the_live_text_holds_back_a_word_still_arriving() -> None:
+    reply = StreamedReply(10_000)
+    reply.add({"choices": [{"delta": {"content": "the key is sk-proj-AB"}}]})
+    assert reply.live_view()["text"] == "the key is "  # "sk-proj-AB" may be the start of a secret
+    reply.add({"choices": [{"delta": {"content": "CD done\n"}}]})
+    assert reply.live_view()["text"] == "the key is sk-proj-ABCD done\n"
+    long = StreamedReply(100_000)
+    long.add({"choices": [{"delta": {"content": "abc " * 2_000}}]})
+    view = long.live_view()
+    assert view["text"].startswith("abc ") and view["text_offset"] % 4 == 0  # the window starts at a word

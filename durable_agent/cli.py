@@ -807,8 +807,8 @@ async def _status_from_history(handle: WorkflowHandle[Any, AgentResult]) -> list
     description = await handle.describe()
     found = description.typed_search_attributes
     tokens = found.get(AGENT_TOKENS) or 0
-    cost = found.get(AGENT_COST)
-    cost_text = "" if not tokens else " · cost unknown" if cost is None else f" · cost ${cost:.4f}"
+    shown = _cost_text(tokens, found.get(AGENT_COST))
+    cost_text = f" · cost {shown.removeprefix('cost ')}" if shown != "-" else ""
     lines = [
         f"{handle.id}: {found.get(AGENT_STATE) or 'running'} at step {found.get(AGENT_STEP) or 0} · "
         f"{tokens:,} tokens{cost_text} (from its search attributes)"
@@ -917,10 +917,13 @@ def _list_row(run: WorkflowExecution) -> tuple[str, ...]:
         state = run.status.name.lower() if run.status else "?"
     cost = found.get(AGENT_COST)
     tokens = found.get(AGENT_TOKENS) or 0
-    # The workflow leaves AgentCostUsd unset while a model without a price was used; a run with no
-    # model reply yet has no cost to show either way.
-    cost_text = "-" if not tokens else "cost unknown" if cost is None else f"${cost:.4f}"
-    return run.id, state, str(found.get(AGENT_STEP) or 0), f"{tokens:,}", cost_text
+    return run.id, state, str(found.get(AGENT_STEP) or 0), f"{tokens:,}", _cost_text(tokens, cost)
+
+
+def _cost_text(tokens: int, cost: float | None) -> str:
+    """The search attributes' cost: the workflow leaves AgentCostUsd unset while a model without
+    a price was used; a run with no model reply yet has no cost to show either way."""
+    return "-" if not tokens else "cost unknown" if cost is None else f"${cost:.4f}"
 
 
 # --- gc --------------------------------------------------------------------------------

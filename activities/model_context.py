@@ -1,26 +1,14 @@
-"""How a model call's context reaches the worker that runs it, without entering history.
+"""The worker's side of handing a model call's context to `call_model` without history.
 
-`call_model` is a regular activity, and a regular activity's input is recorded in history.
-So its input names the context (`ModelContextRef`: run id, message count, digest) and
-the messages travel another way:
-
-1. The workflow offers them to this process's cache when it schedules the call (`offer`).
-   The call usually runs on the same worker, moments later, and takes them from there.
-2. Any other worker (a dedicated model task queue, a retry after the first worker died,
-   a restarted process) asks the workflow with the `model_context` query. The workflow
-   keeps the in-flight call's messages for that; a worker that does not have the run
-   cached replays it first, as for any query. The answer comes in pages (`context_page`).
-
-The digest makes both answers exact: a cache entry or a query answer is used only when
-it is the context of this very call. The input is "the list of wire messages for this
-call", however the workflow built it.
+The workflow offers each call's messages to this process's cache (installed as the sink of
+workflows/context_handoff.py by the plugin); `fetch` takes them from there, or, on any other
+worker, asks the run with the `model_context` query a page at a time. Why, and how the
+digest keeps both exact: workflows/context_handoff.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import time
 from collections import OrderedDict
 from typing import Any
@@ -30,12 +18,9 @@ from temporalio.client import WorkflowHandle, WorkflowQueryFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
+from workflows.context_handoff import MODEL_CONTEXT_QUERY, context_ref
 from workflows.types import ModelContext, ModelContextRef, ModelContextRequest
 
-MODEL_CONTEXT_QUERY = "model_context"
-PAGE_BYTES = 1_000_000
-"""A query's answer is refused over 2 MB ("Blob data size exceeds limit"): a context is read a
-page of at most this many bytes of messages at a time (a single larger message alone)."""
 QUERY_PATIENCE_S = 60.0
 """How long one attempt asks a run that no worker answers for: within the call's 120 s."""
 
@@ -47,15 +32,8 @@ this many (calls that ran on another worker)."""
 _cache: OrderedDict[str, tuple[ModelContextRef, list[dict[str, Any]]]] = OrderedDict()
 
 
-def context_ref(run_id: str, messages: list[dict[str, Any]]) -> ModelContextRef:
-    """Pure and deterministic: the workflow computes it, in replay too."""
-    encoded = json.dumps(messages, separators=(",", ":"), ensure_ascii=False).encode()
-    digest = hashlib.blake2b(encoded, digest_size=16).hexdigest()
-    return ModelContextRef(run_id=run_id, message_count=len(messages), digest=digest)
-
-
 def offer(ref: ModelContextRef, messages: list[dict[str, Any]]) -> None:
-    """Called by the workflow as it schedules the call; memory only, so replay-safe."""
+    """The sink of workflows/context_handoff.py: memory only."""
     _cache[ref.run_id] = (ref, messages)
     _cache.move_to_end(ref.run_id)
     while len(_cache) > CACHE_ENTRIES:
@@ -68,18 +46,6 @@ def take(ref: ModelContextRef) -> list[dict[str, Any]] | None:
         return None
     del _cache[ref.run_id]
     return entry[1]
-
-
-def context_page(messages: list[dict[str, Any]], first: int) -> tuple[list[dict[str, Any]], int | None]:
-    """Pure: the messages from `first` that fit in PAGE_BYTES (one at least), and where the
-    next page starts (None: none is left)."""
-    end, size = first, 0
-    while end < len(messages):
-        size += len(json.dumps(messages[end], separators=(",", ":"), ensure_ascii=False).encode())
-        if size > PAGE_BYTES and end > first:
-            break
-        end += 1
-    return messages[first:end], (end if end < len(messages) else None)
 
 
 async def fetch(ref: ModelContextRef) -> tuple[list[dict[str, Any]], str]:

@@ -24,6 +24,7 @@ from temporalio.converter import DataConverter
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import Interceptor, Worker, WorkerConfig
 
+from activities import model_context
 from activities.agents import AgentActivities
 from activities.archive import ArchiveActivities
 from activities.cleanup import CleanupActivities
@@ -40,6 +41,7 @@ from durable_agent.connection import data_converter
 from durable_agent.metrics import MetricsInterceptor
 from durable_agent.model_queue import ModelQueueInterceptor
 from durable_agent.tools import Tool, load_modules, unique
+from workflows import context_handoff
 from workflows.agent import AgentWorkflow
 
 PLUGIN_NAME = "durable_agent.DurableAgentPlugin"
@@ -85,6 +87,7 @@ class DurableAgentPlugin(SimplePlugin):
         config = super().configure_worker(config)
         # A user's worker may list AgentWorkflow itself: once is enough.
         config["workflows"] = list(dict.fromkeys(config.get("workflows") or []))
+        context_handoff.install_sink(model_context.offer)  # a call scheduled here finds its messages here
         tools = UserToolActivities(self.tools, queue)
         self._tool_activities[queue] = tools
         self._tool_queues.update(tools.queues())

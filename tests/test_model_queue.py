@@ -24,7 +24,6 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
 from activities import model_context
-from activities.model_context import context_page
 from durable_agent.model_queue import model_call_waiting
 from durable_agent.model_server import Failure, ModelServer, Reply
 from durable_agent.processes import spawn_worker, stop_gently
@@ -34,6 +33,7 @@ from tests.scripts import Script, answer, tool_results, tools
 from tests.test_crash import worker_env
 from tests.test_replay import replayer
 from worker import build_model_worker, build_worker
+from workflows.context_handoff import context_page
 from workflows.options import MODEL_START_TO_CLOSE
 from workflows.types import ModelContext, ModelContextRequest
 

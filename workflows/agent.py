@@ -24,8 +24,7 @@ from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from activities import model_context as context_delivery
-    from workflows import compaction, limits, options
+    from workflows import compaction, context_handoff, limits, options
     from workflows.agents import AgentDefinition, AgentFileError, AgentRequest, effective_input
     from workflows.context import (
         WireContext,
@@ -499,10 +498,9 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
                 local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
                 summary=summary,
             )
-        ref = context_delivery.context_ref(workflow.info().run_id, messages)
+        ref = context_handoff.context_ref(workflow.info().run_id, messages)
         self._in_flight = ModelContext(ref=ref, messages=messages)
-        if not workflow.unsafe.is_replaying():
-            context_delivery.offer(ref, messages)
+        context_handoff.offer(ref, messages)
         try:
             return await workflow.execute_activity(
                 "call_model",

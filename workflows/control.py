@@ -14,8 +14,7 @@ from temporalio import workflow
 from temporalio.common import RawValue
 
 with workflow.unsafe.imports_passed_through():
-    from activities import model_context as context_delivery
-    from workflows import compaction, limits
+    from workflows import compaction, context_handoff, limits
     from workflows.state import ContextStatus
     from workflows.types import (
         AgentStatus,
@@ -238,7 +237,7 @@ class RunControl:
             archive_path=f"{self._agent.workspace}/{self._carry.archive_dir}",
         )
 
-    @workflow.query(name=context_delivery.MODEL_CONTEXT_QUERY)
+    @workflow.query(name=context_handoff.MODEL_CONTEXT_QUERY)
     def in_flight_context(self, raw: Any) -> ModelContext:
         """The in-flight model call's messages, for a `call_model` attempt that did not find
         them in its worker's cache: a page at a time, as a query's answer is refused over 2 MB.
@@ -248,7 +247,7 @@ class RunControl:
             raise ValueError("no model call with this context is in flight")
         if request.first_message is None:
             return self._in_flight
-        page, next_message = context_delivery.context_page(self._in_flight.messages, request.first_message)
+        page, next_message = context_handoff.context_page(self._in_flight.messages, request.first_message)
         return ModelContext(ref=self._in_flight.ref, messages=page, next_message=next_message)
 
 

@@ -38,6 +38,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.context_steps import ContextSteps
     from workflows.control import RunControl
     from workflows.delegation import Delegates, ParentReporter
+    from workflows.done import unfinished_lines
+    from workflows.done_steps import DoneSteps
     from workflows.failures import ACTIVITY_FAILED, attempts, failure_message, raise_if_cancelled
     from workflows.ladder import pressure, rungs_due
     from workflows.options import SNAPSHOT_PATCH
@@ -90,7 +92,7 @@ class _Terminate(Exception):
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
-class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing):
+class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing, DoneSteps):
     @workflow.init
     def __init__(self, raw_input: Any) -> None:
         # The input is decoded here, before any signal handler runs, so a pause or message
@@ -321,7 +323,10 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
             await self._fit_context()
             reply = await self._call_model()
             if not reply.tool_calls:
-                return self._finish("completed", "final_answer", output=reply.content or "")
+                if await self._answer_accepted(reply.content or ""):
+                    return self._finish("completed", "final_answer", output=reply.content or "")
+                self._end_step()  # unmet criteria went back to the model: it goes on
+                continue
             if limits.tool_calls_exceed(self._carry.usage, self._limits, len(reply.tool_calls)):
                 return self._finish("stopped", "tool_call_budget", open_calls=reply.tool_calls)
             await self._run_tools(reply.tool_calls)
@@ -675,6 +680,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
             unfinished += [f"tool call not run: {call_summary(c.name, {})} {c.arguments[:200]}" for c in open_calls]
             unfinished += [f"approval pending: {p.summary}" for p in self._pending_approvals.values()]
             unfinished += self._delegates.charge_running(self._carry.usage)
+        unfinished += unfinished_lines(self._carry.criteria)
         output = final or progress_summary(
             self._carry.view.messages, self._carry.step, reason, self._carry.usage.tool_calls
         )
@@ -687,6 +693,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
             unfinished=unfinished,
             summary=compaction.run_summary(self._carry.view, self._agent.goal, output, unfinished),
             degraded=[d.detail for d in self._carry.degradations if d.kind == "cached_tool_result"],
+            criteria=self._carry.criteria,
         )
         self._doing = f"finished ({reason})"
         self._publish()

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, Field, field_serializer, field_validator, model_validator
 
+from workflows.done import CriterionResult
 from workflows.livelock import LivelockTracker
 from workflows.summary import StructuredSummary
 from workflows.tool_catalog import ToolSpec
@@ -165,6 +166,10 @@ class Carry(BaseModel):
     (`tool_catalog`, recorded once); None: not resolved (a run of built-in tools only)."""
     snapshot: str | None = None
     """The digest of the workspace's latest snapshot (workflows/snapshots.py)."""
+    done_checks: int = 0
+    """Checks of the success criteria made so far (workflows/done_steps.py)."""
+    criteria: list[CriterionResult] = Field(default_factory=list)
+    """The criteria as the last check found them."""
 
     @model_validator(mode="before")
     @classmethod

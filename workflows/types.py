@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator,
 if TYPE_CHECKING:
     from workflows.state import Carry, ContextStatus
 
+from workflows.done import CriterionResult
 from workflows.summary import StructuredSummary
 
 TASK_QUEUE = "durable-agent"
@@ -102,6 +103,8 @@ class Limits(_Strict):
     max_duration_s: float = Field(default=3600, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
     soft_ratio: float = Field(default=0.8, gt=0, le=1, allow_inf_nan=False)
     """Fraction of each budget at which its soft tier begins."""
+    max_done_checks: int = Field(default=3, ge=1, le=MAX_COUNT)
+    """Checks of the success criteria (workflows/done.py) before a final answer is taken as it is."""
 
     @model_validator(mode="before")
     @classmethod
@@ -149,6 +152,7 @@ class LimitsPatch(_Strict):
     max_tool_calls: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     max_duration_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
     soft_ratio: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    max_done_checks: int | None = Field(default=None, ge=1, le=MAX_COUNT)
 
     def apply_to(self, limits: Limits) -> Limits:
         """The new limits; raises ValueError when the result is inconsistent (hard < soft)."""
@@ -285,8 +289,11 @@ class AgentInput(_Strict):
     this input does not give. The run's first activity reads it; the run then carries the result."""
     mcp_servers: list[str] = Field(default_factory=list)
     """Reserved (DESIGN.md §5c): accepted and carried, not used yet."""
-    success_criteria: str | None = None
-    """Reserved (a definition of done): accepted and carried, not used yet."""
+    success_criteria: str | list[str] | None = None
+    """Statements a final answer must meet, judged against the transcript by one model call
+    (workflows/done.py); unmet ones go back to the model, at most `limits.max_done_checks` times."""
+    check_command: str | None = Field(default=None, min_length=1)
+    """A command run in the command sandbox when the model answers: exit code 0 means done."""
     activity_tools: list[ActivityTool] = Field(default_factory=list)
     """Tools served as Temporal activities by other workers; the model may use them all."""
     snapshot_exclude: list[str] = Field(default_factory=list)
@@ -587,6 +594,9 @@ class Usage(BaseModel):
     """USD spent per tool (its `cost_usd` a call); included in cost_usd."""
     estimated_calls: int = 0
     """Model calls whose endpoint reported no usage: their tokens (and cost) are estimated."""
+    done_checks: int = 0
+    """Checks of the success criteria; each check's command is also a tool call and its judge
+    a model call."""
 
     @property
     def tokens(self) -> int:
@@ -606,6 +616,8 @@ class AgentResult(BaseModel):
     """What closing the run removed from, and kept in, its workspace's `.durable-agent/`."""
     degraded: list[str] = Field(default_factory=list)
     """Answers the run went on with that may be inaccurate (a tool's cached result)."""
+    criteria: list[CriterionResult] = Field(default_factory=list)
+    """The success criteria as the last check found them; empty without criteria."""
 
 
 PACKED_MESSAGES = "zlib+base64:"

@@ -229,6 +229,7 @@ LIMIT_MEANINGS = {
     "max_tool_calls": "tool calls over the whole run",
     "max_duration_s": "seconds of running time, not counting time waiting for a person",
     "soft_ratio": "fraction of each budget where its soft tier begins",
+    "max_done_checks": "checks of the success criteria before a final answer is taken as it is",
 }
 
 

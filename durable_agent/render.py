@@ -6,6 +6,7 @@ import textwrap
 
 from workflows.approval import shown_below
 from workflows.compaction import command_exit_code, record_text, tool_arguments
+from workflows.plan import plan_text
 from workflows.tool_specs import call_summary
 from workflows.types import AgentResult, AgentStatus, AttentionReport, Limits, Message, PendingApproval, Usage
 from workflows.wait_graph import chain_text
@@ -143,6 +144,7 @@ def status_lines(run_id: str, status: AgentStatus) -> list[str]:
         for c in status.children
     ]
     lines += [f"waiting on: {chain_text(chain)}" for chain in status.wait_chains if len(chain) > 1]
+    lines += plan_text(status.plan).splitlines() if status.plan else []
     if status.result is not None:
         lines += result_lines(status.result)[2:]  # state and usage are already above
     return lines

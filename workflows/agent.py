@@ -43,6 +43,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.failures import ACTIVITY_FAILED, attempts, failure_message, raise_if_cancelled
     from workflows.ladder import pressure, rungs_due
     from workflows.options import SNAPSHOT_PATCH
+    from workflows.plan import unfinished_lines as plan_unfinished
+    from workflows.plan_steps import PlanSteps
     from workflows.run_metrics import RunMetrics
     from workflows.skills import (
         CATALOG_KIND,
@@ -92,7 +94,7 @@ class _Terminate(Exception):
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
-class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing, DoneSteps):
+class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing, DoneSteps, PlanSteps):
     @workflow.init
     def __init__(self, raw_input: Any) -> None:
         # The input is decoded here, before any signal handler runs, so a pause or message
@@ -420,6 +422,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
                 await self._compact("soft_tier")
             elif rung == "soft_warning":
                 self._warn(limits.soft_tier(spend, self._limits) or ["tokens"])
+                self._skip_optional()
             else:
                 self._switch_to_fallback()
         if "soft_warning" in self._carry.ladder:
@@ -680,7 +683,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
             unfinished += [f"tool call not run: {call_summary(c.name, {})} {c.arguments[:200]}" for c in open_calls]
             unfinished += [f"approval pending: {p.summary}" for p in self._pending_approvals.values()]
             unfinished += self._delegates.charge_running(self._carry.usage)
-        unfinished += unfinished_lines(self._carry.criteria)
+        unfinished += unfinished_lines(self._carry.criteria) + plan_unfinished(self._carry.plan, state == "completed")
         output = final or progress_summary(
             self._carry.view.messages, self._carry.step, reason, self._carry.usage.tool_calls
         )
@@ -694,6 +697,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
             summary=compaction.run_summary(self._carry.view, self._agent.goal, output, unfinished),
             degraded=[d.detail for d in self._carry.degradations if d.kind == "cached_tool_result"],
             criteria=self._carry.criteria,
+            plan=self._carry.plan,
         )
         self._doing = f"finished ({reason})"
         self._publish()

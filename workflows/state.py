@@ -22,6 +22,7 @@ from pydantic import AliasChoices, BaseModel, Field, field_serializer, field_val
 
 from workflows.done import CriterionResult
 from workflows.livelock import LivelockTracker
+from workflows.plan import PlanItem
 from workflows.summary import StructuredSummary
 from workflows.tool_catalog import ToolSpec
 from workflows.types import AgentInput, AgentStatus, Degradation, Message, Price, Usage, pack_messages, unpack_messages
@@ -170,6 +171,8 @@ class Carry(BaseModel):
     """Checks of the success criteria made so far (workflows/done_steps.py)."""
     criteria: list[CriterionResult] = Field(default_factory=list)
     """The criteria as the last check found them."""
+    plan: list[PlanItem] = Field(default_factory=list)
+    """The run's task list (the `plan` tool, workflows/plan.py)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -234,6 +234,8 @@ class ToolSteps:
         try:
             if call.name == "recall":
                 return await self._recall(RecallArgs.model_validate(args))
+            if call.name == "plan":
+                return self._plan_tool(args)
             if call.name in options.LOCAL_TOOLS and self._patched(options.LOCAL_TOOLS_PATCH):
                 return await workflow.execute_local_activity(
                     call.name,

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from workflows.state import Carry, ContextStatus
 
 from workflows.done import CriterionResult
+from workflows.plan import PlanItem
 from workflows.summary import StructuredSummary
 
 TASK_QUEUE = "durable-agent"
@@ -35,6 +36,7 @@ ALL_TOOLS: tuple[str, ...] = (
     "recall",
     "load_skill",
     "delegate",
+    "plan",
 )
 
 RunState = Literal[
@@ -618,6 +620,8 @@ class AgentResult(BaseModel):
     """Answers the run went on with that may be inaccurate (a tool's cached result)."""
     criteria: list[CriterionResult] = Field(default_factory=list)
     """The success criteria as the last check found them; empty without criteria."""
+    plan: list[PlanItem] = Field(default_factory=list)
+    """The run's task list (the `plan` tool) at its close."""
 
 
 PACKED_MESSAGES = "zlib+base64:"
@@ -647,7 +651,9 @@ def unpack_messages(value: Any) -> Any:
 
 class Degradation(BaseModel):
     step: int
-    kind: Literal["soft_warning", "fallback_model", "compaction", "early_soft_tier", "stop", "cached_tool_result"]
+    kind: Literal[
+        "soft_warning", "fallback_model", "compaction", "early_soft_tier", "stop", "cached_tool_result", "skip_optional"
+    ]
     """The ladder's rungs in order: compaction, soft_warning (wrap up), fallback_model, stop."""
     detail: str
 
@@ -783,6 +789,8 @@ class AgentStatus(BaseModel):
     """What this run waits for, through its delegates: `a → a/child → awaiting approval of call X`."""
     tool_waits: list[str] = Field(default_factory=list)
     """Tool calls waiting for a live worker: "waiting for a worker with tool X since T"."""
+    plan: list[PlanItem] = Field(default_factory=list)
+    """The run's task list, as the model keeps it with the `plan` tool."""
 
 
 import workflows.state  # noqa: E402, F401  (defines Carry and ContextStatus, and completes the models above)

@@ -145,6 +145,7 @@ def status_lines(run_id: str, status: AgentStatus) -> list[str]:
     ]
     lines += [f"waiting on: {chain_text(chain)}" for chain in status.wait_chains if len(chain) > 1]
     lines += plan_text(status.plan).splitlines() if status.plan else []
+    lines += [line for line in [status.quota.text()] if line]
     if status.result is not None:
         lines += result_lines(status.result)[2:]  # state and usage are already above
     return lines

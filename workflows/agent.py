@@ -45,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.options import SNAPSHOT_PATCH
     from workflows.plan import unfinished_lines as plan_unfinished
     from workflows.plan_steps import PlanSteps
+    from workflows.quota_steps import QuotaSteps
     from workflows.run_metrics import RunMetrics
     from workflows.skills import (
         CATALOG_KIND,
@@ -94,7 +95,9 @@ class _Terminate(Exception):
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
-class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing, DoneSteps, PlanSteps):
+class AgentWorkflow(
+    ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing, DoneSteps, PlanSteps, QuotaSteps
+):
     @workflow.init
     def __init__(self, raw_input: Any) -> None:
         # The input is decoded here, before any signal handler runs, so a pause or message
@@ -453,6 +456,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
     def _end_step(self) -> None:
         step_tokens = self._carry.usage.tokens - self._tokens_before_step
         spike = limits.is_spike(step_tokens, self._carry.tokens_per_step)
+        self._adapt_quota(step_tokens, spike)
         self._carry.tokens_per_step = (self._carry.tokens_per_step + [step_tokens])[-limits.PACING_WINDOW :]
         if spike and not self._carry.early_soft_tier and not self._carry.ladder:
             # The ladder starts at the next step (its first rung: compaction).
@@ -478,6 +482,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
                     self._wire.render(messages),
                     tools=self._agent.enabled_tools(),
                     summary=f"step {self._carry.step}",
+                    max_tokens=self._carry.quota.max_tokens(),
                 )
             except ACTIVITY_FAILED as e:
                 raise_if_cancelled(e)
@@ -493,7 +498,9 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
             self._record_reply(reply)
             return reply
 
-    async def _execute_model_call(self, messages: list[dict[str, Any]], tools: list[str], summary: str) -> ModelReply:
+    async def _execute_model_call(
+        self, messages: list[dict[str, Any]], tools: list[str], summary: str, max_tokens: int | None = None
+    ) -> ModelReply:
         """One `call_model`: an agent step's (its wire messages chosen by compaction), or a
         compaction's summarising call."""
         summary = f"call_model: {self._carry.model} {summary}"[:120]
@@ -520,6 +527,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
                     model=self._carry.model,
                     tool_schemas=self._tool_schemas(tools),
                     live=self._watched(),
+                    max_tokens=max_tokens,
                 ),
                 result_type=ModelReply,
                 start_to_close_timeout=options.MODEL_START_TO_CLOSE,

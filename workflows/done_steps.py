@@ -63,7 +63,7 @@ class DoneSteps:
             idempotency_key=f"{info.workflow_id}/{self._carry.first_run_id}/{self._carry.step}/done-check-{check}",
             workspace=self._agent.workspace,
             arguments={"command": command},
-            output_chars=self._agent.context.tool_output_chars,
+            output_chars=self._carry.quota.output_chars(self._agent.context.tool_output_chars),
             sandbox=self._agent.sandbox,
             env_allow=self._agent.env_allow,
             run_folder=self._run_folder(),

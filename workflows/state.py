@@ -23,6 +23,7 @@ from pydantic import AliasChoices, BaseModel, Field, field_serializer, field_val
 from workflows.done import CriterionResult
 from workflows.livelock import LivelockTracker
 from workflows.plan import PlanItem
+from workflows.quota import Quota
 from workflows.summary import StructuredSummary
 from workflows.tool_catalog import ToolSpec
 from workflows.types import AgentInput, AgentStatus, Degradation, Message, Price, Usage, pack_messages, unpack_messages
@@ -173,6 +174,8 @@ class Carry(BaseModel):
     """The criteria as the last check found them."""
     plan: list[PlanItem] = Field(default_factory=list)
     """The run's task list (the `plan` tool, workflows/plan.py)."""
+    quota: Quota = Field(default_factory=Quota)
+    """The per-step token quota and the compaction level, with their changes (workflows/quota.py)."""
 
     @model_validator(mode="before")
     @classmethod

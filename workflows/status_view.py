@@ -79,6 +79,8 @@ def details_markdown(status: AgentStatus) -> str:
         lines += ["", f"**Paused:** {plain(status.paused_reason)}. Continue with the `resume` signal."]
     if status.soft_tier:
         lines += ["", f"Soft tier: {plain(', '.join(status.soft_tier))}"]
+    if (quota := status.quota.text()) is not None:
+        lines += ["", plain(quota)]
     if status.children:
         lines += ["", "**Delegates** (spend so far, charged to this run when each ends):", ""]
         lines += [

@@ -221,7 +221,7 @@ class ToolSteps:
             idempotency_key=key,
             workspace=self._agent.workspace,
             arguments=args,
-            output_chars=self._agent.context.tool_output_chars,
+            output_chars=self._carry.quota.output_chars(self._agent.context.tool_output_chars),
         )
         if self._patched(options.RUN_FILES_PATCH):
             request = request.model_copy(update={"run_folder": self._run_folder(), "step": self._carry.step})

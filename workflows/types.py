@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 from workflows.done import CriterionResult
 from workflows.plan import PlanItem
+from workflows.quota import Quota
 from workflows.summary import StructuredSummary
 
 TASK_QUEUE = "durable-agent"
@@ -418,6 +419,8 @@ class ModelCallInput(BaseModel):
     so with the reply's text so far, for their live view; otherwise its beats carry counts."""
     tool_schemas: list[dict[str, Any]] = Field(default_factory=list)
     """The OpenAI schemas of the tools in `tools` that are not built in, from the run's catalog."""
+    max_tokens: int | None = None
+    """The reply's cap: the run's step quota while a spike has shrunk it (workflows/quota.py)."""
 
 
 class ModelContextRequest(ModelContextRef):
@@ -791,6 +794,8 @@ class AgentStatus(BaseModel):
     """Tool calls waiting for a live worker: "waiting for a worker with tool X since T"."""
     plan: list[PlanItem] = Field(default_factory=list)
     """The run's task list, as the model keeps it with the `plan` tool."""
+    quota: Quota = Field(default_factory=Quota)
+    """The per-step token quota, the compaction level and their latest changes."""
 
 
 import workflows.state  # noqa: E402, F401  (defines Carry and ContextStatus, and completes the models above)

@@ -11,7 +11,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from durable_agent.model_server import ModelServer, Reply, is_judge_request
+from durable_agent.model_server import Failure, ModelServer, Reply, is_judge_request
 from tests.helpers import start
 from tests.scripts import Script, answer, tools
 from tests.test_agents import agent_text, write_agent
@@ -99,6 +99,13 @@ async def test_a_failing_check_command_goes_back_to_the_model_which_fixes_it(
     assert final_input > 0 and usage.output_tokens - 10 - 20 - 2 * 30 > 0  # the last turn's default usage
     status = await handle.query("status", result_type=AgentStatus)
     assert status.usage.done_checks == 2
+    # The judge read the goal, the statement, the answer and the steps since as evidence.
+    first_judge = json.loads([r for r in model_server.requests if is_judge_request(r)][0]["messages"][1]["content"])
+    assert first_judge["goal"] == "make the tests pass" and first_judge["final_answer"] == "done"
+    assert first_judge["criteria"] == [{"index": 1, "statement": "add adds its arguments"}]
+    assert first_judge["latest_steps"] == [{"step": 1, "role": "assistant", "content": "done"}]
+    second_judge = json.loads([r for r in model_server.requests if is_judge_request(r)][1]["messages"][1]["content"])
+    assert any(c["name"] == "write_file" for m in second_judge["latest_steps"] for c in m.get("tool_calls", []))
 
 
 async def test_unmet_statements_are_sent_back_at_most_max_done_checks_times(
@@ -152,3 +159,21 @@ def test_an_agent_file_gives_criteria_and_a_check_command(workspace: Path) -> No
     definition = AgentActivities()._load(str(workspace), "strict")
     merged = effective_input(AgentInput(goal="g", workspace=str(workspace), agent="strict"), definition)
     assert merged.success_criteria == ["tests pass", "docs updated"] and merged.check_command == "make"
+
+
+async def test_a_failing_judge_call_leaves_the_statement_unmet_and_the_run_goes_on(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([], final="ok")
+    model_server.judge = lambda request: Failure(400, "judge refused")  # not retried: a bad request
+    handle = await start(
+        client,
+        task_queue,
+        goal="anything",
+        workspace=str(workspace),
+        success_criteria="it works",
+        limits={"max_done_checks": 1},
+    )
+    result = await handle.result()
+    assert result.state == "completed" and result.usage.done_checks == 1
+    assert not result.criteria[0].met and "the judge call failed" in result.criteria[0].evidence

@@ -19,6 +19,7 @@ from tests.helpers import start, wait_for
 from tests.scripts import Script, tool_results, tools
 from tests.test_cli import cli_env, durable_agent
 from tests.test_crash import SlowTurn, worker_env
+from workflows.plan import PlanItem, drop_optional, unfinished_lines
 from workflows.types import AgentStatus
 
 ITEMS = [
@@ -72,6 +73,7 @@ async def test_the_plan_survives_a_kill_and_continue_as_new_and_the_skip_rung_dr
         assert "**Plan:**" in metadata.current_details
         assert "\\[in\\_progress\\] fix the parser (required)" in metadata.current_details
         result = await asyncio.wait_for(handle.result(), timeout=120)
+        final = await client.get_workflow_handle(handle.id).query("status", result_type=AgentStatus)
     finally:
         stop_gently(worker)
 
@@ -83,6 +85,8 @@ async def test_the_plan_survives_a_kill_and_continue_as_new_and_the_skip_rung_dr
     assert by_text["rename a variable"].status == "done"  # done already: not dropped
     assert by_text["add a test"].status == "pending"  # required items are never dropped
     assert result.unfinished == ["plan item skipped (optional): polish the README"]
+    skips = [d for d in final.degradations if d.kind == "skip_optional"]
+    assert [(d.step, d.detail) for d in skips] == [(13, "dropped: polish the README")]
     turns = [r for r in model_server.requests if not is_summary_request(r)]
     assert tool_results(turns[1])[0].startswith("Plan (4 items, 1 done):\n1. [in_progress] fix the parser (required)")
     told = [t for t in texts(turns[-1]) if "drop the optional work" in t]
@@ -114,3 +118,14 @@ async def test_a_bad_plan_is_a_tool_error_and_status_shows_the_plan(
     assert result.unfinished == []  # completed: an open optional item is not listed
     status = await handle.query("status", result_type=AgentStatus)
     assert "1. [pending] write it (optional)" in render.status_lines(handle.id, status)
+
+
+def test_a_run_that_did_not_complete_lists_its_open_required_items() -> None:
+    plan = [PlanItem(text="a", status="done"), PlanItem(text="b"), PlanItem(text="c", required=False)]
+    kept, dropped = drop_optional(plan, step=7)
+    assert [i.text for i in dropped] == ["c"] and kept[2].skipped_at_step == 7
+    assert unfinished_lines(kept, completed=False) == [
+        "plan item skipped (optional): c",
+        "plan item not done (required): b",
+    ]
+    assert unfinished_lines(kept, completed=True) == ["plan item skipped (optional): c"]

@@ -90,7 +90,9 @@ def after_step(quota: Quota, step: int, step_tokens: int, previous: list[int], s
     average = sum(previous) / len(previous)
     if spike:
         shrunk = max(MIN_STEP_QUOTA, math.floor(quota.tokens_per_step * 2 * average / step_tokens))
-        return _changed(quota, step, "shrunk", shrunk, step_tokens, average)
+        if shrunk < quota.tokens_per_step:  # at the floor already: nothing changes, nothing recorded
+            return _changed(quota, step, "shrunk", shrunk, step_tokens, average)
+        return quota.model_copy(update={"cheap_streak": 0})
     if step_tokens >= average or quota.tokens_per_step >= DEFAULT_STEP_QUOTA:
         return quota.model_copy(update={"cheap_streak": 0})
     streak = quota.cheap_streak + 1

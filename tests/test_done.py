@@ -177,3 +177,24 @@ async def test_a_failing_judge_call_leaves_the_statement_unmet_and_the_run_goes_
     result = await handle.result()
     assert result.state == "completed" and result.usage.done_checks == 1
     assert not result.criteria[0].met and "the judge call failed" in result.criteria[0].evidence
+
+
+def test_run_takes_criteria_and_a_check_command(workspace: Path) -> None:
+    from durable_agent import cli
+
+    args = (
+        "run",
+        "g",
+        "--workspace",
+        str(workspace),
+        "--check-command",
+        "make test",
+        "--criterion",
+        "a",
+        "--criterion",
+        "b",
+    )
+    given = cli._agent_input(cli.build_parser().parse_args(args), demo=False)
+    assert (given.check_command, given.success_criteria) == ("make test", ["a", "b"])
+    plain = cli._agent_input(cli.build_parser().parse_args(args[:4]), demo=False).model_dump(exclude_unset=True)
+    assert "check_command" not in plain and "success_criteria" not in plain  # an agent file's stay in force

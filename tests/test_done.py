@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -45,7 +46,7 @@ def user_texts(request: dict[str, Any]) -> list[str]:
 def judge_says(*met: bool) -> Any:
     """A judge that gives each statement the verdict in `met`, in order, one reply per check
     (the last one again after that: a test that expected fewer checks then fails on its counts)."""
-    replies = iter([*met, *[met[-1]] * 10])
+    replies = itertools.chain(met, itertools.repeat(met[-1]))
 
     def respond(request: dict[str, Any]) -> Reply:
         body = json.loads(request["messages"][1]["content"])
@@ -198,3 +199,25 @@ def test_run_takes_criteria_and_a_check_command(workspace: Path) -> None:
     assert (given.check_command, given.success_criteria) == ("make test", ["a", "b"])
     plain = cli._agent_input(cli.build_parser().parse_args(args[:4]), demo=False).model_dump(exclude_unset=True)
     assert "check_command" not in plain and "success_criteria" not in plain  # an agent file's stay in force
+
+
+async def test_checks_continue_as_new_like_any_step_and_carry_their_count(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([], final="finished?")
+    model_server.judge = judge_says(False)
+    handle = await start(
+        client,
+        task_queue,
+        goal="never quite done",
+        workspace=str(workspace),
+        success_criteria="it is perfect",
+        continue_as_new_every=10,
+        limits={"max_done_checks": 12},
+    )
+    result = await handle.result()
+    assert result.state == "completed" and result.steps == 12
+    assert result.usage.done_checks == 12 and result.usage.model_calls == 24
+    assert [(c.met, c.check) for c in result.criteria] == [(False, 12)]
+    runs = [run async for run in client.list_workflows(f'WorkflowId="{handle.id}"')]
+    assert len(runs) == 2  # a rejected answer ends its step: the run continued as new at step 10

@@ -330,11 +330,11 @@ class AgentWorkflow(
             if not reply.tool_calls:
                 if await self._answer_accepted(reply.content or ""):
                     return self._finish("completed", "final_answer", output=reply.content or "")
-                self._end_step()  # unmet criteria went back to the model: it goes on
-                continue
-            if limits.tool_calls_exceed(self._carry.usage, self._limits, len(reply.tool_calls)):
+                # Unmet criteria went back to the model: the step ends like one with tools.
+            elif limits.tool_calls_exceed(self._carry.usage, self._limits, len(reply.tool_calls)):
                 return self._finish("stopped", "tool_call_budget", open_calls=reply.tool_calls)
-            await self._run_tools(reply.tool_calls)
+            else:
+                await self._run_tools(reply.tool_calls)
             await self._snapshot()
             self._end_step()
             if self._should_continue_as_new():

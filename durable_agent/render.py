@@ -109,6 +109,7 @@ def result_lines(result: AgentResult, files: bool = True) -> list[str]:
         "output:",
         textwrap.indent(result.output.strip() or "(empty)", "  "),
     ]
+    lines += [f"criterion {'met' if c.met else 'NOT met'}: {c.criterion}" for c in result.criteria]
     lines += [f"unfinished: {item}" for item in result.unfinished]
     if result.files and files:
         lines.append(f"files: {result.files}")

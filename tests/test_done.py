@@ -12,6 +12,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from durable_agent import render
 from durable_agent.model_server import Failure, ModelServer, Reply, is_judge_request
 from tests.helpers import start
 from tests.scripts import Script, answer, tools
@@ -126,6 +127,8 @@ async def test_unmet_statements_are_sent_back_at_most_max_done_checks_times(
 
     assert result.state == "completed" and result.stop_reason == "final_answer"
     assert result.usage.done_checks == 2 and result.usage.model_calls == 4  # 2 turns, 2 judge calls
+    shown = render.result_lines(result)
+    assert "criterion NOT met: report.md exists" in shown and "unfinished: criterion not met: report.md exists" in shown
     assert [(c.criterion, c.met) for c in result.criteria] == [("report.md exists", False)]
     assert result.unfinished == ["criterion not met: report.md exists"]
     second_turn = [r for r in model_server.requests if not is_judge_request(r)][1]

@@ -9,7 +9,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from durable_agent import render
-from durable_agent.model_server import ModelServer, is_summary_request
+from durable_agent.model_server import ModelServer, is_judge_request, is_summary_request
 from tests.helpers import start
 from tests.scripts import Script, tool_results, tools
 from tests.test_replay import replay_failure
@@ -33,13 +33,17 @@ async def test_a_spike_shrinks_the_quota_and_cheap_steps_loosen_it(
     # Steps 1-4 cost 110 tokens, step 5 2,200 (20x the average), steps 6-12 110 again.
     turns = [cheap("read_file", path="big.txt"), cheap(), cheap(), cheap(), spike, cheap("read_file", path="big.txt")]
     model_server.responder = Script([*turns, *[cheap()] * 6], final="done")
-    handle = await start(client, task_queue, goal="spike once", workspace=str(workspace), continue_as_new_every=10)
+    handle = await start(
+        client, task_queue, goal="spike once", workspace=str(workspace), continue_as_new_every=10, success_criteria="ok"
+    )
     result = await handle.result()
     assert result.state == "completed" and result.steps == 13
     first_run_history = await handle.fetch_history()
     latest = client.get_workflow_handle(handle.id)  # the chain's second run: continued as new at step 10
 
-    steps = [r for r in model_server.requests if not is_summary_request(r)]
+    steps = [r for r in model_server.requests if not (is_summary_request(r) or is_judge_request(r))]
+    judged = [r for r in model_server.requests if is_judge_request(r)]
+    assert len(judged) == 1 and "max_tokens" not in judged[0]  # the step quota caps steps, not the judge
     # 4,000 x (2 x 110 / 2,200) = 400 after the spike; three cheap steps loosen it halfway
     # back to the 4,000 default (2,200), three more again (3,100).
     assert [r.get("max_tokens") for r in steps] == [None] * 5 + [400] * 3 + [2_200] * 3 + [3_100] * 2

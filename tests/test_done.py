@@ -224,3 +224,27 @@ async def test_checks_continue_as_new_like_any_step_and_carry_their_count(
     assert [(c.met, c.check) for c in result.criteria] == [(False, 12)]
     runs = [run async for run in client.list_workflows(f'WorkflowId="{handle.id}"')]
     assert len(runs) == 2  # a rejected answer ends its step: the run continued as new at step 10
+
+
+async def test_no_check_spends_past_a_used_up_budget(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([], final="answered with the last call")
+    handle = await start(
+        client,
+        task_queue,
+        goal="one call only",
+        workspace=str(workspace),
+        check_command="true",
+        success_criteria="it is right",
+        limits={"max_model_calls": 1},
+    )
+    result = await handle.result()
+    assert result.state == "completed" and result.output == "answered with the last call"
+    assert len(model_server.requests) == 1 and result.usage.model_calls == 1  # no judge call
+    assert (result.usage.tool_calls, result.usage.done_checks) == (0, 0)  # no check command
+    assert [(c.kind, c.met, c.evidence) for c in result.criteria] == [
+        ("command", False, "not checked: the run's model_call_budget is used up"),
+        ("statement", False, "not checked: the run's model_call_budget is used up"),
+    ]
+    assert result.unfinished == ["criterion not met: `true` exits 0", "criterion not met: it is right"]

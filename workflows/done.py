@@ -125,6 +125,15 @@ def unconfirmed(statements: list[str], check: int, why: str) -> list[CriterionRe
     ]
 
 
+def unchecked(statements: list[str], command: str | None, budget: str, check: int) -> list[CriterionResult]:
+    """The criteria when a budget is used up as the model answers: not checked (a check would
+    spend past it), so not met, saying why."""
+    why = f"not checked: the run's {budget} is used up"
+    named = [(f"`{command}` exits 0", "command")] if command else []
+    named += [(statement, "statement") for statement in statements]
+    return [CriterionResult(criterion=c, kind=kind, met=False, evidence=why, check=check) for c, kind in named]
+
+
 def _json_text(reply: str) -> str:
     """The JSON in a reply, also when a model wraps it in a ```json fence."""
     fenced = re.search(r"```(?:json)?\s*(.*?)```", reply, re.DOTALL)

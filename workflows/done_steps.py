@@ -18,6 +18,7 @@ with workflow.unsafe.imports_passed_through():
         command_result,
         judge_messages,
         statements_of,
+        unchecked,
         unconfirmed,
         unmet_text,
         verdicts,
@@ -41,6 +42,9 @@ class DoneSteps:
         if not (statements or agent.check_command) or not self._patched(DONE_PATCH):
             return True
         check = self._carry.done_checks + 1
+        if (budget := self._hard_stop()) not in (None, "hard_step_limit"):  # a check is not a step
+            self._carry.criteria = unchecked(statements, agent.check_command, budget, check)
+            return True
         self._carry.done_checks = check
         self._carry.usage.done_checks += 1
         self._doing = f"checking the success criteria (check {check} of {self._limits.max_done_checks})"

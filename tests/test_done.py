@@ -248,3 +248,18 @@ async def test_no_check_spends_past_a_used_up_budget(
         ("statement", False, "not checked: the run's model_call_budget is used up"),
     ]
     assert result.unfinished == ["criterion not met: `true` exits 0", "criterion not met: it is right"]
+
+
+def test_criteria_are_bounded() -> None:
+    from pydantic import ValidationError
+
+    from workflows.types import AgentInput
+
+    for criteria in (["x"] * 51, "y" * 2_001):
+        try:
+            AgentInput(goal="g", workspace="/w", success_criteria=criteria)
+        except ValidationError as e:
+            assert "at most 50 criteria of at most 2,000 characters each" in str(e)
+        else:
+            raise AssertionError(f"accepted {len(criteria)}")
+    assert AgentInput(goal="g", workspace="/w", success_criteria=["x"] * 50).success_criteria == ["x"] * 50

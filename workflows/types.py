@@ -190,6 +190,10 @@ class ContextSettings(_Strict):
     """Tool output longer than this is truncated in context; the whole is kept by reference."""
 
 
+MAX_CRITERIA = 50
+MAX_CRITERION_CHARS = 2_000
+"""Bounds of `success_criteria` and `check_command`: every check sends them to the judge."""
+
 MAX_GOAL_CHARS = 100_000
 """About 25,000 tokens. The goal is carried twice at each continue-as-new (as the input's
 goal and in the transcript), and Temporal refuses an input over 2 MB."""
@@ -295,13 +299,22 @@ class AgentInput(_Strict):
     success_criteria: str | list[str] | None = None
     """Statements a final answer must meet, judged against the transcript by one model call
     (workflows/done.py); unmet ones go back to the model, at most `limits.max_done_checks` times."""
-    check_command: str | None = Field(default=None, min_length=1)
+    check_command: str | None = Field(default=None, min_length=1, max_length=MAX_CRITERION_CHARS)
     """A command run in the command sandbox when the model answers: exit code 0 means done."""
     activity_tools: list[ActivityTool] = Field(default_factory=list)
     """Tools served as Temporal activities by other workers; the model may use them all."""
     snapshot_exclude: list[str] = Field(default_factory=list)
     """Names (glob patterns, e.g. `node_modules`, `*.log`) of files and folders the step
     snapshots leave out, at any depth (`.durable-agent/` always is)."""
+
+    @field_validator("success_criteria")
+    @classmethod
+    def _criteria_bounded(cls, value: str | list[str] | None) -> str | list[str] | None:
+        # Each check sends them all to the judge: a few dozen lines, not a document.
+        items = [value] if isinstance(value, str) else value or []
+        if len(items) > MAX_CRITERIA or any(len(item) > MAX_CRITERION_CHARS for item in items):
+            raise ValueError(f"at most {MAX_CRITERIA} criteria of at most {MAX_CRITERION_CHARS:,} characters each")
+        return value
 
     @field_validator("env_allow")
     @classmethod

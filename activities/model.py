@@ -80,6 +80,8 @@ class ModelActivities:
                 messages, progress["context_from"] = await model_context.fetch(input.context)
             progress.update(phase="waiting for the model", messages=len(messages))
             request = _request(input.model, messages, input.tools, input.tool_schemas)
+            if input.max_tokens is not None:
+                request["max_tokens"] = input.max_tokens
             with _endpoint_errors():
                 if self._stream:
                     reply = await self._streamed_reply(client, input.model, request, streamed, live_view)

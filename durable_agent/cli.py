@@ -229,6 +229,7 @@ LIMIT_MEANINGS = {
     "max_tool_calls": "tool calls over the whole run",
     "max_duration_s": "seconds of running time, not counting time waiting for a person",
     "soft_ratio": "fraction of each budget where its soft tier begins",
+    "max_done_checks": "checks of the success criteria before a final answer is taken as it is",
 }
 
 
@@ -397,6 +398,8 @@ def _add_run_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     tools = ", ".join(ALL_TOOLS)
     run.add_argument("--tools", nargs="+", metavar="TOOL", help=f"only these tools (default: all: {tools})")
     run.add_argument("--id", help="workflow id (default agent-<random>)")
+    run.add_argument("--check-command", help="a final answer is accepted once this command exits 0 (docs/done.md)")
+    run.add_argument("--criterion", action="append", dest="criteria", help="a success criterion (repeatable)")
     run.add_argument("--no-worker", action="store_true", help="do not start a worker if none is polling")
     run.add_argument("--detach", action="store_true", help="start the run and return at once")
     run.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
@@ -676,6 +679,8 @@ def _agent_input(args: argparse.Namespace, demo: bool) -> AgentInput:
         fields["model"] = model
     if args.fallback_model:
         fields["fallback_model"] = args.fallback_model
+    done = {"check_command": args.check_command, "success_criteria": args.criteria}
+    fields.update({k: v for k, v in done.items() if v})
     return AgentInput.model_validate(fields)
 
 

@@ -15,11 +15,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from temporalio.client import Client, WorkflowHandle
 
 from activities.archive import read_archive
 from durable_agent.history import PersonAction, replay_chain
+from workflows.plan import PlanItem, plan_text
 from workflows.tool_specs import call_summary
 from workflows.types import AgentInput, AgentResult, AgentStatus, Message, RunState, TranscriptRequest, Usage
 from workflows.visible import visible, visible_json
@@ -38,6 +39,8 @@ class Report(BaseModel):
     usage: Usage
     result: AgentResult | None = None
     actions: list[PersonAction] | None = None  # None: not known (read from a running run)
+    plan: list[PlanItem] = Field(default_factory=list)
+    """The run's task list (the `plan` tool): at its close, or now for a running run."""
 
 
 def jsonl(messages: Iterable[Message]) -> list[str]:
@@ -50,6 +53,8 @@ def markdown(report: Report) -> str:
     """For people: terminal controls in model and tool text are shown escaped."""
     lines = [f"# Run {report.workflow_id}", "", f"**Goal:** {report.goal}", ""]
     lines += _outcome(report)
+    if report.plan:
+        lines += ["", "## Plan", "", plan_text(report.plan)]
     lines += ["", "## Steps"]
     lines += _steps(report.messages)
     lines += ["", "## Decisions of people", ""]
@@ -184,6 +189,7 @@ async def closed_report(client: Client, workflow_id: str) -> Report:
         usage=result.usage if result else Usage(),
         result=result,
         actions=chain.actions(),
+        plan=result.plan if result else [],
     )
 
 
@@ -196,7 +202,13 @@ async def running_report(handle: WorkflowHandle[Any, Any], query_timeout: timede
     messages = with_archive(messages, status.context.archive_path if status.context else None)
     goal = next((m.content or "" for m in messages if m.kind == "goal"), "")
     return Report(
-        workflow_id=handle.id, goal=goal, state=status.state, messages=messages, usage=status.usage, actions=None
+        workflow_id=handle.id,
+        goal=goal,
+        state=status.state,
+        messages=messages,
+        usage=status.usage,
+        actions=None,
+        plan=status.plan,
     )
 
 

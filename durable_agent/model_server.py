@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from workflows.compaction import SUMMARY_PROMPT, folded_through
+from workflows.done import JUDGE_PROMPT
 
 
 @dataclass
@@ -96,6 +97,19 @@ def stub_summary(request: dict[str, Any]) -> Reply:
     return Reply(content=json.dumps(summary))
 
 
+def is_judge_request(request: dict[str, Any]) -> bool:
+    """A check of the success criteria (workflows/done.py), not an agent turn."""
+    messages = request.get("messages") or [{}]
+    return messages[0].get("role") == "system" and (messages[0].get("content") or "") == JUDGE_PROMPT
+
+
+def stub_judge(request: dict[str, Any]) -> Reply:
+    """The stub's judge: every criterion met (a test scripts its own judge to say otherwise)."""
+    body = json.loads(request["messages"][1]["content"])
+    verdicts = [{"index": c["index"], "met": True, "evidence": "stub judge"} for c in body["criteria"]]
+    return Reply(content=json.dumps({"criteria": verdicts}))
+
+
 class ModelServer:
     """Serves `responder` on 127.0.0.1 in a background thread; records every request."""
 
@@ -106,10 +120,13 @@ class ModelServer:
         latency_s: float = 0.0,
         summarizer: Responder = stub_summary,
         model_name: str | None = None,
+        judge: Responder = stub_judge,
     ) -> None:
         self.responder = responder
         self.summarizer = summarizer
         """Answers compactions' summarising calls, which `responder` never sees."""
+        self.judge = judge
+        """Answers the checks of success criteria, which `responder` never sees either."""
         self.latency_s = latency_s
         self.model_name = model_name
         """The model every reply and `GET /v1/models` name; None echoes the request's."""
@@ -153,7 +170,7 @@ class ModelServer:
             self.requests.append(request)
         if self.latency_s:
             time.sleep(self.latency_s)
-        outcome = (self.summarizer if is_summary_request(request) else self.responder)(request)
+        outcome = self._responder_for(request)(request)
         if isinstance(outcome, Failure):
             body = {"error": {"message": outcome.message, "type": "scripted", "code": outcome.status}}
             return outcome.status, outcome.headers, body
@@ -163,6 +180,11 @@ class ModelServer:
         usage = self.stream_usage and bool((request.get("stream_options") or {}).get("include_usage"))
         chunks = completion_chunks(body, usage)
         return 200, {}, Stream(chunks, self.stream_interval_s, outcome.cut_after_chunks, self.stream_end_delay_s)
+
+    def _responder_for(self, request: dict[str, Any]) -> Responder:
+        if is_summary_request(request):
+            return self.summarizer
+        return self.judge if is_judge_request(request) else self.responder
 
 
 def completion_body(request: dict[str, Any], reply: Reply, model_name: str | None = None) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import textwrap
 
 from workflows.approval import shown_below
 from workflows.compaction import command_exit_code, record_text, tool_arguments
+from workflows.plan import plan_text
 from workflows.tool_specs import call_summary
 from workflows.types import AgentResult, AgentStatus, AttentionReport, Limits, Message, PendingApproval, Usage
 from workflows.wait_graph import chain_text
@@ -108,6 +109,7 @@ def result_lines(result: AgentResult, files: bool = True) -> list[str]:
         "output:",
         textwrap.indent(result.output.strip() or "(empty)", "  "),
     ]
+    lines += [f"criterion {'met' if c.met else 'NOT met'}: {c.criterion}" for c in result.criteria]
     lines += [f"unfinished: {item}" for item in result.unfinished]
     if result.files and files:
         lines.append(f"files: {result.files}")
@@ -143,6 +145,8 @@ def status_lines(run_id: str, status: AgentStatus) -> list[str]:
         for c in status.children
     ]
     lines += [f"waiting on: {chain_text(chain)}" for chain in status.wait_chains if len(chain) > 1]
+    lines += plan_text(status.plan).splitlines() if status.plan else []
+    lines += [line for line in [status.quota.text()] if line]
     if status.result is not None:
         lines += result_lines(status.result)[2:]  # state and usage are already above
     return lines

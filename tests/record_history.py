@@ -1,6 +1,7 @@
 """Record a real run's history for the replay test: `python -m tests.record_history`
 (`--compaction`: a run with compactions; `--delegate`: a parent's and a delegate's histories;
-`--agent-file`: a run of an agent file, read at its start).
+`--agent-file`: a run of an agent file, read at its start; `--done`: the plan tool, a quota
+shrunk by a spike, the skip rung and a check command that fails once).
 
 The scenario touches every kind of command the workflow emits: parallel tool activities,
 an approval (update), a pause and a user message (signals), raised limits, a model
@@ -35,6 +36,7 @@ from workflows.types import AgentInput
 HISTORY_FILE = Path(__file__).parent / "histories" / "agent_run.json"
 COMPACTION_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_compaction.json")
 AGENT_FILE_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_agent_file.json")
+DONE_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_done.json")
 DELEGATE_FILES = (
     Path(__file__).parent / "histories" / "delegate" / "parent.json",
     Path(__file__).parent / "histories" / "delegate" / "child.json",
@@ -112,6 +114,33 @@ async def record_agent_file(client: Client, task_queue: str, workspace: Path, mo
     return await handle.fetch_history()
 
 
+async def record_done(client: Client, task_queue: str, workspace: Path, model: ModelServer) -> WorkflowHistory:
+    """A plan with an optional item, a spike that shrinks the quota (and starts the ladder), a
+    first answer whose check command fails, a fix, the skip rung, and a checked answer."""
+    items = [{"text": "write fixed.txt"}, {"text": "tidy up", "required": False}]
+    model.responder = Script(
+        [
+            tools(("plan", {"items": items}), input_tokens=100, output_tokens=10),
+            tools(("list_files", {}), input_tokens=100, output_tokens=10),
+            tools(("list_files", {}), input_tokens=100, output_tokens=10),
+            tools(("list_files", {}), input_tokens=2_000, output_tokens=200),
+            answer("done", input_tokens=100, output_tokens=10),
+            tools(("write_file", {"path": "fixed.txt", "content": "yes"}), input_tokens=100, output_tokens=10),
+        ],
+        final="checked",
+    )
+    agent = AgentInput(
+        goal="record a definition of done",
+        workspace=str(workspace),
+        check_command="test -e fixed.txt",
+        success_criteria=["fixed.txt exists"],
+        limits={"soft_steps": 5, "hard_steps": 8},
+    )
+    handle = await start_agent(client, agent, f"replay-{uuid.uuid4().hex[:8]}", task_queue)
+    await handle.result()
+    return await handle.fetch_history()
+
+
 def delegate_scenario() -> ByGoal:
     return ByGoal(
         {
@@ -163,6 +192,7 @@ async def main(kind: str) -> None:
                     "compaction": record_compaction,
                     "delegate": record_delegate,
                     "agent-file": record_agent_file,
+                    "done": record_done,
                     "agent": record,
                 }
                 histories = await recorders[kind](client, "record", workspace, model)
@@ -172,6 +202,7 @@ async def main(kind: str) -> None:
         "compaction": (COMPACTION_HISTORY_FILE,),
         "delegate": DELEGATE_FILES,
         "agent-file": (AGENT_FILE_HISTORY_FILE,),
+        "done": (DONE_HISTORY_FILE,),
         "agent": (HISTORY_FILE,),
     }[kind]
     if not isinstance(histories, tuple):
@@ -185,7 +216,9 @@ async def main(kind: str) -> None:
 
 
 if __name__ == "__main__":
-    kinds = [a.removeprefix("--") for a in sys.argv[1:] if a in ("--compaction", "--delegate", "--agent-file")]
+    kinds = [
+        a.removeprefix("--") for a in sys.argv[1:] if a in ("--compaction", "--delegate", "--agent-file", "--done")
+    ]
     asyncio.run(main(kinds[0] if kinds else "agent"))
     sys.stdout.flush()
     os._exit(0)

@@ -37,9 +37,14 @@ with workflow.unsafe.imports_passed_through():
     from workflows.context_steps import ContextSteps
     from workflows.control import RunControl
     from workflows.delegation import Delegates, ParentReporter
+    from workflows.done import unfinished_lines
+    from workflows.done_steps import DoneSteps
     from workflows.failures import ACTIVITY_FAILED, attempts, failure_message, raise_if_cancelled
     from workflows.ladder import pressure, rungs_due
     from workflows.options import SNAPSHOT_PATCH
+    from workflows.plan import unfinished_lines as plan_unfinished
+    from workflows.plan_steps import PlanSteps
+    from workflows.quota_steps import QuotaSteps
     from workflows.run_metrics import RunMetrics
     from workflows.skills import (
         CATALOG_KIND,
@@ -89,7 +94,9 @@ class _Terminate(Exception):
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
-class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing):
+class AgentWorkflow(
+    ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing, DoneSteps, PlanSteps, QuotaSteps
+):
     @workflow.init
     def __init__(self, raw_input: Any) -> None:
         # The input is decoded here, before any signal handler runs, so a pause or message
@@ -320,10 +327,13 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
             await self._fit_context()
             reply = await self._call_model()
             if not reply.tool_calls:
-                return self._finish("completed", "final_answer", output=reply.content or "")
-            if limits.tool_calls_exceed(self._carry.usage, self._limits, len(reply.tool_calls)):
+                if await self._answer_accepted(reply.content or ""):
+                    return self._finish("completed", "final_answer", output=reply.content or "")
+                # Unmet criteria went back to the model: the step ends like one with tools.
+            elif limits.tool_calls_exceed(self._carry.usage, self._limits, len(reply.tool_calls)):
                 return self._finish("stopped", "tool_call_budget", open_calls=reply.tool_calls)
-            await self._run_tools(reply.tool_calls)
+            else:
+                await self._run_tools(reply.tool_calls)
             await self._snapshot()
             self._end_step()
             if self._should_continue_as_new():
@@ -414,6 +424,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
                 await self._compact("soft_tier")
             elif rung == "soft_warning":
                 self._warn(limits.soft_tier(spend, self._limits) or ["tokens"])
+                self._skip_optional()
             else:
                 self._switch_to_fallback()
         if "soft_warning" in self._carry.ladder:
@@ -444,6 +455,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
     def _end_step(self) -> None:
         step_tokens = self._carry.usage.tokens - self._tokens_before_step
         spike = limits.is_spike(step_tokens, self._carry.tokens_per_step)
+        self._adapt_quota(step_tokens, spike)
         self._carry.tokens_per_step = (self._carry.tokens_per_step + [step_tokens])[-limits.PACING_WINDOW :]
         if spike and not self._carry.early_soft_tier and not self._carry.ladder:
             # The ladder starts at the next step (its first rung: compaction).
@@ -469,6 +481,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
                     self._wire.render(messages),
                     tools=self._agent.enabled_tools(),
                     summary=f"step {self._carry.step}",
+                    max_tokens=self._carry.quota.max_tokens(),
                 )
             except ACTIVITY_FAILED as e:
                 raise_if_cancelled(e)
@@ -484,7 +497,9 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
             self._record_reply(reply)
             return reply
 
-    async def _execute_model_call(self, messages: list[dict[str, Any]], tools: list[str], summary: str) -> ModelReply:
+    async def _execute_model_call(
+        self, messages: list[dict[str, Any]], tools: list[str], summary: str, max_tokens: int | None = None
+    ) -> ModelReply:
         """One `call_model`: an agent step's (its wire messages chosen by compaction), or a
         compaction's summarising call."""
         summary = f"call_model: {self._carry.model} {summary}"[:120]
@@ -510,6 +525,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
                     model=self._carry.model,
                     tool_schemas=self._tool_schemas(tools),
                     live=self._watched(),
+                    max_tokens=max_tokens,
                 ),
                 result_type=ModelReply,
                 start_to_close_timeout=options.MODEL_START_TO_CLOSE,
@@ -673,6 +689,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
             unfinished += [f"tool call not run: {call_summary(c.name, {})} {c.arguments[:200]}" for c in open_calls]
             unfinished += [f"approval pending: {p.summary}" for p in self._pending_approvals.values()]
             unfinished += self._delegates.charge_running(self._carry.usage)
+        unfinished += unfinished_lines(self._carry.criteria) + plan_unfinished(self._carry.plan, state == "completed")
         output = final or progress_summary(
             self._carry.view.messages, self._carry.step, reason, self._carry.usage.tool_calls
         )
@@ -685,6 +702,8 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
             unfinished=unfinished,
             summary=compaction.run_summary(self._carry.view, self._agent.goal, output, unfinished),
             degraded=[d.detail for d in self._carry.degradations if d.kind == "cached_tool_result"],
+            criteria=self._carry.criteria,
+            plan=self._carry.plan,
         )
         self._doing = f"finished ({reason})"
         self._publish()

@@ -65,6 +65,7 @@ class AgentFrontMatter(BaseModel):
     approval: Any = None
     context: Any = None
     success_criteria: Any = None
+    check_command: Any = None
 
     @field_validator("tools", "mcp_servers", mode="before")
     @classmethod

@@ -11,7 +11,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows import compaction, options
+    from workflows import compaction, options, quota
     from workflows.context import (
         calibrated,
         estimate_tokens,
@@ -45,7 +45,8 @@ class ContextSteps:
         """Fold older steps into the summary and the index, archive them, keep the rest."""
         view, settings = self._carry.view, self._agent.context
         before = self._request_tokens()
-        keep = compaction.steps_to_keep(view, self._carry.step, settings.keep_recent_steps, settings.max_context_tokens)
+        recent = quota.keep_recent(settings.keep_recent_steps, self._compaction_level())  # fewer as tokens run out
+        keep = compaction.steps_to_keep(view, self._carry.step, recent, settings.max_context_tokens)
         fold = compaction.plan_fold(view.messages, self._carry.step, keep)
         if not fold.steps:
             if trigger == "soft_tier":
@@ -87,7 +88,8 @@ class ContextSteps:
         replaced by the extractive summary. A failing model call also falls back."""
         previous = self._carry.view.summary
         request = compaction.summary_request(previous, folded, self._agent.goal)
-        max_chars = compaction.summary_chars(self._agent.context.max_context_tokens)
+        share = quota.summary_share(self._compaction_level())  # shorter as tokens run out
+        max_chars = int(compaction.summary_chars(self._agent.context.max_context_tokens) * share)
         spent = 0
         for source in ("model", "model_retry"):
             try:

@@ -193,6 +193,8 @@ class RunControl:
             children=list(self._delegates.running.values()),
             wait_chains=self._wait_chains() if self._input else [],
             tool_waits=[f"waiting for a worker with tool {t} since {since}" for t, since in self._tool_waits.items()],
+            plan=self._carry.plan,
+            quota=self._carry.quota,
         )
 
     def _agent_label(self) -> str | None:

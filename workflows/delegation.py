@@ -136,6 +136,7 @@ def charge(usage: Usage, spent: Usage) -> None:
     usage.cost_usd = round(usage.cost_usd + spent.cost_usd, 8)
     usage.cost_known = usage.cost_known and spent.cost_known
     usage.estimated_calls += spent.estimated_calls
+    usage.done_checks += spent.done_checks
 
 
 def outcome_of(child_id: str, result: AgentResult) -> ToolOutcome:

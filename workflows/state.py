@@ -20,7 +20,10 @@ from typing import Any, Literal
 
 from pydantic import AliasChoices, BaseModel, Field, field_serializer, field_validator, model_validator
 
+from workflows.done import CriterionResult
 from workflows.livelock import LivelockTracker
+from workflows.plan import PlanItem
+from workflows.quota import Quota
 from workflows.summary import StructuredSummary
 from workflows.tool_catalog import ToolSpec
 from workflows.types import AgentInput, AgentStatus, Degradation, Message, Price, Usage, pack_messages, unpack_messages
@@ -165,6 +168,14 @@ class Carry(BaseModel):
     (`tool_catalog`, recorded once); None: not resolved (a run of built-in tools only)."""
     snapshot: str | None = None
     """The digest of the workspace's latest snapshot (workflows/snapshots.py)."""
+    done_checks: int = 0
+    """Checks of the success criteria made so far (workflows/done_steps.py)."""
+    criteria: list[CriterionResult] = Field(default_factory=list)
+    """The criteria as the last check found them."""
+    plan: list[PlanItem] = Field(default_factory=list)
+    """The run's task list (the `plan` tool, workflows/plan.py)."""
+    quota: Quota = Field(default_factory=Quota)
+    """The per-step token quota and the compaction level, with their changes (workflows/quota.py)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -79,6 +79,8 @@ def details_markdown(status: AgentStatus) -> str:
         lines += ["", f"**Paused:** {plain(status.paused_reason)}. Continue with the `resume` signal."]
     if status.soft_tier:
         lines += ["", f"Soft tier: {plain(', '.join(status.soft_tier))}"]
+    if (quota := status.quota.text()) is not None:
+        lines += ["", plain(quota)]
     if status.children:
         lines += ["", "**Delegates** (spend so far, charged to this run when each ends):", ""]
         lines += [
@@ -90,7 +92,18 @@ def details_markdown(status: AgentStatus) -> str:
         lines += ["", "**Waiting on:**", ""]
         lines += [f"- {plain(chain_text(chain))}" for chain in status.wait_chains]
     context = context_lines(status.context) if status.context else []
-    return "\n".join([*lines, "", *budget_block(status), *context])
+    return "\n".join([*lines, *plan_lines(status), "", *budget_block(status), *context])
+
+
+def plan_lines(status: AgentStatus) -> list[str]:
+    """The run's task list (the `plan` tool), each item with its status and whether it is required."""
+    if not status.plan:
+        return []
+    lines = ["", "**Plan:**", ""]
+    for item in status.plan:
+        kind = "required" if item.required else "optional"
+        lines.append(f"- {plain(f'[{item.status}] {item.text}')} ({kind})")
+    return lines
 
 
 def context_lines(context: ContextStatus) -> list[str]:

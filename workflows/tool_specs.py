@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from workflows.plan import PlanArgs
 from workflows.types import AGENT_NAME, ALL_TOOLS, ToolCall
 from workflows.visible import one_line
 
@@ -113,7 +114,7 @@ class DelegateArgs(_Args):
     )
 
 
-TOOL_ARGS: dict[str, type[_Args]] = {
+TOOL_ARGS: dict[str, type[BaseModel]] = {
     "read_file": ReadFileArgs,
     "write_file": WriteFileArgs,
     "edit_file": EditFileArgs,
@@ -123,6 +124,7 @@ TOOL_ARGS: dict[str, type[_Args]] = {
     "recall": RecallArgs,
     "load_skill": LoadSkillArgs,
     "delegate": DelegateArgs,
+    "plan": PlanArgs,
 }
 
 TOOL_DESCRIPTIONS: dict[str, str] = {
@@ -136,6 +138,8 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
     "load_skill": "Load a skill's instructions (see the listed skills) into your context for the rest of the run.",
     "delegate": "Hand a self-contained sub-task to a sub-agent with its own context; returns its summary and "
     "answer. Several delegate calls in one reply run in parallel.",
+    "plan": "Keep your task list: send all items (each required or optional, with its status) to replace it, "
+    "or no items to read it. Optional items are dropped first when budgets run low.",
 }
 
 if not set(TOOL_ARGS) == set(ALL_TOOLS) == set(TOOL_DESCRIPTIONS):
@@ -146,7 +150,7 @@ class ToolArgumentError(ValueError):
     """The model's tool call cannot be run as given; the message is meant for the model."""
 
 
-def parse_tool_call(name: str, raw_arguments: str, enabled: list[str]) -> _Args:
+def parse_tool_call(name: str, raw_arguments: str, enabled: list[str]) -> BaseModel:
     """Parse and validate one call of a built-in tool, or raise ToolArgumentError with a clear message."""
     return validate_arguments(name, decode_arguments(name, raw_arguments, enabled))
 
@@ -192,7 +196,7 @@ def unique_call_ids(calls: list[ToolCall]) -> list[ToolCall]:
     return unique
 
 
-def validate_arguments(name: str, arguments: dict[str, Any]) -> _Args:
+def validate_arguments(name: str, arguments: dict[str, Any]) -> BaseModel:
     try:
         return TOOL_ARGS[name].model_validate(arguments)
     except ValidationError as e:
@@ -216,7 +220,7 @@ def function_schema(name: str) -> dict[str, Any]:
     }
 
 
-def _schema(model: type[_Args]) -> dict[str, Any]:
+def _schema(model: type[BaseModel]) -> dict[str, Any]:
     schema = model.model_json_schema()
     schema.pop("title", None)
     for prop in schema.get("properties", {}).values():

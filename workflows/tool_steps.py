@@ -221,7 +221,7 @@ class ToolSteps:
             idempotency_key=key,
             workspace=self._agent.workspace,
             arguments=args,
-            output_chars=self._agent.context.tool_output_chars,
+            output_chars=self._carry.quota.output_chars(self._agent.context.tool_output_chars),
         )
         if self._patched(options.RUN_FILES_PATCH):
             request = request.model_copy(update={"run_folder": self._run_folder(), "step": self._carry.step})
@@ -234,6 +234,8 @@ class ToolSteps:
         try:
             if call.name == "recall":
                 return await self._recall(RecallArgs.model_validate(args))
+            if call.name == "plan":
+                return self._plan_tool(args)
             if call.name in options.LOCAL_TOOLS and self._patched(options.LOCAL_TOOLS_PATCH):
                 return await workflow.execute_local_activity(
                     call.name,

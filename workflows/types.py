@@ -18,6 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator,
 if TYPE_CHECKING:
     from workflows.state import Carry, ContextStatus
 
+from workflows.done import CriterionResult
+from workflows.plan import PlanItem
+from workflows.quota import Quota
 from workflows.summary import StructuredSummary
 
 TASK_QUEUE = "durable-agent"
@@ -34,6 +37,7 @@ ALL_TOOLS: tuple[str, ...] = (
     "recall",
     "load_skill",
     "delegate",
+    "plan",
 )
 
 RunState = Literal[
@@ -102,6 +106,8 @@ class Limits(_Strict):
     max_duration_s: float = Field(default=3600, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
     soft_ratio: float = Field(default=0.8, gt=0, le=1, allow_inf_nan=False)
     """Fraction of each budget at which its soft tier begins."""
+    max_done_checks: int = Field(default=3, ge=1, le=MAX_COUNT)
+    """Checks of the success criteria (workflows/done.py) before a final answer is taken as it is."""
 
     @model_validator(mode="before")
     @classmethod
@@ -149,6 +155,7 @@ class LimitsPatch(_Strict):
     max_tool_calls: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     max_duration_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
     soft_ratio: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    max_done_checks: int | None = Field(default=None, ge=1, le=MAX_COUNT)
 
     def apply_to(self, limits: Limits) -> Limits:
         """The new limits; raises ValueError when the result is inconsistent (hard < soft)."""
@@ -182,6 +189,10 @@ class ContextSettings(_Strict):
     tool_output_chars: int = Field(default=8_000, ge=500, le=MAX_OUTPUT_CHARS)
     """Tool output longer than this is truncated in context; the whole is kept by reference."""
 
+
+MAX_CRITERIA = 50
+MAX_CRITERION_CHARS = 2_000
+"""Bounds of `success_criteria` and `check_command`: every check sends them to the judge."""
 
 MAX_GOAL_CHARS = 100_000
 """About 25,000 tokens. The goal is carried twice at each continue-as-new (as the input's
@@ -285,13 +296,25 @@ class AgentInput(_Strict):
     this input does not give. The run's first activity reads it; the run then carries the result."""
     mcp_servers: list[str] = Field(default_factory=list)
     """Reserved (DESIGN.md §5c): accepted and carried, not used yet."""
-    success_criteria: str | None = None
-    """Reserved (a definition of done): accepted and carried, not used yet."""
+    success_criteria: str | list[str] | None = None
+    """Statements a final answer must meet, judged against the transcript by one model call
+    (workflows/done.py); unmet ones go back to the model, at most `limits.max_done_checks` times."""
+    check_command: str | None = Field(default=None, min_length=1, max_length=MAX_CRITERION_CHARS)
+    """A command run in the command sandbox when the model answers: exit code 0 means done."""
     activity_tools: list[ActivityTool] = Field(default_factory=list)
     """Tools served as Temporal activities by other workers; the model may use them all."""
     snapshot_exclude: list[str] = Field(default_factory=list)
     """Names (glob patterns, e.g. `node_modules`, `*.log`) of files and folders the step
     snapshots leave out, at any depth (`.durable-agent/` always is)."""
+
+    @field_validator("success_criteria")
+    @classmethod
+    def _criteria_bounded(cls, value: str | list[str] | None) -> str | list[str] | None:
+        # Each check sends them all to the judge: a few dozen lines, not a document.
+        items = [value] if isinstance(value, str) else value or []
+        if len(items) > MAX_CRITERIA or any(len(item) > MAX_CRITERION_CHARS for item in items):
+            raise ValueError(f"at most {MAX_CRITERIA} criteria of at most {MAX_CRITERION_CHARS:,} characters each")
+        return value
 
     @field_validator("env_allow")
     @classmethod
@@ -409,6 +432,8 @@ class ModelCallInput(BaseModel):
     so with the reply's text so far, for their live view; otherwise its beats carry counts."""
     tool_schemas: list[dict[str, Any]] = Field(default_factory=list)
     """The OpenAI schemas of the tools in `tools` that are not built in, from the run's catalog."""
+    max_tokens: int | None = None
+    """The reply's cap: the run's step quota while a spike has shrunk it (workflows/quota.py)."""
 
 
 class ModelContextRequest(ModelContextRef):
@@ -587,6 +612,9 @@ class Usage(BaseModel):
     """USD spent per tool (its `cost_usd` a call); included in cost_usd."""
     estimated_calls: int = 0
     """Model calls whose endpoint reported no usage: their tokens (and cost) are estimated."""
+    done_checks: int = 0
+    """Checks of the success criteria; each check's command is also a tool call and its judge
+    a model call."""
 
     @property
     def tokens(self) -> int:
@@ -606,6 +634,10 @@ class AgentResult(BaseModel):
     """What closing the run removed from, and kept in, its workspace's `.durable-agent/`."""
     degraded: list[str] = Field(default_factory=list)
     """Answers the run went on with that may be inaccurate (a tool's cached result)."""
+    criteria: list[CriterionResult] = Field(default_factory=list)
+    """The success criteria as the last check found them; empty without criteria."""
+    plan: list[PlanItem] = Field(default_factory=list)
+    """The run's task list (the `plan` tool) at its close."""
 
 
 PACKED_MESSAGES = "zlib+base64:"
@@ -635,7 +667,9 @@ def unpack_messages(value: Any) -> Any:
 
 class Degradation(BaseModel):
     step: int
-    kind: Literal["soft_warning", "fallback_model", "compaction", "early_soft_tier", "stop", "cached_tool_result"]
+    kind: Literal[
+        "soft_warning", "fallback_model", "compaction", "early_soft_tier", "stop", "cached_tool_result", "skip_optional"
+    ]
     """The ladder's rungs in order: compaction, soft_warning (wrap up), fallback_model, stop."""
     detail: str
 
@@ -771,6 +805,10 @@ class AgentStatus(BaseModel):
     """What this run waits for, through its delegates: `a → a/child → awaiting approval of call X`."""
     tool_waits: list[str] = Field(default_factory=list)
     """Tool calls waiting for a live worker: "waiting for a worker with tool X since T"."""
+    plan: list[PlanItem] = Field(default_factory=list)
+    """The run's task list, as the model keeps it with the `plan` tool."""
+    quota: Quota = Field(default_factory=Quota)
+    """The per-step token quota, the compaction level and their latest changes."""
 
 
 import workflows.state  # noqa: E402, F401  (defines Carry and ContextStatus, and completes the models above)

@@ -25,6 +25,7 @@ from temporalio.plugin import SimplePlugin
 from temporalio.worker import Interceptor, Worker, WorkerConfig
 
 from activities.agents import AgentActivities
+from activities.approval_diff import ApprovalDiffActivities
 from activities.archive import ArchiveActivities
 from activities.cleanup import CleanupActivities
 from activities.model import ModelActivities
@@ -142,6 +143,7 @@ def workflow_activities() -> list[Callable[..., Any]]:
         *SkillActivities().all(),
         *CleanupActivities().all(),
         *SnapshotActivities().all(),
+        *ApprovalDiffActivities().all(),
     ]
 
 

@@ -72,8 +72,8 @@ class ModelActivities:
         progress: dict[str, Any] = {"model": input.model, "phase": "reading the context"}
         streamed = StreamProgress()
         live_view = self._live and input.live
-        receiving = (lambda: streamed.receiving) if live_view else None
-        live = heartbeating(lambda: {**progress, **streamed.details()}, live=receiving)
+        news = (lambda: streamed.news()) if live_view else None
+        live = heartbeating(lambda: {**progress, **streamed.details()}, live=news)
         async with self._clients.lease() as client, live:
             messages = input.messages
             if input.context is not None:

@@ -390,3 +390,37 @@ def test_the_live_text_holds_back_a_word_still_arriving() -> None:
     long.add({"choices": [{"delta": {"content": "abc " * 2_000}}]})
     view = long.live_view()
     assert view["text"].startswith("abc ") and view["text_offset"] % 4 == 0  # the window starts at a word
+
+
+def test_a_followed_reply_has_news_when_a_line_ends_or_a_tool_call_begins() -> None:
+    progress = StreamProgress()
+    progress.reply = StreamedReply(10_000)
+    progress.received(1)
+    progress.reply.add({"choices": [{"delta": {"content": "I will read "}}]})
+    assert not progress.news()  # no whole line yet: a follower would show nothing new
+    progress.reply.add({"choices": [{"delta": {"content": "it.\nThen"}}]})
+    assert progress.news()
+    assert progress.details()["text"] == "I will read it.\n" and not progress.news()  # sent
+    progress.reply.add({"choices": [{"delta": {"content": " fix"}}]})
+    assert not progress.news()
+    call = {"index": 0, "id": "c1", "function": {"name": "read_file", "arguments": ""}}
+    progress.reply.add({"choices": [{"delta": {"tool_calls": [call]}}]})
+    assert progress.news()  # the text is over and a tool is asked for
+    progress.details()
+    progress.reply.add({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]})
+    assert not progress.news()  # arguments are not shown
+
+
+async def test_a_followed_reply_that_ends_no_line_beats_at_the_usual_pace(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    """A beat a second while nothing a follower shows has changed only cost the server a
+    heartbeat each (`python -m bench live`): the first beat comes at the usual pace, a third
+    of the heartbeat timeout (~3.3 s), not after a second."""
+    model_server.stream_interval_s = 0.03  # 200 events of 4 characters: about 6 s
+    model_server.responder = Script([], final="word " * 160)
+    handle = await start(client, task_queue, start_signal="watch", goal="x", workspace=str(workspace))
+    pending = await pending_model_call(handle)
+    [details] = await DataConverter.default.decode(pending.heartbeat_details.payloads)
+    assert details.get("receiving_for_s", math.inf) >= 2.5, details  # the live pace would have beaten at ~1 s
+    assert (await asyncio.wait_for(handle.result(), 60)).output == "word " * 160

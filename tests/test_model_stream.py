@@ -143,10 +143,11 @@ async def test_a_body_left_open_after_the_end_marker_does_not_hold_the_call(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
     # The reply is used at its end marker; the rest of the body is awaited in the background
-    # for TAIL_WAIT_S, then the connection is given up.
-    model_server.stream_end_delay_s = 20
+    # for TAIL_WAIT_S, then the connection is given up. A body held to its end would hold
+    # each call 60 s; the bound leaves a loaded machine 45 s for the two-step run.
+    model_server.stream_end_delay_s = 60
     model_server.responder = Script([TOOLS_AND_TEXT], final="done")
-    result, _ = await asyncio.wait_for(run_to_end(client, task_queue, workspace), 15)
+    result, _ = await asyncio.wait_for(run_to_end(client, task_queue, workspace), 45)
     assert result.output == "done" and result.usage.model_calls == 2
     assert (workspace / "b.txt").read_text() == "beta"
     assert model_server.connections == 2  # neither body ended, so neither connection was reused

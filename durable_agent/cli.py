@@ -187,7 +187,7 @@ environment:
   DURABLE_AGENT_MODEL_STREAM=0  model replies unstreamed (default: streamed, the chunks
                         received so far in the pending call's heartbeat details)
   DURABLE_AGENT_LIVE_REPLY=0  no live view of replies: by default a streamed reply's text
-                        so far is in its call's heartbeat details, a beat a second, and `run`
+                        so far is in its call's heartbeat details, a beat per new line, and `run`
                         and `watch` show it line by line
   DURABLE_AGENT_METRICS_PORT  a worker serves Prometheus metrics on this port (127.0.0.1,
                               or DURABLE_AGENT_METRICS_ADDRESS)

@@ -60,8 +60,8 @@ class ModelActivities:
     def __init__(self, client: AsyncOpenAI | None = None) -> None:
         self._clients = ModelClients(client)
         self._live = os.environ.get("DURABLE_AGENT_LIVE_REPLY", "1") != "0"
-        """While someone follows the run (`ModelCallInput.live`), beat every second as a reply
-        arrives, with its text so far: the live view of `run` and `watch`. Off, or unwatched,
+        """While someone follows the run (`ModelCallInput.live`), beat within a second of each new
+        line of the reply as it arrives, with its text so far: the live view of `run` and `watch`. Off, or unwatched,
         the details carry counts only, at the usual pace."""
         self._stream = os.environ.get("DURABLE_AGENT_MODEL_STREAM", "1") != "0"
         """Ask for streamed replies; off for good once the endpoint shows it cannot stream
@@ -72,8 +72,8 @@ class ModelActivities:
         progress: dict[str, Any] = {"model": input.model, "phase": "reading the context"}
         streamed = StreamProgress()
         live_view = self._live and input.live
-        receiving = (lambda: streamed.receiving) if live_view else None
-        live = heartbeating(lambda: {**progress, **streamed.details()}, live=receiving)
+        news = (lambda: streamed.news()) if live_view else None
+        live = heartbeating(lambda: {**progress, **streamed.details()}, live=news)
         async with self._clients.lease() as client, live:
             messages = input.messages
             if input.context is not None:

@@ -64,6 +64,8 @@ class StreamProgress:
         self.characters = 0
         self.reply: StreamedReply | None = None
         """The reply being assembled: its text so far goes in the details, for the live view."""
+        self._sent_mark: tuple[int, int] = (0, 0)
+        """The reply's `news_mark` when details last went out."""
 
     def received(self, characters: int) -> None:
         if self.first_chunk_at is None:
@@ -74,6 +76,13 @@ class StreamProgress:
     @property
     def receiving(self) -> bool:
         return self.first_chunk_at is not None
+
+    def news(self) -> bool:
+        """Whether a follower would show something the last details did not carry: a line
+        of text ended, or a tool call was asked for. Beats in between would cost the server
+        a heartbeat each (its largest share of the live view's cost) and show nothing: a
+        follower prints whole lines (durable_agent/follow.py, LiveReply)."""
+        return self.reply is not None and self.reply.news_mark() != self._sent_mark
 
     def details(self) -> dict[str, Any]:
         if self.first_chunk_at is None:
@@ -86,6 +95,7 @@ class StreamProgress:
             "receiving_for_s": round(time.monotonic() - self.first_chunk_at, 1),
         }
         if self.reply is not None:
+            self._sent_mark = self.reply.news_mark()
             details.update(self.reply.live_view())
         return details
 
@@ -104,6 +114,9 @@ class StreamedReply:
         self.usage: dict[str, Any] | None = None
         self.done = False
         """The server sent `data: [DONE]`."""
+        self._text_chars = 0
+        self._lines_end = 0
+        """Characters of text up to the end of its last complete line."""
 
     def add(self, chunk: Any) -> int:
         """Takes one decoded chunk; returns how many characters of reply it held."""
@@ -138,6 +151,11 @@ class StreamedReply:
             "tool_calls": [call[1] for _, call in sorted(self.calls.items()) if call[1]],
         }
 
+    def news_mark(self) -> tuple[int, int]:
+        """What a follower can show of the reply: its text's complete lines (all of it once
+        tool calls begin) and how many tool calls it asks for."""
+        return (self._text_chars if self.calls else self._lines_end), len(self.calls)
+
     def tool_calls(self) -> list[tuple[str, str, str]]:
         """(id, name, arguments) in index order."""
         return [(c[0], c[1], "".join(c[2])) for _, c in sorted(self.calls.items())]
@@ -164,6 +182,9 @@ class StreamedReply:
                 self.content = self.content or []
                 self.content.append(_string(text))
                 added += len(text)
+                self._text_chars += len(text)
+                if "\n" in text:
+                    self._lines_end = self._text_chars - (len(text) - text.rindex("\n") - 1)
             for call in delta.get("tool_calls") or ():
                 added += self._add_call(call)
         return added

@@ -1,6 +1,7 @@
 """Many agents against a slow model: durable-agent beside a plain Temporal loop, in one run.
 
-`python -m bench fleet [--agents 200] [--steps 4] [--latency-ms 3000] [--rounds 1]`: the
+`python -m bench fleet [--agents 200] [--steps 4] [--latency-ms 3000] [--rounds 1]
+[--task-slots N ...]`: the
 benchmark agent (bench/harness.py: per step one model call, `write_file`, `run_command`)
 run by `--agents` agents at once, `--steps` steps each, against the stub model answering
 every call in `--latency-ms`. Two contenders on one dev server, each with one worker
@@ -22,6 +23,10 @@ waited over 1 s and went to the shared queue) and, for durable-agent, history by
 step; and the TCP connections the stub model accepted (a worker that keeps its
 connections between calls opens one per agent it serves at once). Ratios are
 durable-agent ÷ plain loop, per round.
+
+With `--task-slots N ...`, durable-agent alone instead, once per workflow-task slot count
+(`DURABLE_AGENT_MAX_CONCURRENT_WORKFLOW_TASKS`), each its own worker and task queue: the
+measurement behind the worker's default of 20 (docs/fleet.md, "Worker sizing").
 """
 
 from __future__ import annotations
@@ -119,17 +124,31 @@ async def measure(b: Bench, client: Client, contender: Contender, agents: int, s
         "server_cpu_ms_per_model_call": round(1000 * cpu_of[pids[1]] / calls, 1),
         "workflow_task_timeouts": await task_timeouts(handles),
     }
-    if contender.name == DURABLE:
+    if contender.name.startswith(DURABLE):
         figures["history_bytes_per_step"] = await history_bytes_per_step(client, handles, steps)
     return figures
 
 
-def contenders(b: Bench) -> list[Contender]:
-    plain_queue = f"{b.task_queue}-plain"
-
+def durable_start(b: Bench, queue: str) -> Any:
     async def durable(client: Client, index: int, steps: int) -> WorkflowHandle:
         agent = bench_input(goal_for(index, steps), b.workspace(), steps)
-        return await start_agent(client, agent, f"fleet-{uuid.uuid4().hex[:10]}", b.task_queue)
+        return await start_agent(client, agent, f"fleet-{uuid.uuid4().hex[:10]}", queue)
+
+    return durable
+
+
+def slot_contenders(b: Bench, slots: list[int]) -> list[Contender]:
+    """durable-agent alone, one worker per workflow-task slot count, each on its own queue."""
+    every = []
+    for n in slots:
+        queue = f"{b.task_queue}-slots-{n}"
+        worker = b.start_worker(DURABLE_AGENT_TASK_QUEUE=queue, DURABLE_AGENT_MAX_CONCURRENT_WORKFLOW_TASKS=str(n))
+        every.append(Contender(f"{DURABLE}, {n} workflow-task slots", worker, durable_start(b, queue)))
+    return every
+
+
+def contenders(b: Bench) -> list[Contender]:
+    plain_queue = f"{b.task_queue}-plain"
 
     def plain(product_tools: bool) -> Any:
         async def start(client: Client, index: int, steps: int) -> WorkflowHandle:
@@ -142,18 +161,18 @@ def contenders(b: Bench) -> list[Contender]:
 
     plain_worker = spawn_plain_worker(b, plain_queue)
     return [
-        Contender(DURABLE, b.start_worker(), durable),
+        Contender(DURABLE, b.start_worker(), durable_start(b, b.task_queue)),
         Contender(PLAIN, plain_worker, plain(product_tools=False)),
         Contender(PLAIN_PRODUCT_TOOLS, plain_worker, plain(product_tools=True)),
     ]
 
 
-async def run(agents: int, steps: int, latency_ms: int, rounds: int) -> dict[str, Any]:
+async def run(agents: int, steps: int, latency_ms: int, rounds: int, slots: list[int] | None = None) -> dict[str, Any]:
     load_before = os.getloadavg()
     results: dict[str, list[dict[str, Any]]] = {}
     with bench(StepScript(steps)) as b:
         client = await connect(b.server.address)
-        every = contenders(b)
+        every = slot_contenders(b, slots) if slots else contenders(b)
         for c in every:  # warm up: worker start-up and first-run costs are in no figure
             await asyncio.gather(*(timed_run(client, c, i, steps) for i in range(2)))
         b.model.latency_s = latency_ms / 1000
@@ -164,14 +183,19 @@ async def run(agents: int, steps: int, latency_ms: int, rounds: int) -> dict[str
                 figures = await measure(b, client, c, agents, steps)
                 log(json.dumps(figures))
                 results.setdefault(c.name, []).append(figures)
-    durable = results[DURABLE]
-    return {
+    measured = {
         "commit": git_commit(),
         "agents": agents,
         "steps": steps,
         "latency_ms": latency_ms,
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
         "results": results,
+    }
+    if slots:
+        return measured
+    durable = results[DURABLE]
+    return {
+        **measured,
         "ratio_run_time_median": ratios(durable, results[PLAIN], "run_time_s"),
         "ratio_cpu_per_model_call": ratios(durable, results[PLAIN], "cpu_ms_per_model_call"),
         "ratio_run_time_median_same_tools": ratios(durable, results[PLAIN_PRODUCT_TOOLS], "run_time_s"),
@@ -195,8 +219,9 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
+    parser.add_argument("--task-slots", type=int, nargs="+", help="durable-agent alone, once per slot count")
     args = parser.parse_args()
-    figures = asyncio.run(run(args.agents, args.steps, args.latency_ms, args.rounds))
+    figures = asyncio.run(run(args.agents, args.steps, args.latency_ms, args.rounds, args.task_slots))
     text = json.dumps(figures, indent=2)
     print(text, flush=True)
     if args.out:

@@ -138,8 +138,9 @@ class Bench:
             "OPENAI_API_KEY": "bench",
         }
 
-    def start_worker(self) -> Popen[bytes]:
-        worker = spawn_worker(self.worker_env, self.home / f"worker-{len(self.workers)}.log")
+    def start_worker(self, **env: str) -> Popen[bytes]:
+        """A worker process; `env` changes its settings (a task queue, slot counts)."""
+        worker = spawn_worker({**self.worker_env, **env}, self.home / f"worker-{len(self.workers)}.log")
         self.workers.append(worker)
         return worker
 

@@ -1,7 +1,8 @@
 """What the live view of model replies costs: CPU per model call with it on and off, in one run.
 
-`python -m bench live [--agents 20] [--reply-s 3] [--rounds 4]`: `--agents` one-step runs at
-once, whose model reply (750 characters of text) streams over `--reply-s` seconds, on one
+`python -m bench live [--agents 20] [--reply-s 3] [--rounds 4] [--line-chars N]`: `--agents`
+one-step runs at once, whose model reply (750 characters of text: one line, or lines of
+`--line-chars` characters, as code or a list) streams over `--reply-s` seconds, on one
 worker process, in two modes alternating per round: followed (started with the `watch`
 signal, as `durable-agent run` starts them) and not followed. Per mode: CPU of the worker
 process and of the dev server per model call; the difference is what the live view costs a
@@ -28,12 +29,16 @@ from durable_agent.model_server import Reply
 from durable_agent.runs import start_agent
 from workflows.types import WatchRequest
 
-TEXT = "word " * 150
+TEXT_CHARS = 750
 CHUNK_CHARS = 4
 
 
-def reply(request: dict[str, Any]) -> Reply:
-    return Reply(content=TEXT, input_tokens=50, output_tokens=150)
+def reply_text(line_chars: int | None) -> str:
+    """Words of 5 characters; with `line_chars`, a line feed ends every line of that length."""
+    if not line_chars:
+        return "word " * (TEXT_CHARS // 5)
+    line = "word " * (max(line_chars, 5) // 5 - 1) + "word\n"
+    return (line * (TEXT_CHARS // len(line) + 1))[:TEXT_CHARS]
 
 
 async def measure(b: Bench, client: Any, worker_pid: int, agents: int, followed: bool) -> dict[str, float]:
@@ -49,9 +54,10 @@ async def measure(b: Bench, client: Any, worker_pid: int, agents: int, followed:
     return {"worker_ms": round(worker_ms, 2), "server_ms": round(server_ms, 2), "calls": calls}
 
 
-async def run(agents: int, reply_s: float, rounds: int) -> dict[str, Any]:
-    with bench(reply) as b:
-        b.model.stream_interval_s = reply_s / (len(TEXT) / CHUNK_CHARS)
+async def run(agents: int, reply_s: float, rounds: int, line_chars: int | None = None) -> dict[str, Any]:
+    text = reply_text(line_chars)
+    with bench(lambda request: Reply(content=text, input_tokens=50, output_tokens=150)) as b:
+        b.model.stream_interval_s = reply_s / (len(text) / CHUNK_CHARS)
         client = await connect(b.server.address)
         worker = b.start_worker()
         modes = {"followed": True, "not followed": False}
@@ -74,6 +80,7 @@ async def run(agents: int, reply_s: float, rounds: int) -> dict[str, Any]:
         "agents": agents,
         "reply_s": reply_s,
         "rounds": rounds,
+        "line_chars": line_chars,
         "median_cpu_ms_per_model_call": medians,
         "live_view_cost_ms_per_followed_model_call": round(
             on["worker_ms"] + on["server_ms"] - off["worker_ms"] - off["server_ms"], 2
@@ -87,8 +94,9 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=20)
     parser.add_argument("--reply-s", type=float, default=3.0, help="how long each reply takes to stream")
     parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--line-chars", type=int, help="a line feed every N characters (default: one line)")
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.agents, args.reply_s, args.rounds)), indent=2))
+    print(json.dumps(asyncio.run(run(args.agents, args.reply_s, args.rounds, args.line_chars)), indent=2))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ from durable_agent.launch import (
     replace_worker,
     split_address,
     ui_url,
+    watch_replacer,
 )
 from durable_agent.model_queue import model_call_waiting
 from durable_agent.model_server import ModelServer
@@ -186,7 +187,7 @@ environment:
   DURABLE_AGENT_MODEL_STREAM=0  model replies unstreamed (default: streamed, the chunks
                         received so far in the pending call's heartbeat details)
   DURABLE_AGENT_LIVE_REPLY=0  no live view of replies: by default a streamed reply's text
-                        so far is in its call's heartbeat details, a beat a second, and `run`
+                        so far is in its call's heartbeat details, a beat per new line, and `run`
                         and `watch` show it line by line
   DURABLE_AGENT_METRICS_PORT  a worker serves Prometheus metrics on this port (127.0.0.1,
                               or DURABLE_AGENT_METRICS_ADDRESS)
@@ -278,6 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     _command(commands, "status", status, "show a run's state, usage, limits and pending decisions", with_id=True)
     watching = _command(commands, "watch", watch, "follow a run live (Ctrl-C stops watching the run)", with_id=True)
     watching.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+    watching.add_argument("--no-worker", action="store_true", help="never start a worker, even when the run's died")
     pause = _command(commands, "pause", pause_run, "pause a run before its next step", with_id=True)
     pause.add_argument("--reason", help="why (shown by status)")
     _command(commands, "resume", resume_run, "resume a paused run", with_id=True)
@@ -776,7 +778,10 @@ async def watch(args: argparse.Namespace, console: Console) -> int:
     async def following() -> int:
         # Said once Ctrl-C is ours to handle: a person (or a script) may press it right after.
         console.line("following (Ctrl-C stops watching; the run goes on)")
-        return await follow(handle, console, since=current, reporter=reporter, verbose=args.verbose)
+        replace = None if args.no_worker else await watch_replacer(handle, console)
+        return await follow(
+            handle, console, since=current, reporter=reporter, verbose=args.verbose, on_no_worker=replace
+        )
 
     code = await _until_signalled(following())
     if code is None:

@@ -40,8 +40,8 @@ from workflows.types import (
 POLL_S = 0.4
 WATCH_LEASE_S, WATCH_RENEW_S = 120.0, 60.0
 """A follower tells the run it watches (the `watch` signal) for the next 120 s, renewed every
-60 s: a run nobody follows pays nothing for the live view (a beat a second while a reply
-streams); a followed one, one signal in its history a minute."""
+60 s: a run nobody follows pays nothing for the live view (a beat within a second of each
+new line while a reply streams); a followed one, one signal in its history a minute."""
 QUERY_TIMEOUT = timedelta(seconds=5)
 """A query waits for a worker to answer; none within this time means no worker is up."""
 

@@ -8,15 +8,18 @@ it, so that Ctrl-C on `run` only stops the following, not the work.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import subprocess
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.runtime import Runtime
 from temporalio.service import RPCError
 
@@ -27,6 +30,7 @@ from durable_agent.console import Console
 from durable_agent.processes import spawn_worker
 from durable_agent.server import DEFAULT_PORT, ServerError, port_open, recorded_ui_port, start_server
 from durable_agent.takeover import held_by_dead_neighbour, parse_identity, worker_identity
+from workflows.types import AgentInput
 
 LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1", "[::1]"})
 CONNECT_TIMEOUT_S = 10.0
@@ -182,6 +186,22 @@ async def replace_worker(client: Client, queue: str, address: str, console: Cons
     except LaunchError as e:
         console.line(f"no worker polls task queue {queue}, and starting one failed: {e}")
         return False
+
+
+async def watch_replacer(handle: WorkflowHandle[Any, Any], console: Console) -> Callable[[], Awaitable[bool]] | None:
+    """For `watch`: replace a dead worker as `run` does, for a run on a local server (one this
+    machine may start workers for). The worker serves the run's own task queue and accepts its
+    workspace, both read from the run's first event: no worker is needed to know them."""
+    address = configured_address()
+    if not is_local(address):
+        return None  # a shared server's workers are someone else's to start
+    client = await connect_client(address)
+    async for event in handle.fetch_history_events():
+        started = event.workflow_execution_started_event_attributes
+        [agent_input] = await client.data_converter.decode(started.input.payloads, [AgentInput])
+        allow_workspace(agent_input.workspace)
+        return functools.partial(replace_worker, client, started.task_queue.name, address, console)
+    return None
 
 
 async def wait_until_polling(client: Client, queue: str, process: subprocess.Popen[bytes], log: Path) -> None:

@@ -26,6 +26,7 @@ from temporalio.worker import Interceptor, Worker, WorkerConfig
 
 from activities import model_context
 from activities.agents import AgentActivities
+from activities.approval_diff import ApprovalDiffActivities
 from activities.archive import ArchiveActivities
 from activities.cleanup import CleanupActivities
 from activities.model import ModelActivities
@@ -145,6 +146,7 @@ def workflow_activities() -> list[Callable[..., Any]]:
         *SkillActivities().all(),
         *CleanupActivities().all(),
         *SnapshotActivities().all(),
+        *ApprovalDiffActivities().all(),
     ]
 
 

@@ -259,7 +259,7 @@ async def test_run_starts_a_worker_when_the_only_poller_was_sigkilled(
         no_worker = await run("waits", "--no-worker", "--id", f"waits-{task_queue}")
         assert f"no worker polls task queue {task_queue}: the run makes no progress" in no_worker
         watch = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "durable_agent.cli", "watch", f"waits-{task_queue}",
+            sys.executable, "-m", "durable_agent.cli", "watch", f"waits-{task_queue}", "--no-worker",
             cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
         assert watch.stdout is not None
@@ -369,5 +369,49 @@ async def test_run_replaces_a_worker_sigkilled_while_it_follows(
     finally:
         if run.returncode is None:
             run.kill()
+        for pid in workers[1:]:
+            os.kill(pid, signal.SIGTERM)
+
+
+async def test_watch_replaces_a_worker_sigkilled_while_it_follows(
+    client: Client, temporal_server: EmbeddedServer, task_queue: str, model_server: ModelServer, tmp_path: Path
+) -> None:
+    """#23: `watch` replaces a dead worker as `run` does. Its environment names another task queue
+    and no workspace roots: the worker it starts serves the run's queue and accepts its workspace."""
+    slow = SlowTurn(tools(("write_file", {"path": "b.txt", "content": "b"})), delay_s=2)
+    model_server.responder = Script([tools(("write_file", {"path": "a.txt", "content": "a"})), slow], final="made")
+    env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue, DURABLE_AGENT_HOME=str(tmp_path / "home"))
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    run_id = f"watched-{task_queue}"
+    started = await durable_agent(
+        "run", "make two files", "--workspace", str(workspace), "--detach", "--id", run_id, env=env
+    )
+    workers = [int(pid) for pid in re.findall(r"background worker .*\(pid (\d+),", started.stdout)]
+    assert started.returncode == 0 and len(workers) == 1, started
+    watch_env = {**cli_env(DURABLE_AGENT_WORKSPACE_ROOTS=None), "DURABLE_AGENT_TASK_QUEUE": f"other-{task_queue}"}
+    watch_env["DURABLE_AGENT_HOME"] = env["DURABLE_AGENT_HOME"]
+    watch = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "durable_agent.cli", "watch", run_id,
+        cwd=ROOT, env=watch_env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    assert watch.stdout is not None
+    try:
+        seen = ""
+        while "following" not in seen:
+            line = (await asyncio.wait_for(watch.stdout.readline(), 60)).decode()
+            assert line, seen
+            seen += line
+        await until(slow.asked.is_set)  # step 2's model call is in flight on the run's worker
+        os.kill(workers[0], signal.SIGKILL)
+        rest = (await asyncio.wait_for(watch.stdout.read(), 90)).decode()
+        workers += [int(pid) for pid in re.findall(r"background worker .*\(pid (\d+),", rest)]
+        assert await watch.wait() == 0, seen + rest
+        assert len(workers) == 2 and f"for task queue {task_queue} " in rest, seen + rest
+        assert "no worker answered" not in rest and "completed (final_answer) after 3 steps" in rest, seen + rest
+        assert (workspace / "a.txt").read_text() == "a" and (workspace / "b.txt").read_text() == "b"
+    finally:
+        if watch.returncode is None:
+            watch.kill()
         for pid in workers[1:]:
             os.kill(pid, signal.SIGTERM)

@@ -98,10 +98,10 @@ async def test_a_scripted_runs_metrics(
         status = await wait_for(handle, lambda s: bool(s.pending_approvals))
         # The query answers before visibility has the state; the gauge counts every 30 s from
         # visibility, so it starts once visibility has the run's new state.
-        await asyncio.wait_for(visibility_shows_waiting(client, handle.id), timeout=20)
+        await asyncio.wait_for(visibility_shows_waiting(client, handle.id), timeout=60)
         waiting = asyncio.create_task(publish_waiting_runs(client, task_queue))
         try:
-            await asyncio.wait_for(gauge_shows_one_waiting(port, task_queue), timeout=20)
+            await asyncio.wait_for(gauge_shows_one_waiting(port, task_queue), timeout=60)
         finally:
             waiting.cancel()
         await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})

@@ -143,10 +143,11 @@ async def test_a_body_left_open_after_the_end_marker_does_not_hold_the_call(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
     # The reply is used at its end marker; the rest of the body is awaited in the background
-    # for TAIL_WAIT_S, then the connection is given up.
-    model_server.stream_end_delay_s = 20
+    # for TAIL_WAIT_S, then the connection is given up. A body held to its end would hold
+    # each call 60 s; the bound leaves a loaded machine 45 s for the two-step run.
+    model_server.stream_end_delay_s = 60
     model_server.responder = Script([TOOLS_AND_TEXT], final="done")
-    result, _ = await asyncio.wait_for(run_to_end(client, task_queue, workspace), 15)
+    result, _ = await asyncio.wait_for(run_to_end(client, task_queue, workspace), 45)
     assert result.output == "done" and result.usage.model_calls == 2
     assert (workspace / "b.txt").read_text() == "beta"
     assert model_server.connections == 2  # neither body ended, so neither connection was reused
@@ -390,3 +391,37 @@ def test_the_live_text_holds_back_a_word_still_arriving() -> None:
     long.add({"choices": [{"delta": {"content": "abc " * 2_000}}]})
     view = long.live_view()
     assert view["text"].startswith("abc ") and view["text_offset"] % 4 == 0  # the window starts at a word
+
+
+def test_a_followed_reply_has_news_when_a_line_ends_or_a_tool_call_begins() -> None:
+    progress = StreamProgress()
+    progress.reply = StreamedReply(10_000)
+    progress.received(1)
+    progress.reply.add({"choices": [{"delta": {"content": "I will read "}}]})
+    assert not progress.news()  # no whole line yet: a follower would show nothing new
+    progress.reply.add({"choices": [{"delta": {"content": "it.\nThen"}}]})
+    assert progress.news()
+    assert progress.details()["text"] == "I will read it.\n" and not progress.news()  # sent
+    progress.reply.add({"choices": [{"delta": {"content": " fix"}}]})
+    assert not progress.news()
+    call = {"index": 0, "id": "c1", "function": {"name": "read_file", "arguments": ""}}
+    progress.reply.add({"choices": [{"delta": {"tool_calls": [call]}}]})
+    assert progress.news()  # the text is over and a tool is asked for
+    progress.details()
+    progress.reply.add({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]})
+    assert not progress.news()  # arguments are not shown
+
+
+async def test_a_followed_reply_that_ends_no_line_beats_at_the_usual_pace(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    """A beat a second while nothing a follower shows has changed only cost the server a
+    heartbeat each (`python -m bench live`): the first beat comes at the usual pace, a third
+    of the heartbeat timeout (~3.3 s), not after a second."""
+    model_server.stream_interval_s = 0.03  # 200 events of 4 characters: about 6 s
+    model_server.responder = Script([], final="word " * 160)
+    handle = await start(client, task_queue, start_signal="watch", goal="x", workspace=str(workspace))
+    pending = await pending_model_call(handle)
+    [details] = await DataConverter.default.decode(pending.heartbeat_details.payloads)
+    assert details.get("receiving_for_s", math.inf) >= 2.5, details  # the live pace would have beaten at ~1 s
+    assert (await asyncio.wait_for(handle.result(), 60)).output == "word " * 160

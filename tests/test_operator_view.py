@@ -170,3 +170,44 @@ async def test_the_approval_prompt_at_a_terminal_shows_the_whole_command_escaped
         os.close(leader)
     assert raw_controls(bytes(seen).replace(b"\r", b"")) == []  # the terminal's own CR before each LF aside
     assert (workspace / "tail.txt").exists()
+
+
+async def test_approving_a_write_shows_a_diff_against_the_file_as_it_was_when_asked(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    """#23: the person sees what the write changes, computed from the real file by an activity
+    when approval is asked and recorded then: a later change to the file does not alter it."""
+    (workspace / "calc.py").write_text("def add(a, b):\n    return a - b  \x1b[8m# hidden\x1b[0m\n\nprint(add(1, 2))\n")
+    edit = {"path": "calc.py", "old_text": "return a - b", "new_text": "return a + b"}
+    model_server.responder = Script(
+        [tools(("edit_file", edit), ("write_file", {"path": "notes.txt", "content": "fixed add\n"}))], final="done"
+    )
+    handle = await start(
+        client, task_queue, goal="x", workspace=str(workspace), approval={"tools": ["write_file", "edit_file"]}
+    )
+    status = await wait_for(handle, lambda s: len(s.pending_approvals) == 2)
+    (workspace / "calc.py").write_text("changed after the approval was asked\n")
+    shown = await cli_bytes("status", handle.id, env=cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue))
+    edit_diff = [
+        b"    diff against the current file:",
+        b"      --- a/calc.py",
+        b"      +++ b/calc.py",
+        b"      @@ -1,4 +1,4 @@",
+        b"       def add(a, b):",
+        b"      -    return a - b  \\x1b[8m# hidden\\x1b[0m",
+        b"      +    return a + b  \\x1b[8m# hidden\\x1b[0m",
+    ]
+    assert b"\n".join(edit_diff) in shown, shown
+    assert b"      --- /dev/null\n      +++ b/notes.txt\n      @@ -0,0 +1 @@\n      +fixed add\n" in shown, shown
+    assert b"changed after" not in shown and raw_controls(shown) == []
+    details = await current_details(handle)
+    assert "+    return a + b" in details and "+fixed add" in details and "\x1b" not in details
+    scheduled = [
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        async for e in handle.fetch_history_events()
+        if e.HasField("activity_task_scheduled_event_attributes")
+    ]
+    assert scheduled.count("approval_diff") == 2, scheduled
+    for pending in status.pending_approvals:
+        await handle.execute_update("approve", {"call_id": pending.call_id, "approved": False})
+    await handle.result()

@@ -550,8 +550,8 @@ async def cancel_mid_command(tools: ToolActivities, call: ToolCallInput, details
     assert attempt.cancelled() or isinstance(attempt.exception(), asyncio.CancelledError)
 
 
-def slow_command(workspace: Path, key: str, sleep_s: int = 1) -> ToolCallInput:
-    return chain_call(workspace, key, command=f"echo started > started.txt; sleep {sleep_s}; echo done >> ledger.txt")
+def slow_command(workspace: Path, key: str, sleep: str = "sleep 1") -> ToolCallInput:
+    return chain_call(workspace, key, command=f"echo started > started.txt; {sleep}; echo done >> ledger.txt")
 
 
 async def test_a_retry_after_a_spurious_heartbeat_timeout_waits_for_the_command(workspace: Path) -> None:
@@ -569,9 +569,10 @@ async def test_a_retry_after_a_spurious_heartbeat_timeout_waits_for_the_command(
 
 async def test_a_cancellation_asked_for_still_stops_the_command(workspace: Path) -> None:
     tools = ToolActivities()
-    call = slow_command(workspace, "stop-1")
+    sleep, marker = unique_sleep()  # 300 s: stopped by the cancel, however slow the machine
+    call = slow_command(workspace, "stop-1", sleep)
     await cancel_mid_command(tools, call, ActivityCancellationDetails(cancel_requested=True))
-    await asyncio.sleep(1.5)
+    await until(lambda: host_processes_named(marker) == [])
     assert not (workspace / "ledger.txt").exists()
     again = await ActivityEnvironment().run(tools.run_command, call)
     assert not again.ok and (again.error or "").startswith("the command was cancelled"), again
@@ -599,10 +600,10 @@ async def test_a_command_no_retry_collects_is_stopped_after_a_grace(
     # the retry went elsewhere): the command does not run on unwatched until its timeout.
     monkeypatch.setattr(tools_module, "ORPHANED_COMMAND_GRACE_S", 0.5)
     tools = ToolActivities()
-    call = slow_command(workspace, "orphan-1", sleep_s=3)
+    sleep, marker = unique_sleep()  # 300 s: gone within the wait below, it was stopped at the grace
+    call = slow_command(workspace, "orphan-1", sleep)
     await cancel_mid_command(tools, call, ActivityCancellationDetails(timed_out=True))
-    await until(lambda: not tools._commands_here, within_s=5)
-    await asyncio.sleep(3)
+    await until(lambda: not tools._commands_here and host_processes_named(marker) == [])
     assert not (workspace / "ledger.txt").exists()
     again = await ActivityEnvironment().run(tools.run_command, call)
     assert not again.ok and (again.error or "").startswith("the command was cancelled"), again

@@ -18,6 +18,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.redaction import Redactor
     from workflows import limits, options
     from workflows.approval import approval_reason, approval_view
+    from workflows.approval_diff import APPROVAL_DIFF_PATCH, DIFFED_TOOLS, approval_diff_lines
     from workflows.delegation import WAIT_ACTIONS, ParentSide
     from workflows.failures import ACTIVITY_FAILED, failure_message, raise_if_cancelled, timed_out, worker_lost
     from workflows.livelock import LIVELOCK_REPEATS, call_key
@@ -289,13 +290,16 @@ class ToolSteps:
         if reason is None:
             return None
         approval_id = f"{self._carry.step}:{call.id}"
+        shown = approval_view(call.name, args)
+        if call.name in DIFFED_TOOLS and self._patched(APPROVAL_DIFF_PATCH):
+            shown = "\n".join([shown, *await approval_diff_lines(self._agent.workspace, call.name, args)])
         self._pending_approvals[approval_id] = PendingApproval(
             call_id=approval_id,
             tool=call.name,
             summary=call_summary(call.name, args),
             step=self._carry.step,
             reason=reason,
-            shown=approval_view(call.name, args),
+            shown=shown,
         )
         self._publish()
         with self._waiting_for_a_person():

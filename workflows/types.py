@@ -428,8 +428,8 @@ class ModelCallInput(BaseModel):
     tools: list[str]
     model: str
     live: bool = False
-    """Someone follows the run (the `watch` signal's lease): the call beats every second or
-    so with the reply's text so far, for their live view; otherwise its beats carry counts."""
+    """Someone follows the run (the `watch` signal's lease): the call beats within a second
+    of each new line of the reply, with its text so far, for their live view; otherwise its beats carry counts."""
     tool_schemas: list[dict[str, Any]] = Field(default_factory=list)
     """The OpenAI schemas of the tools in `tools` that are not built in, from the run's catalog."""
     max_tokens: int | None = None

@@ -33,7 +33,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.redaction import worker_redactor
-from durable_agent import cli_agents, demo_model, render, telemetry
+from durable_agent import cli_agents, cli_hosts, demo_model, render, telemetry
 from durable_agent.cli_history import add_history_commands
 from durable_agent.codec_server import TOKEN_ENV, CodecServer, ui_origins
 from durable_agent.codecs import CodecError, EncryptionKeys, PayloadCodecChain
@@ -69,6 +69,7 @@ from durable_agent.prompts import terminal_approver
 from durable_agent.runs import start_agent
 from durable_agent.server import DEFAULT_PORT, DEFAULT_UI_PORT, ServerError, port_open, start_server
 from durable_agent.task_failures import failing_task
+from durable_agent.worker_settings import configured_host
 from workflows.types import (
     ALL_TOOLS,
     TERMINAL_STATES,
@@ -229,6 +230,7 @@ LIMIT_MEANINGS = {
     "max_tool_calls": "tool calls over the whole run",
     "max_duration_s": "seconds of running time, not counting time waiting for a person",
     "soft_ratio": "fraction of each budget where its soft tier begins",
+    "host_wait_s": "seconds a run pinned to a host waits for it before it needs attention",
 }
 
 
@@ -317,6 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--limit", type=_positive_int, default=50, help="at most this many runs (default 50)")
     _add_gc_parser(commands)
     cli_agents.add_parser(commands)
+    cli_hosts.add_parsers(commands)
     add_history_commands(commands, _command)
     return parser
 
@@ -397,6 +400,7 @@ def _add_run_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     tools = ", ".join(ALL_TOOLS)
     run.add_argument("--tools", nargs="+", metavar="TOOL", help=f"only these tools (default: all: {tools})")
     run.add_argument("--id", help="workflow id (default agent-<random>)")
+    run.add_argument("--host", help="the host whose worker holds the workspace (default: DURABLE_AGENT_HOST)")
     run.add_argument("--no-worker", action="store_true", help="do not start a worker if none is polling")
     run.add_argument("--detach", action="store_true", help="start the run and return at once")
     run.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
@@ -676,6 +680,8 @@ def _agent_input(args: argparse.Namespace, demo: bool) -> AgentInput:
         fields["model"] = model
     if args.fallback_model:
         fields["fallback_model"] = args.fallback_model
+    if host := args.host or configured_host():  # this machine's workers serve its workspaces
+        fields["host"] = host
     return AgentInput.model_validate(fields)
 
 

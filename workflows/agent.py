@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.control import RunControl
     from workflows.delegation import Delegates, ParentReporter
     from workflows.failures import ACTIVITY_FAILED, attempts, failure_message, raise_if_cancelled
+    from workflows.hosts import HostSteps
     from workflows.ladder import pressure, rungs_due
     from workflows.options import SNAPSHOT_PATCH
     from workflows.run_metrics import RunMetrics
@@ -90,7 +91,7 @@ class _Terminate(Exception):
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
-class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing):
+class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing, HostSteps):
     @workflow.init
     def __init__(self, raw_input: Any) -> None:
         # The input is decoded here, before any signal handler runs, so a pause or message
@@ -179,6 +180,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
         if self._task_timeout_too_long():
             await workflow.wait_condition(workflow.all_handlers_finished)
             workflow.continue_as_new(self._input_for_next_run(), task_timeout=options.WORKFLOW_TASK_TIMEOUT)
+        self._publish_host()
         if self._patched(options.WORKSPACE_CHECK_PATCH):
             await self._check_workspace()
         await self._resolve_tools()
@@ -212,7 +214,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
         name = self._agent.agent
         self._doing = f"loading agent {name}"
         try:
-            definition = await workflow.execute_local_activity(
+            definition = await self._on_host_or_local(
                 "load_agent",
                 AgentRequest(workspace=self._agent.workspace, name=name or ""),
                 result_type=AgentDefinition,
@@ -277,7 +279,10 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
         retry: RetryPolicy = options.TOOL_RETRY,
     ) -> Any:
         """A short read or cleanup at a run's start or close: a local activity, in a workflow
-        task the run has anyway, or a regular one in runs recorded before `patch`."""
+        task the run has anyway, or a regular one in runs recorded before `patch`; on the
+        run's host if it has one (workflows/hosts.py)."""
+        if self._agent.host is not None:
+            return await self._on_host(name, arg, result_type, timeout, summary, retry)
         if self._patched(patch):
             return await workflow.execute_local_activity(
                 name,
@@ -623,6 +628,8 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
     def _activity(self) -> str:
         """What the run is doing now, in words: a waiting state says what it waits for."""
         state = self._state()
+        if state == "running" and (host_wait := self._host_wait_text()):
+            return host_wait
         if state == "needs_attention":
             return "waiting for a person to resolve a failure"
         if state == "paused":

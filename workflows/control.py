@@ -194,6 +194,9 @@ class RunControl:
             children=list(self._delegates.running.values()),
             wait_chains=self._wait_chains() if self._input else [],
             tool_waits=[f"waiting for a worker with tool {t} since {since}" for t, since in self._tool_waits.items()],
+            host=self._input.host if self._input else None,
+            host_wait=self._host_wait_text() if self._input else None,
+            host_moves=self._moves,
         )
 
     def _agent_label(self) -> str | None:

@@ -234,6 +234,16 @@ class ToolSteps:
         try:
             if call.name == "recall":
                 return await self._recall(RecallArgs.model_validate(args))
+            if self._agent.host is not None:
+                return await self._on_host(
+                    call.name,
+                    request,
+                    ToolOutcome,
+                    options.tool_start_to_close(call.name, args.get("timeout_s")),
+                    call_summary(call.name, args),
+                    heartbeat=options.HEARTBEAT_TIMEOUT,
+                    cancellation=options.TOOL_CANCELLATION,
+                )
             if call.name in options.LOCAL_TOOLS and self._patched(options.LOCAL_TOOLS_PATCH):
                 return await workflow.execute_local_activity(
                     call.name,

@@ -102,6 +102,8 @@ class Limits(_Strict):
     max_duration_s: float = Field(default=3600, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
     soft_ratio: float = Field(default=0.8, gt=0, le=1, allow_inf_nan=False)
     """Fraction of each budget at which its soft tier begins."""
+    host_wait_s: float = Field(default=1800, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
+    """How long a run pinned to a host waits for that host's worker before it needs attention."""
 
     @model_validator(mode="before")
     @classmethod
@@ -149,6 +151,7 @@ class LimitsPatch(_Strict):
     max_tool_calls: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     max_duration_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
     soft_ratio: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    host_wait_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
 
     def apply_to(self, limits: Limits) -> Limits:
         """The new limits; raises ValueError when the result is inconsistent (hard < soft)."""
@@ -214,6 +217,9 @@ class SandboxSettings(_Strict):
 
 AGENT_NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 """An agent's name is its file's name without `.md`: lowercase letters, digits, `.`, `_`, `-`."""
+
+HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+"""A host's name (`DURABLE_AGENT_HOST`): it ends the name of the host's task queue."""
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_PREFIXES = ("TEMPORAL_", "DURABLE_AGENT_", "OPENAI_")
@@ -289,6 +295,9 @@ class AgentInput(_Strict):
     """Reserved (a definition of done): accepted and carried, not used yet."""
     activity_tools: list[ActivityTool] = Field(default_factory=list)
     """Tools served as Temporal activities by other workers; the model may use them all."""
+    host: str | None = Field(default=None, pattern=HOST_NAME)
+    """The host whose worker (`DURABLE_AGENT_HOST`) holds the workspace: the run's
+    workspace-bound activities go to its own task queue (workflows/hosts.py). None: any worker."""
     snapshot_exclude: list[str] = Field(default_factory=list)
     """Names (glob patterns, e.g. `node_modules`, `*.log`) of files and folders the step
     snapshots leave out, at any depth (`.durable-agent/` always is)."""
@@ -771,6 +780,12 @@ class AgentStatus(BaseModel):
     """What this run waits for, through its delegates: `a → a/child → awaiting approval of call X`."""
     tool_waits: list[str] = Field(default_factory=list)
     """Tool calls waiting for a live worker: "waiting for a worker with tool X since T"."""
+    host: str | None = None
+    """The host the run is pinned to (input `host`, or where `move` took it)."""
+    host_wait: str | None = None
+    """"waiting for host X since T" while its worker does not take the run's calls."""
+    host_moves: list[str] = Field(default_factory=list)
+    """The run's moves to another host (`durable-agent move`) in this run of its chain."""
 
 
 import workflows.state  # noqa: E402, F401  (defines Carry and ContextStatus, and completes the models above)

@@ -85,6 +85,8 @@ class DurableAgentPlugin(SimplePlugin):
         )
         self._tool_activities: dict[str, UserToolActivities] = {}
         self._tool_queues: set[str] = set()
+        self._configured: dict[str, WorkerConfig] = {}
+        """Each agent worker's config as this plugin left it: its host worker serves the same."""
         """The queues of the workers this plugin starts beside a worker: tools, and the host's."""
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
@@ -104,6 +106,7 @@ class DurableAgentPlugin(SimplePlugin):
             interceptors(self._model_task_queue) if self._worker_interceptors is None else self._worker_interceptors
         )
         config["interceptors"] = [*(config.get("interceptors") or []), *ours_around]
+        self._configured[queue] = config
         return config
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
@@ -119,7 +122,8 @@ class DurableAgentPlugin(SimplePlugin):
                 worker_of_tool = tool_worker(config["client"], queue, activities, config.get("identity"))  # type: ignore[typeddict-item]
                 await stack.enter_async_context(worker_of_tool)
             if self.host is not None:
-                await stack.enter_async_context(self._host_worker(config))
+                ours = self._configured.get(config["task_queue"], config)  # type: ignore[typeddict-item]
+                await stack.enter_async_context(self._host_worker({**config, **ours}))
             await super().run_worker(worker, next)
 
     def _host_worker(self, config: WorkerConfig) -> Worker:

@@ -34,9 +34,12 @@ RUNS_PER_HOST = 3
 DURABLE_AGENT = str(Path(sys.executable).parent / "durable-agent")
 
 
-def script(release: Path) -> Script:
-    """Two steps and the answer; step 2's command holds until `release` exists (outside both
-    hosts' folders, so both see it)."""
+HOLD = "echo 2 >> ledger.txt; until [ -e go ]; do sleep 0.05; done"
+"""Step 2's command: it holds until the workspace has `go` (the sandbox shows it nothing else)."""
+
+
+def script() -> Script:
+    """Two steps and the answer."""
     return Script(
         [
             tools(
@@ -45,7 +48,7 @@ def script(release: Path) -> Script:
             ),
             tools(
                 ("read_file", {"path": "notes.txt"}),
-                ("run_command", {"command": f"echo 2 >> ledger.txt; until [ -e {release} ]; do sleep 0.05; done"}),
+                ("run_command", {"command": HOLD}),
             ),
             answer("done"),
         ]
@@ -111,20 +114,15 @@ def fleet(
         running.stop()
 
 
-async def start_runs(client: Client, task_queue: str, fleet: Fleet, **limits: float) -> dict[str, list[WorkflowHandle]]:
+async def start_runs(client: Client, task_queue: str, fleet: Fleet, released: bool) -> dict[str, list[WorkflowHandle]]:
     runs: dict[str, list[WorkflowHandle]] = {}
     for host in HOSTS:
         for n in range(RUNS_PER_HOST):
             workspace = fleet.folder(host) / f"ws{n}"
             workspace.mkdir()
-            handle = await start(
-                client,
-                task_queue,
-                goal=f"{host} run {n}",
-                workspace=str(workspace),
-                host=host,
-                **({"limits": limits} if limits else {}),
-            )
+            if released:
+                (workspace / "go").touch()
+            handle = await start(client, task_queue, goal=f"{host} run {n}", workspace=str(workspace), host=host)
             runs.setdefault(host, []).append(handle)
     return runs
 
@@ -158,10 +156,8 @@ def model_calls_by_run(model_server: ModelServer) -> Counter[str]:
 async def test_every_tool_call_runs_on_its_runs_host(
     client: Client, fleet: Fleet, model_server: ModelServer, task_queue: str, tmp_path: Path
 ) -> None:
-    release = tmp_path / "release"
-    release.touch()
-    model_server.responder = script(release)
-    runs = await start_runs(client, task_queue, fleet)
+    model_server.responder = script()
+    runs = await start_runs(client, task_queue, fleet, released=True)
     results = await asyncio.wait_for(
         asyncio.gather(*(h.result() for handles in runs.values() for h in handles)), timeout=180
     )
@@ -184,12 +180,13 @@ async def test_every_tool_call_runs_on_its_runs_host(
 async def test_runs_wait_for_a_killed_host_and_finish_when_it_comes_back(
     client: Client, fleet: Fleet, model_server: ModelServer, task_queue: str, tmp_path: Path
 ) -> None:
-    release = tmp_path / "release"
-    model_server.responder = script(release)
-    runs = await start_runs(client, task_queue, fleet)
+    model_server.responder = script()
+    runs = await start_runs(client, task_queue, fleet, released=False)
     await until(lambda: all(ledger(fleet.folder("alpha") / f"ws{n}") == ["1", "2"] for n in range(RUNS_PER_HOST)))
     fleet.kill("alpha")  # during step 2's commands
-    release.touch()
+    for host in HOSTS:
+        for n in range(RUNS_PER_HOST):
+            (fleet.folder(host) / f"ws{n}" / "go").touch()
     beta = await asyncio.wait_for(asyncio.gather(*(h.result() for h in runs["beta"])), timeout=120)
     assert [r.state for r in beta] == ["completed"] * RUNS_PER_HOST  # the other host's runs finish meanwhile
     for handle in runs["alpha"]:
@@ -219,8 +216,7 @@ async def test_runs_wait_for_a_killed_host_and_finish_when_it_comes_back(
 async def test_move_restores_the_last_step_on_the_other_host(
     client: Client, fleet: Fleet, model_server: ModelServer, task_queue: str, tmp_path: Path
 ) -> None:
-    release = tmp_path / "release"
-    model_server.responder = script(release)
+    model_server.responder = script()
     workspace = fleet.folder("alpha") / "moved"
     workspace.mkdir()
     handle = await start(client, task_queue, goal="move me", workspace=str(workspace), host="alpha")
@@ -235,15 +231,14 @@ async def test_move_restores_the_last_step_on_the_other_host(
     assert len(refused.stdout.strip().splitlines()) == 1
     moved = await asyncio.create_subprocess_exec(DURABLE_AGENT, "move", handle.id, "--to-host", "beta")
     assert await moved.wait() == 0
-    release.touch()
+    await wait_for(handle, lambda s: any(m.startswith("moved to beta") for m in s.host_moves), timeout_s=60)
+    in_beta = ["nsenter", "-t", str(fleet.workers["beta"].pid), "-m"]
+    subprocess.run([*in_beta, "touch", str(workspace / "go")], check=True)  # after the restore, which resets
     result = await asyncio.wait_for(handle.result(), timeout=120)
     assert result.state == "completed"
     # On beta, the folder holds step 1's snapshot plus step 2's command, run there.
     beta_view = subprocess.run(
-        ["nsenter", "-t", str(fleet.workers["beta"].pid), "-m", "cat", str(workspace / "ledger.txt")],
-        capture_output=True,
-        text=True,
-        check=True,
+        [*in_beta, "cat", str(workspace / "ledger.txt")], capture_output=True, text=True, check=True
     )
     assert beta_view.stdout.split() == ["1", "2"]
     ran = await where_activities_ran(handle)

@@ -33,6 +33,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import is_cancelled_exception
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -151,20 +152,26 @@ class HostSteps:
         while True:
             await self._move_if_asked()
             scheduled = workflow.now()
+            call = workflow.start_activity(
+                name,
+                arg,
+                result_type=result_type,
+                task_queue=workspace_queue(self._agent.host),
+                schedule_to_start_timeout=probe,
+                start_to_close_timeout=timeout,
+                heartbeat_timeout=heartbeat,
+                retry_policy=retry,
+                cancellation_type=cancellation,
+                summary=summary,
+            )
+            moved_off = not await self._done_or_moving(call)
+            if moved_off:
+                call.cancel()  # never started: the server cancels it at once
             try:
-                result = await workflow.execute_activity(
-                    name,
-                    arg,
-                    result_type=result_type,
-                    task_queue=workspace_queue(self._agent.host),
-                    schedule_to_start_timeout=probe,
-                    start_to_close_timeout=timeout,
-                    heartbeat_timeout=heartbeat,
-                    retry_policy=retry,
-                    cancellation_type=cancellation,
-                    summary=summary,
-                )
+                result = await call
             except ACTIVITY_FAILED as e:
+                if moved_off and is_cancelled_exception(e):
+                    continue
                 raise_if_cancelled(e)
                 if not timed_out(e, "SCHEDULE_TO_START"):
                     raise
@@ -175,6 +182,14 @@ class HostSteps:
                 self._host_since = None
                 self._publish()
             return result
+
+    async def _done_or_moving(self, call: workflow.ActivityHandle[Any]) -> bool:
+        """Whether the call is done; False when a move asked for while the host is gone comes
+        first (the call is then taken off the gone host's queue at once, not at its probe)."""
+        await workflow.wait_condition(
+            lambda: call.done() or (self._move_to is not None and self._host_since is not None)
+        )
+        return call.done()
 
     async def _host_absent(self, scheduled: datetime) -> None:
         """A call was not taken: the run waits for its host, up to `limits.host_wait_s`; then a

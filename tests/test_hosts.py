@@ -233,7 +233,8 @@ async def test_move_restores_the_last_step_on_the_other_host(
     assert await moved.wait() == 0
     await wait_for(handle, lambda s: any(m.startswith("moved to beta") for m in s.host_moves), timeout_s=60)
     in_beta = ["nsenter", "-t", str(fleet.workers["beta"].pid), "-m"]
-    subprocess.run([*in_beta, "touch", str(workspace / "go")], check=True)  # after the restore, which resets
+    # After the restore (which resets the folder); mkdir, so that a move without one shows in the ledger.
+    subprocess.run([*in_beta, "sh", "-c", 'mkdir -p "$0" && touch "$0/go"', str(workspace)], check=True)
     result = await asyncio.wait_for(handle.result(), timeout=120)
     assert result.state == "completed"
     # On beta, the folder holds step 1's snapshot plus step 2's command, run there.

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from activities.snapshots import STORE_ENV
@@ -29,8 +29,8 @@ from workflows.hosts import AGENT_HOST, MOVE_UPDATE, host_queue
 from workflows.types import WORKFLOW_TYPE, AgentStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-RUNS_SHOWN = 200
-"""Running runs read per `hosts` call (each is asked for its status)."""
+RUNS_READ = 1_000
+"""The newest runs pinned to a host that `hosts` reads (the running ones are asked for their status)."""
 
 
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -94,15 +94,18 @@ async def list_hosts(args: argparse.Namespace, console: Console) -> int:
 
 
 async def _pinned_runs(client: Client) -> dict[str, list[tuple[str, AgentStatus | None]]]:
-    """Running runs by host, each with its live status (None: no worker answered)."""
-    query = f"WorkflowType = '{WORKFLOW_TYPE}' AND ExecutionStatus = 'Running' AND AgentHost IS NOT NULL"
+    """Every host a recent run was pinned to, with its running runs and their live status
+    (None: no worker answered)."""
+    query = f"WorkflowType = '{WORKFLOW_TYPE}' AND AgentHost IS NOT NULL"
     found: list[tuple[str, str]] = []
-    async for run in client.list_workflows(query, limit=RUNS_SHOWN):
-        host = run.typed_search_attributes.get(AGENT_HOST)
-        if host:
-            found.append((host, run.id))
-    statuses = await asyncio.gather(*(_status(client, run) for _, run in found))
     by_host: dict[str, list[tuple[str, AgentStatus | None]]] = {}
+    async for run in client.list_workflows(query, limit=RUNS_READ):
+        host = run.typed_search_attributes.get(AGENT_HOST)
+        if host and run.status == WorkflowExecutionStatus.RUNNING:
+            found.append((host, run.id))
+        elif host:
+            by_host.setdefault(host, [])
+    statuses = await asyncio.gather(*(_status(client, run) for _, run in found))
     for (host, run), status in zip(found, statuses, strict=True):
         by_host.setdefault(status.host if status and status.host else host, []).append((run, status))
     return by_host

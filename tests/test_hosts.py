@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
+from temporalio.worker import Worker
 
 from durable_agent.model_server import ModelServer, count_assistant_turns
 from durable_agent.processes import WORKER_SCRIPT, kill_hard, stop_gently
 from durable_agent.server import EmbeddedServer
-from tests.helpers import skip_without, start, until, wait_for
+from tests.helpers import rejected_update, skip_without, start, until, wait_for
 from tests.scripts import Script, answer, goal_of, tools
 from tests.test_crash import worker_env
 from workflows.hosts import host_queue
@@ -193,6 +194,13 @@ async def test_runs_wait_for_a_killed_host_and_finish_when_it_comes_back(
         status = await wait_for(handle, lambda s: s.host_wait is not None, timeout_s=60)
         assert status.state == "running" and status.host_wait.startswith("waiting for host alpha since ")
         assert status.activity == status.host_wait
+    listing = await asyncio.create_subprocess_exec(
+        DURABLE_AGENT, "hosts", stdout=asyncio.subprocess.PIPE, env={**os.environ, **fleet.env}
+    )
+    rows = {line.split()[0]: line for line in (await listing.communicate())[0].decode().splitlines()[1:]}
+    assert set(rows) >= set(HOSTS)
+    assert all(h.id in rows["alpha"] for h in runs["alpha"])  # its runs, each waiting for it
+    assert str(fleet.workers["beta"].pid) in rows["beta"] and "s ago" in rows["beta"]  # who polls, when last
     fleet.spawn("alpha")
     alpha = await asyncio.wait_for(asyncio.gather(*(h.result() for h in runs["alpha"])), timeout=120)
     assert [r.state for r in alpha] == ["completed"] * RUNS_PER_HOST
@@ -246,3 +254,22 @@ async def test_move_restores_the_last_step_on_the_other_host(
     restores = [(queue, fleet.pids.get(pid)) for name, queue, pid in ran if name == "restore_snapshot"]
     assert restores == [(host_queue(task_queue, "beta"), "beta")]
     assert any(name == "run_command" and fleet.pids.get(pid) == "beta" for name, _, pid in ran)
+
+
+async def test_a_host_no_worker_has_shows_at_once_and_needs_attention_after_its_wait(
+    client: Client, worker: Worker, model_server: ModelServer, task_queue: str, workspace: Path
+) -> None:
+    model_server.responder = script()
+    handle = await start(
+        client, task_queue, goal="typo", workspace=str(workspace), host="alhpa", limits={"host_wait_s": 20}
+    )
+    status = await wait_for(handle, lambda s: s.host_wait is not None, timeout_s=30)  # the first probe: 10 s
+    assert status.state == "running" and status.host_wait.startswith("waiting for host alhpa since ")
+    assert "on host alhpa already" in await rejected_update(handle, "move_host", {"host": "alhpa"})
+    status = await wait_for(handle, lambda s: s.state == "needs_attention", timeout_s=90)
+    assert status.attention is not None and status.attention.call_id == "host"
+    assert any(action.startswith("move:") for action in status.attention.suggested_actions)
+    assert model_server.requests == []  # nothing ran: the workspace check waits for the host
+    await handle.execute_update("resolve", {"action": "terminate"})
+    result = await asyncio.wait_for(handle.result(), timeout=30)
+    assert result.state == "terminated"

@@ -202,6 +202,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
                 options.CLEANUP_TIMEOUT,
                 f"clean_up_run: {request.run_folder}"[:120],
                 options.CLEANUP_RETRY,
+                patient=False,  # a closing run does not wait for a gone host: `gc` there cleans up
             )
             result.files = cleaned.note
         except ACTIVITY_FAILED as e:
@@ -277,12 +278,13 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
         timeout: timedelta,
         summary: str,
         retry: RetryPolicy = options.TOOL_RETRY,
+        patient: bool = True,
     ) -> Any:
         """A short read or cleanup at a run's start or close: a local activity, in a workflow
         task the run has anyway, or a regular one in runs recorded before `patch`; on the
         run's host if it has one (workflows/hosts.py)."""
         if self._agent.host is not None:
-            return await self._on_host(name, arg, result_type, timeout, summary, retry)
+            return await self._on_host(name, arg, result_type, timeout, summary, retry, patient=patient)
         if self._patched(patch):
             return await workflow.execute_local_activity(
                 name,

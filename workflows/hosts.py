@@ -145,9 +145,11 @@ class HostSteps:
         retry: RetryPolicy = options.TOOL_RETRY,
         heartbeat: timedelta | None = None,
         cancellation: ActivityCancellationType = ActivityCancellationType.TRY_CANCEL,
+        patient: bool = True,
     ) -> Any:
         """`name` on the run's host, waiting for the host as long as it takes (see the module
-        docstring). Any failure but the host's absence is raised, as the activity's own."""
+        docstring). Any failure but the host's absence is raised, as the activity's own; not
+        `patient`: the host's absence too, after the first probe."""
         probe = HOST_FIRST_PROBE
         while True:
             await self._move_if_asked()
@@ -173,10 +175,10 @@ class HostSteps:
                 if moved_off and is_cancelled_exception(e):
                     continue
                 raise_if_cancelled(e)
-                if not timed_out(e, "SCHEDULE_TO_START"):
+                if not patient or not timed_out(e, "SCHEDULE_TO_START"):
                     raise
                 await self._host_absent(scheduled)
-                probe = HOST_PROBE
+                probe = self._next_probe()
                 continue
             if self._host_since is not None:
                 self._host_since = None
@@ -190,6 +192,13 @@ class HostSteps:
             lambda: call.done() or (self._move_to is not None and self._host_since is not None)
         )
         return call.done()
+
+    def _next_probe(self) -> timedelta:
+        """`HOST_PROBE`, or less when the host's wait ends sooner (the report is then on time)."""
+        if self._host_since is None:
+            return HOST_FIRST_PROBE
+        left = self._limits.host_wait_s - (workflow.now() - self._host_since).total_seconds()
+        return max(timedelta(seconds=1), min(HOST_PROBE, timedelta(seconds=left)))
 
     async def _host_absent(self, scheduled: datetime) -> None:
         """A call was not taken: the run waits for its host, up to `limits.host_wait_s`; then a

@@ -316,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     _command(commands, "trace", trace_run, "emit a past run's spans from its history (OTEL_* exporter)", with_id=True)
     listing = _command(commands, "list", list_runs, "list runs with their state, step, tokens and cost")
     listing.add_argument("--state", choices=LIST_STATES, help="only runs in this state")
+    listing.add_argument("--host", type=cli_hosts.host_name, help="only runs pinned to this host")
     listing.add_argument("--limit", type=_positive_int, default=50, help="at most this many runs (default 50)")
     _add_gc_parser(commands)
     cli_agents.add_parser(commands)
@@ -899,6 +900,8 @@ async def list_runs(args: argparse.Namespace, console: Console) -> int:
     if args.state and args.state not in TERMINAL_STATES and args.state not in CLOSED_STATES:
         # A run terminated by the server keeps the AgentState it had: live means Running.
         query += " AND ExecutionStatus = 'Running'"
+    if args.host:
+        query += f" AND AgentHost = '{args.host}'"
     rows: dict[str, tuple[str, ...]] = {}
     async for run in client.list_workflows(query):
         # Newest first: a run continued with `durable-agent continue` shows as its latest run.

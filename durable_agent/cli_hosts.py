@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 from datetime import UTC, datetime
 
 from temporalio.api.enums.v1 import TaskQueueType
@@ -26,23 +27,32 @@ from durable_agent.launch import connect_client
 from durable_agent.render import table
 from durable_agent.worker_settings import configured_host
 from workflows.hosts import AGENT_HOST, MOVE_UPDATE, host_queue
-from workflows.types import WORKFLOW_TYPE, AgentStatus
+from workflows.types import HOST_NAME, WORKFLOW_TYPE, AgentStatus
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 RUNS_READ = 1_000
 """The newest runs pinned to a host that `hosts` reads (the running ones are asked for their status)."""
 
 
+def host_name(text: str) -> str:
+    """An argparse type: a host name, as `DURABLE_AGENT_HOST` takes it (it also goes into a query)."""
+    if re.fullmatch(HOST_NAME, text) is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a host name (letters, digits, '.', '_', '-')")
+    return text
+
+
 def add_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     about = "list the hosts runs are pinned to: who polls each, when last, and their runs"
     hosts = commands.add_parser("hosts", help=about, description=about)
     hosts.set_defaults(handler=list_hosts)
-    hosts.add_argument("names", nargs="*", metavar="HOST", help="hosts to show even if no run names them")
+    hosts.add_argument(
+        "names", nargs="*", type=host_name, metavar="HOST", help="hosts to show even if no run names them"
+    )
     about = "move a run to another host: its last step snapshot is restored there and it goes on there"
     move = commands.add_parser("move", help=about, description=about)
     move.set_defaults(handler=move_run)
     move.add_argument("id", help="the run's workflow id")
-    move.add_argument("--to-host", required=True, metavar="HOST", help="the host to go on at")
+    move.add_argument("--to-host", required=True, type=host_name, metavar="HOST", help="the host to go on at")
 
 
 async def move_run(args: argparse.Namespace, console: Console) -> int:

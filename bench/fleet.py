@@ -14,6 +14,11 @@ process of the same options (bench/plain_temporal.py), in rotating order per rou
   write: beside the two above, it tells what the orchestration costs from what the tools'
   safety costs.
 
+With `--hosts`, a fourth: durable-agent with its runs pinned half to each of two host
+workers (bench/hosts.py: `DURABLE_AGENT_HOST`, each in a mount namespace where the other's
+workspaces are hidden; root), on a task queue of their own; its CPU is both workers'. Its
+ratio is against the one durable-agent worker.
+
 Per contender: run time of each run (from its start returning to its result), CPU of the
 worker process (with its `bash` children) and the server per model call, model calls
 beyond one per step, and from every run's history the workflow-task timeouts
@@ -44,6 +49,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from bench.contenders import _cpu_s, history_bytes
 from bench.harness import Bench, StepScript, bench, bench_input
+from bench.hosts import HOSTS, host_folders, spawn_hosts
 from bench.plain_temporal import PLAIN_WORKFLOW, PlainCall, spawn_plain_worker
 from bench.report import git_commit
 from bench.task import goal_for
@@ -53,6 +59,7 @@ from durable_agent.runs import start_agent
 DURABLE = "durable-agent"
 PLAIN = "plain Temporal loop"
 PLAIN_PRODUCT_TOOLS = "plain Temporal loop with durable-agent's tools"
+ON_HOSTS = "durable-agent on 2 hosts"
 
 
 def log(message: str) -> None:
@@ -65,6 +72,8 @@ class Contender:
     worker: subprocess.Popen[bytes]
     start: Any
     """async (client, index, steps) -> WorkflowHandle"""
+    others: tuple[subprocess.Popen[bytes], ...] = ()
+    """More worker processes of the contender: their CPU counts as its worker's."""
 
 
 async def timed_run(client: Client, contender: Contender, index: int, steps: int) -> tuple[WorkflowHandle, float]:
@@ -95,12 +104,14 @@ async def measure(b: Bench, client: Client, contender: Contender, agents: int, s
     b.model.requests.clear()
     connections_before = b.model.connections
     pids = (contender.worker.pid, b.server.process.pid)
-    cpu0 = {pid: _cpu_s(pid) for pid in pids}
+    others = [w.pid for w in contender.others]
+    cpu0 = {pid: _cpu_s(pid) for pid in (*pids, *others)}
     wall0 = time.perf_counter()
     runs = await asyncio.gather(*(timed_run(client, contender, i, steps) for i in range(agents)))
     wall = time.perf_counter() - wall0
     cpu_of = {pid: _cpu_s(pid) - before for pid, before in cpu0.items()}
     cpu = sum(cpu_of.values())
+    worker_cpu = cpu_of[pids[0]] + sum(cpu_of[pid] for pid in others)
     calls = len(b.model.requests)
     durations = sorted(d for _, d in runs)
     handles = [h for h, _ in runs]
@@ -115,13 +126,30 @@ async def measure(b: Bench, client: Client, contender: Contender, agents: int, s
         "model_calls_beyond_steps": calls - agents * (steps + 1),
         "model_connections_opened": b.model.connections - connections_before,
         "cpu_ms_per_model_call": round(1000 * cpu / calls, 1),
-        "worker_cpu_ms_per_model_call": round(1000 * cpu_of[pids[0]] / calls, 1),
+        "worker_cpu_ms_per_model_call": round(1000 * worker_cpu / calls, 1),
         "server_cpu_ms_per_model_call": round(1000 * cpu_of[pids[1]] / calls, 1),
         "workflow_task_timeouts": await task_timeouts(handles),
     }
-    if contender.name == DURABLE:
+    if contender.name in (DURABLE, ON_HOSTS):
         figures["history_bytes_per_step"] = await history_bytes_per_step(client, handles, steps)
     return figures
+
+
+def on_hosts(b: Bench) -> Contender:
+    """Two host workers on a queue of their own; run i is pinned to host i % 2."""
+    queue = f"{b.task_queue}-hosts"
+    workers = spawn_hosts({**b.worker_env, "DURABLE_AGENT_TASK_QUEUE": queue}, b.home)
+    folders = host_folders(b.home)
+
+    async def start(client: Client, index: int, steps: int) -> WorkflowHandle:
+        host = HOSTS[index % len(HOSTS)]
+        workspace = folders[host] / f"ws-{uuid.uuid4().hex[:8]}"
+        workspace.mkdir()
+        agent = bench_input(goal_for(index, steps), workspace, steps, host=host)
+        return await start_agent(client, agent, f"fleet-hosts-{uuid.uuid4().hex[:10]}", queue)
+
+    first, *rest = workers.values()
+    return Contender(ON_HOSTS, first, start, others=tuple(rest))
 
 
 def contenders(b: Bench) -> list[Contender]:
@@ -148,12 +176,12 @@ def contenders(b: Bench) -> list[Contender]:
     ]
 
 
-async def run(agents: int, steps: int, latency_ms: int, rounds: int) -> dict[str, Any]:
+async def run(agents: int, steps: int, latency_ms: int, rounds: int, hosts: bool = False) -> dict[str, Any]:
     load_before = os.getloadavg()
     results: dict[str, list[dict[str, Any]]] = {}
     with bench(StepScript(steps)) as b:
         client = await connect(b.server.address)
-        every = contenders(b)
+        every = contenders(b) + ([on_hosts(b)] if hosts else [])
         for c in every:  # warm up: worker start-up and first-run costs are in no figure
             await asyncio.gather(*(timed_run(client, c, i, steps) for i in range(2)))
         b.model.latency_s = latency_ms / 1000
@@ -176,6 +204,16 @@ async def run(agents: int, steps: int, latency_ms: int, rounds: int) -> dict[str
         "ratio_cpu_per_model_call": ratios(durable, results[PLAIN], "cpu_ms_per_model_call"),
         "ratio_run_time_median_same_tools": ratios(durable, results[PLAIN_PRODUCT_TOOLS], "run_time_s"),
         "ratio_cpu_per_model_call_same_tools": ratios(durable, results[PLAIN_PRODUCT_TOOLS], "cpu_ms_per_model_call"),
+        **(
+            {
+                "ratio_run_time_median_2_hosts_to_1_worker": ratios(results[ON_HOSTS], durable, "run_time_s"),
+                "ratio_cpu_per_model_call_2_hosts_to_1_worker": ratios(
+                    results[ON_HOSTS], durable, "cpu_ms_per_model_call"
+                ),
+            }
+            if hosts
+            else {}
+        ),
     }
 
 
@@ -195,8 +233,9 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
+    parser.add_argument("--hosts", action="store_true", help="also durable-agent on two host workers (root)")
     args = parser.parse_args()
-    figures = asyncio.run(run(args.agents, args.steps, args.latency_ms, args.rounds))
+    figures = asyncio.run(run(args.agents, args.steps, args.latency_ms, args.rounds, args.hosts))
     text = json.dumps(figures, indent=2)
     print(text, flush=True)
     if args.out:

@@ -118,7 +118,7 @@ class DurableAgentPlugin(SimplePlugin):
             return
         tools = self._tool_activities.get(config["task_queue"])  # type: ignore[typeddict-item]
         async with AsyncExitStack() as stack:
-            for queue, activities in (tools.queues() if tools else {}).items():
+            for queue, activities in (tools.queues(self.host) if tools else {}).items():
                 worker_of_tool = tool_worker(config["client"], queue, activities, config.get("identity"))  # type: ignore[typeddict-item]
                 await stack.enter_async_context(worker_of_tool)
             if self.host is not None:

@@ -29,10 +29,13 @@ from tests.helpers import rejected_update, skip_without, start, until, wait_for
 from tests.scripts import Script, answer, goal_of, tools
 from tests.test_crash import worker_env
 from workflows.hosts import host_queue
+from workflows.types import ALL_TOOLS
 
 HOSTS = ("alpha", "beta")
 RUNS_PER_HOST = 3
 DURABLE_AGENT = str(Path(sys.executable).parent / "durable-agent")
+TOOLS = [*ALL_TOOLS, "host_note"]
+"""The built-in tools and a user's tool declared workspace-bound (tests/host_tools.py)."""
 
 
 HOLD = "echo 2 >> ledger.txt; until [ -e go ]; do sleep 0.05; done"
@@ -46,6 +49,7 @@ def script() -> Script:
             tools(
                 ("write_file", {"path": "notes.txt", "content": "one"}),
                 ("run_command", {"command": "echo 1 >> ledger.txt"}),
+                ("host_note", {"text": "here"}),
             ),
             tools(
                 ("read_file", {"path": "notes.txt"}),
@@ -106,7 +110,8 @@ class Fleet:
 def fleet(
     namespaces: None, temporal_server: EmbeddedServer, model_server: ModelServer, task_queue: str, tmp_path: Path
 ) -> Iterator[Fleet]:
-    running = Fleet(worker_env(temporal_server, model_server, task_queue), tmp_path / "hosts", tmp_path / "logs")
+    env = {**worker_env(temporal_server, model_server, task_queue), "DURABLE_AGENT_TOOLS": "tests.host_tools"}
+    running = Fleet(env, tmp_path / "hosts", tmp_path / "logs")
     try:
         for host in HOSTS:
             running.spawn(host)
@@ -123,7 +128,9 @@ async def start_runs(client: Client, task_queue: str, fleet: Fleet, released: bo
             workspace.mkdir()
             if released:
                 (workspace / "go").touch()
-            handle = await start(client, task_queue, goal=f"{host} run {n}", workspace=str(workspace), host=host)
+            handle = await start(
+                client, task_queue, goal=f"{host} run {n}", workspace=str(workspace), host=host, tools=TOOLS
+            )
             runs.setdefault(host, []).append(handle)
     return runs
 
@@ -140,8 +147,9 @@ async def where_activities_ran(handle: WorkflowHandle) -> list[tuple[str, str, i
             attributes = event.activity_task_started_event_attributes
             name, queue = scheduled[attributes.scheduled_event_id]
             ran.append((name, queue, int(attributes.identity.split("@")[0])))
-        elif event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED:
-            assert event.marker_recorded_event_attributes.marker_name != "core_local_activity", "a local activity ran"
+        elif event.marker_recorded_event_attributes.marker_name == "core_local_activity":
+            # The only local activity of a pinned run reads no workspace: the tool catalog.
+            assert b"tool_catalog:" in event.user_metadata.summary.data, "a workspace-bound local activity ran"
     return ran
 
 
@@ -169,10 +177,14 @@ async def test_every_tool_call_runs_on_its_runs_host(
             folder = fleet.folder(host) / f"ws{n}"
             assert ledger(folder) == ["1", "2"]  # every command once, in the real folder of its host
             assert (folder / "notes.txt").read_text() == "one"
+            assert (folder / "tool-notes.txt").read_text() == f"here {fleet.workers[host].pid}\n"  # the user's tool
             assert calls[f"{host} run {n}"] == 3  # one per step, and the final answer
             for name, queue, pid in await where_activities_ran(handle):
                 if name == "call_model":
                     assert queue == task_queue
+                elif name == "host_note":
+                    assert queue == host_queue(f"{task_queue}/tool/host_note", host)
+                    assert fleet.pids.get(pid) == host
                 else:
                     assert queue == host_queue(task_queue, host), name
                     assert fleet.pids.get(pid) == host, f"{name} of a run on {host} ran on {fleet.pids.get(pid)}"
@@ -227,7 +239,7 @@ async def test_move_restores_the_last_step_on_the_other_host(
     model_server.responder = script()
     workspace = fleet.folder("alpha") / "moved"
     workspace.mkdir()
-    handle = await start(client, task_queue, goal="move me", workspace=str(workspace), host="alpha")
+    handle = await start(client, task_queue, goal="move me", workspace=str(workspace), host="alpha", tools=TOOLS)
     await until(lambda: ledger(workspace) == ["1", "2"])
     fleet.kill("alpha")
     await wait_for(handle, lambda s: s.host_wait is not None, timeout_s=60)

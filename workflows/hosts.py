@@ -146,10 +146,12 @@ class HostSteps:
         heartbeat: timedelta | None = None,
         cancellation: ActivityCancellationType = ActivityCancellationType.TRY_CANCEL,
         patient: bool = True,
+        base_queue: str | None = None,
     ) -> Any:
         """`name` on the run's host, waiting for the host as long as it takes (see the module
         docstring). Any failure but the host's absence is raised, as the activity's own; not
-        `patient`: the host's absence too, after the first probe."""
+        `patient`: the host's absence too, after the first probe. `base_queue`: the queue whose
+        host queue it goes to (a user tool's own); default the run's."""
         probe = HOST_FIRST_PROBE
         while True:
             await self._move_if_asked()
@@ -158,7 +160,7 @@ class HostSteps:
                 name,
                 arg,
                 result_type=result_type,
-                task_queue=workspace_queue(self._agent.host),
+                task_queue=host_queue(base_queue or workflow.info().task_queue, self._agent.host or ""),
                 schedule_to_start_timeout=probe,
                 start_to_close_timeout=timeout,
                 heartbeat_timeout=heartbeat,

@@ -115,6 +115,8 @@ class ToolSteps:
         waiting_since: str | None = None
         while True:
             try:
+                if spec.workspace and self._agent.host is not None:
+                    return self._took_tool(spec, args, await self._call_on_host(spec, request, args))
                 raw = await workflow.execute_activity(
                     spec.activity_type(),
                     request,
@@ -142,12 +144,31 @@ class ToolSteps:
                     return ToolOutcome(ok=False, error=OUTCOME_UNKNOWN.format(tool=spec.name, error=failure_message(e)))
                 return ToolOutcome(ok=False, error=f"{spec.name} failed: {failure_message(e)}")
             self._tool_waits.pop(spec.name, None)
-            outcome = raw if isinstance(raw, ToolOutcome) else activity_outcome(raw, request.output_chars)
-            self._charge_tool(spec)
-            if outcome.cached_from is not None:
-                detail = f"{call_summary(spec.name, args)}: answered from its cache of {outcome.cached_from}"
-                self._degrade("cached_tool_result", detail)
-            return outcome
+            return self._took_tool(
+                spec, args, raw if isinstance(raw, ToolOutcome) else activity_outcome(raw, request.output_chars)
+            )
+
+    async def _call_on_host(self, spec: ToolSpec, request: ToolCallInput, args: dict[str, Any]) -> ToolOutcome:
+        """A workspace-bound user tool of a run pinned to a host: on the host's queue of the tool."""
+        return await self._on_host(
+            spec.activity_type(),
+            request,
+            ToolOutcome,
+            timedelta(seconds=spec.timeout_s or options.USER_TOOL_TIMEOUT_S),
+            call_summary(spec.name, args),
+            options.catalog_tool_retry(spec.effect, spec.retries),
+            heartbeat=options.HEARTBEAT_TIMEOUT,
+            cancellation=options.TOOL_CANCELLATION,
+            base_queue=spec.task_queue,
+        )
+
+    def _took_tool(self, spec: ToolSpec, args: dict[str, Any], outcome: ToolOutcome) -> ToolOutcome:
+        """A catalog tool's outcome: its price charged, an answer from its cache recorded."""
+        self._charge_tool(spec)
+        if outcome.cached_from is not None:
+            detail = f"{call_summary(spec.name, args)}: answered from its cache of {outcome.cached_from}"
+            self._degrade("cached_tool_result", detail)
+        return outcome
 
     def _charge_tool(self, spec: ToolSpec) -> None:
         if not spec.cost_usd:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
@@ -277,6 +278,12 @@ async def test_a_host_no_worker_has_shows_at_once_and_needs_attention_after_its_
     )
     status = await wait_for(handle, lambda s: s.host_wait is not None, timeout_s=30)  # the first probe: 10 s
     assert status.state == "running" and status.host_wait.startswith("waiting for host alhpa since ")
+    # The Web UI's current details, and `durable-agent status`, say so.
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    assert f"Now: {status.host_wait}" in metadata.current_details and "Host: alhpa" in metadata.current_details
+    shown = await asyncio.create_subprocess_exec(DURABLE_AGENT, "status", handle.id, stdout=asyncio.subprocess.PIPE)
+    out = (await asyncio.wait_for(shown.communicate(), 60))[0].decode()  # the loop runs the worker meanwhile
+    assert "now: waiting for host alhpa since " in out and "host: alhpa" in out
     assert "on host alhpa already" in await rejected_update(handle, "move_host", {"host": "alhpa"})
     status = await wait_for(handle, lambda s: s.state == "needs_attention", timeout_s=90)
     assert status.attention is not None and status.attention.call_id == "host"
@@ -285,3 +292,28 @@ async def test_a_host_no_worker_has_shows_at_once_and_needs_attention_after_its_
     await handle.execute_update("resolve", {"action": "terminate"})
     result = await asyncio.wait_for(handle.result(), timeout=30)
     assert result.state == "terminated"
+
+
+async def test_run_on_a_machine_with_a_host_name_pins_the_run_to_it(
+    client: Client, worker: Worker, model_server: ModelServer, task_queue: str, workspace: Path
+) -> None:
+    env = {**os.environ, "DURABLE_AGENT_TASK_QUEUE": task_queue, "DURABLE_AGENT_HOST": "this-machine"}
+    started = await asyncio.create_subprocess_exec(
+        *(
+            DURABLE_AGENT,
+            "run",
+            "pin me",
+            "--workspace",
+            str(workspace),
+            "--no-worker",
+            "--detach",
+            "--id",
+            "pin-me-" + task_queue,
+        ),
+        env=env,
+    )
+    assert await asyncio.wait_for(started.wait(), 60) == 0
+    handle = client.get_workflow_handle("pin-me-" + task_queue)
+    status = await wait_for(handle, lambda s: s.host is not None)
+    assert status.host == "this-machine"
+    await handle.cancel()

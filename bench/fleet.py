@@ -14,10 +14,10 @@ process of the same options (bench/plain_temporal.py), in rotating order per rou
   write: beside the two above, it tells what the orchestration costs from what the tools'
   safety costs.
 
-With `--hosts`, a fourth: durable-agent with its runs pinned half to each of two host
+With `--hosts N` (1 or 2), a fourth: durable-agent with its runs pinned in turn to N host
 workers (bench/hosts.py: `DURABLE_AGENT_HOST`, each in a mount namespace where the other's
-workspaces are hidden; root), on a task queue of their own; its CPU is both workers'. Its
-ratio is against the one durable-agent worker.
+workspaces are hidden; root), on a task queue of their own; its CPU is all its workers'. Its
+ratio is against the one durable-agent worker without a host.
 
 Per contender: run time of each run (from its start returning to its result), CPU of the
 worker process (with its `bash` children) and the server per model call, model calls
@@ -59,7 +59,7 @@ from durable_agent.runs import start_agent
 DURABLE = "durable-agent"
 PLAIN = "plain Temporal loop"
 PLAIN_PRODUCT_TOOLS = "plain Temporal loop with durable-agent's tools"
-ON_HOSTS = "durable-agent on 2 hosts"
+ON_HOSTS = "durable-agent on hosts"
 
 
 def log(message: str) -> None:
@@ -135,14 +135,15 @@ async def measure(b: Bench, client: Client, contender: Contender, agents: int, s
     return figures
 
 
-def on_hosts(b: Bench) -> Contender:
-    """Two host workers on a queue of their own; run i is pinned to host i % 2."""
+def on_hosts(b: Bench, count: int) -> Contender:
+    """`count` host workers on a queue of their own; run i is pinned to host i % count."""
     queue = f"{b.task_queue}-hosts"
-    workers = spawn_hosts({**b.worker_env, "DURABLE_AGENT_TASK_QUEUE": queue}, b.home)
-    folders = host_folders(b.home)
+    hosts = HOSTS[:count]
+    workers = spawn_hosts({**b.worker_env, "DURABLE_AGENT_TASK_QUEUE": queue}, b.home, hosts)
+    folders = host_folders(b.home, hosts)
 
     async def start(client: Client, index: int, steps: int) -> WorkflowHandle:
-        host = HOSTS[index % len(HOSTS)]
+        host = hosts[index % count]
         workspace = folders[host] / f"ws-{uuid.uuid4().hex[:8]}"
         workspace.mkdir()
         agent = bench_input(goal_for(index, steps), workspace, steps, host=host)
@@ -176,12 +177,12 @@ def contenders(b: Bench) -> list[Contender]:
     ]
 
 
-async def run(agents: int, steps: int, latency_ms: int, rounds: int, hosts: bool = False) -> dict[str, Any]:
+async def run(agents: int, steps: int, latency_ms: int, rounds: int, hosts: int = 0) -> dict[str, Any]:
     load_before = os.getloadavg()
     results: dict[str, list[dict[str, Any]]] = {}
     with bench(StepScript(steps)) as b:
         client = await connect(b.server.address)
-        every = contenders(b) + ([on_hosts(b)] if hosts else [])
+        every = contenders(b) + ([on_hosts(b, hosts)] if hosts else [])
         for c in every:  # warm up: worker start-up and first-run costs are in no figure
             await asyncio.gather(*(timed_run(client, c, i, steps) for i in range(2)))
         b.model.latency_s = latency_ms / 1000
@@ -199,6 +200,7 @@ async def run(agents: int, steps: int, latency_ms: int, rounds: int, hosts: bool
         "steps": steps,
         "latency_ms": latency_ms,
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "hosts": hosts,
         "results": results,
         "ratio_run_time_median": ratios(durable, results[PLAIN], "run_time_s"),
         "ratio_cpu_per_model_call": ratios(durable, results[PLAIN], "cpu_ms_per_model_call"),
@@ -206,8 +208,8 @@ async def run(agents: int, steps: int, latency_ms: int, rounds: int, hosts: bool
         "ratio_cpu_per_model_call_same_tools": ratios(durable, results[PLAIN_PRODUCT_TOOLS], "cpu_ms_per_model_call"),
         **(
             {
-                "ratio_run_time_median_2_hosts_to_1_worker": ratios(results[ON_HOSTS], durable, "run_time_s"),
-                "ratio_cpu_per_model_call_2_hosts_to_1_worker": ratios(
+                "ratio_run_time_median_hosts_to_1_worker": ratios(results[ON_HOSTS], durable, "run_time_s"),
+                "ratio_cpu_per_model_call_hosts_to_1_worker": ratios(
                     results[ON_HOSTS], durable, "cpu_ms_per_model_call"
                 ),
             }
@@ -233,7 +235,9 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
-    parser.add_argument("--hosts", action="store_true", help="also durable-agent on two host workers (root)")
+    parser.add_argument(
+        "--hosts", type=int, choices=(1, 2), default=0, help="also durable-agent on N host workers (root)"
+    )
     args = parser.parse_args()
     figures = asyncio.run(run(args.agents, args.steps, args.latency_ms, args.rounds, args.hosts))
     text = json.dumps(figures, indent=2)

@@ -59,18 +59,18 @@ def spawn_host_worker(env: dict[str, str], host: str, hidden: list[Path], log_pa
         )
 
 
-def host_folders(home: Path) -> dict[str, Path]:
-    folders = {host: home / "hosts" / host for host in HOSTS}
+def host_folders(home: Path, hosts: tuple[str, ...] = HOSTS) -> dict[str, Path]:
+    folders = {host: home / "hosts" / host for host in hosts}
     for folder in folders.values():
         folder.mkdir(parents=True, exist_ok=True)
     return folders
 
 
-def spawn_hosts(env: dict[str, str], home: Path) -> dict[str, subprocess.Popen[bytes]]:
-    folders = host_folders(home)
+def spawn_hosts(env: dict[str, str], home: Path, hosts: tuple[str, ...] = HOSTS) -> dict[str, subprocess.Popen[bytes]]:
+    folders = host_folders(home, hosts)
     return {
         host: spawn_host_worker(env, host, [f for h, f in folders.items() if h != host], home / f"host-{host}.log")
-        for host in HOSTS
+        for host in hosts
     }
 
 

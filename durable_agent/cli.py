@@ -69,7 +69,7 @@ from durable_agent.prompts import terminal_approver
 from durable_agent.runs import start_agent
 from durable_agent.server import DEFAULT_PORT, DEFAULT_UI_PORT, ServerError, port_open, start_server
 from durable_agent.task_failures import failing_task
-from durable_agent.worker_settings import configured_host
+from durable_agent.worker_settings import SettingsError, configured_host
 from workflows.types import (
     ALL_TOOLS,
     TERMINAL_STATES,
@@ -401,7 +401,11 @@ def _add_run_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     tools = ", ".join(ALL_TOOLS)
     run.add_argument("--tools", nargs="+", metavar="TOOL", help=f"only these tools (default: all: {tools})")
     run.add_argument("--id", help="workflow id (default agent-<random>)")
-    run.add_argument("--host", help="the host whose worker holds the workspace (default: DURABLE_AGENT_HOST)")
+    run.add_argument(
+        "--host",
+        type=cli_hosts.host_name,
+        help="the host whose worker holds the workspace (default: DURABLE_AGENT_HOST)",
+    )
     run.add_argument("--no-worker", action="store_true", help="do not start a worker if none is polling")
     run.add_argument("--detach", action="store_true", help="start the run and return at once")
     run.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
@@ -681,7 +685,11 @@ def _agent_input(args: argparse.Namespace, demo: bool) -> AgentInput:
         fields["model"] = model
     if args.fallback_model:
         fields["fallback_model"] = args.fallback_model
-    if host := args.host or configured_host():  # this machine's workers serve its workspaces
+    try:
+        host = args.host or configured_host()  # this machine's workers serve its workspaces
+    except SettingsError as e:
+        raise CliError(str(e)) from None
+    if host:
         fields["host"] = host
     return AgentInput.model_validate(fields)
 

@@ -317,6 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = _command(commands, "list", list_runs, "list runs with their state, step, tokens and cost")
     listing.add_argument("--state", choices=LIST_STATES, help="only runs in this state")
     listing.add_argument("--host", type=cli_hosts.host_name, help="only runs pinned to this host")
+    listing.add_argument("--waiting-for-host", action="store_true", help="only runs waiting for their host")
     listing.add_argument("--limit", type=_positive_int, default=50, help="at most this many runs (default 50)")
     _add_gc_parser(commands)
     cli_agents.add_parser(commands)
@@ -910,8 +911,11 @@ async def list_runs(args: argparse.Namespace, console: Console) -> int:
         query += " AND ExecutionStatus = 'Running'"
     if args.host:
         query += f" AND AgentHost = '{args.host}'"
+    waiting = await cli_hosts.waiting_runs(client) if args.waiting_for_host else None
     rows: dict[str, tuple[str, ...]] = {}
     async for run in client.list_workflows(query):
+        if waiting is not None and run.id not in waiting:
+            continue
         # Newest first: a run continued with `durable-agent continue` shows as its latest run.
         rows.setdefault(run.id, _list_row(run))
         if len(rows) >= args.limit:

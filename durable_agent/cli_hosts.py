@@ -121,6 +121,12 @@ async def _pinned_runs(client: Client) -> dict[str, list[tuple[str, AgentStatus 
     return by_host
 
 
+async def waiting_runs(client: Client) -> set[str]:
+    """The ids of the running runs that wait for their host now (each asked for its status)."""
+    by_host = await _pinned_runs(client)
+    return {run for runs in by_host.values() for run, status in runs if status is not None and status.host_wait}
+
+
 async def _status(client: Client, run_id: str) -> AgentStatus | None:
     try:
         handle = client.get_workflow_handle(run_id)

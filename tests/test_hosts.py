@@ -214,6 +214,12 @@ async def test_runs_wait_for_a_killed_host_and_finish_when_it_comes_back(
     assert set(rows) >= set(HOSTS)
     assert all(h.id in rows["alpha"] for h in runs["alpha"])  # its runs, each waiting for it
     assert str(fleet.workers["beta"].pid) in rows["beta"] and "s ago" in rows["beta"]  # who polls, when last
+    listing = await asyncio.create_subprocess_exec(
+        DURABLE_AGENT, "list", "--waiting-for-host", stdout=asyncio.subprocess.PIPE, env={**os.environ, **fleet.env}
+    )
+    listed = {line.split()[0] for line in (await listing.communicate())[0].decode().splitlines()[1:]}
+    # Other tests' runs may wait too (the session's server is shared): alpha's all, beta's none.
+    assert listed >= {h.id for h in runs["alpha"]} and not listed & {h.id for h in runs["beta"]}
     fleet.spawn("alpha")
     alpha = await asyncio.wait_for(asyncio.gather(*(h.result() for h in runs["alpha"])), timeout=120)
     assert [r.state for r in alpha] == ["completed"] * RUNS_PER_HOST

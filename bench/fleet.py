@@ -149,6 +149,7 @@ def on_hosts(b: Bench, count: int) -> Contender:
         agent = bench_input(goal_for(index, steps), workspace, steps, host=host)
         return await start_agent(client, agent, f"fleet-hosts-{uuid.uuid4().hex[:10]}", queue)
 
+    b.workers.extend(workers.values())  # stopped with the bench's own
     first, *rest = workers.values()
     return Contender(ON_HOSTS, first, start, others=tuple(rest))
 

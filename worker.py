@@ -31,7 +31,8 @@ from durable_agent.plugin import DurableAgentPlugin, interceptors
 from durable_agent.server_wait import ServerUnreachable, connect_when_up, gone_at_start, until_answering, watch_server
 from durable_agent.takeover import take_over, worker_identity
 from durable_agent.tools import ToolLoadError, configured_tools
-from durable_agent.worker_settings import SettingsError, WorkerSettings, worker_settings
+from durable_agent.worker_settings import SettingsError, WorkerSettings, configured_host, worker_settings
+from workflows.hosts import host_queue
 
 STICKY_TIMEOUT = timedelta(seconds=1)
 """How long the server holds a run's next task for the worker that has it cached. The
@@ -142,6 +143,7 @@ async def run_worker(
     error is raised.
     """
     settings = worker_settings(queue)  # a bad setting fails before anything connects
+    configured_host()
     act_as_worker()
     watch_commands_by_pidfd()
     stop = asyncio.Event()
@@ -183,6 +185,8 @@ async def _serve(
     print(
         f"worker polling task queue {settings.task_queue!r} on {client.service_client.config.target_host}", flush=True
     )
+    if (host := configured_host()) is not None:
+        print(f"host {host}: also polling task queue {host_queue(settings.task_queue, host)!r}", flush=True)
     if settings.model_queue_is_separate:
         print(f"model calls on task queue {settings.model_task_queue!r}", flush=True)
     # openai is imported once the worker polls, so that a replacement worker polls sooner.

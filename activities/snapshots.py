@@ -39,7 +39,8 @@ from pathlib import Path
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.workspace import RESERVED_DIR, Workspace, WorkspaceError, workspace_roots
+from activities.workspace import RESERVED_DIR, Workspace, WorkspaceError, check_allowed, workspace_roots
+from workflows.hosts import RESTORE_ACTIVITY, RestoreDone, RestoreRequest
 from workflows.snapshots import SNAPSHOT_ACTIVITY, SnapshotRequest, SnapshotTaken
 
 STORE_ENV = "DURABLE_AGENT_SNAPSHOT_STORE"
@@ -310,7 +311,7 @@ class SnapshotActivities:
         self._store = store or Store()
 
     def all(self) -> list[Callable[..., Awaitable[object]]]:
-        return [self.snapshot_workspace]
+        return [self.snapshot_workspace, self.restore_snapshot]
 
     @activity.defn(name=SNAPSHOT_ACTIVITY)
     async def snapshot_workspace(self, request: SnapshotRequest) -> SnapshotTaken:
@@ -324,3 +325,16 @@ class SnapshotActivities:
             message = f"snapshot_workspace could not store the workspace: {e}"
             raise ApplicationError(message, type="SnapshotFailed") from e
         return SnapshotTaken(digest=digest, step=request.step, added_bytes=added)
+
+    @activity.defn(name=RESTORE_ACTIVITY)
+    async def restore_snapshot(self, request: RestoreRequest) -> RestoreDone:
+        """A moved run's workspace on its new host: exactly the snapshot's files, read from the
+        store both hosts share (`DURABLE_AGENT_SNAPSHOT_STORE`); the folder is made if missing."""
+        try:
+            check_allowed(request.workspace, self._roots)
+            await asyncio.to_thread(os.makedirs, request.workspace, exist_ok=True)
+            root = Workspace(request.workspace, self._roots).root
+            await asyncio.to_thread(self._store.reset, request.digest, root)
+            return RestoreDone(files=len(await asyncio.to_thread(self._store.files, request.digest)))
+        except (WorkspaceError, SnapshotError) as e:
+            raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from None

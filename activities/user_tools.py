@@ -29,6 +29,7 @@ from activities.heartbeat import heartbeating
 from activities.redaction import worker_redactor
 from durable_agent.metrics import record_tool_cost
 from durable_agent.tools import Tool, ToolContext, enter_context, leave_context, thread_safe, tool_queue
+from workflows.hosts import host_queue
 from workflows.tool_catalog import CatalogRequest, ToolCatalog
 from workflows.types import ToolCallInput, ToolOutcome
 
@@ -65,9 +66,14 @@ class UserToolActivities:
         self.agent_queue = agent_queue
         self._caches = {t.name: ResultCache(t.spec.cache_ttl_s) for t in tools if t.spec.cache_ttl_s}
 
-    def queues(self) -> dict[str, list[Callable[..., Any]]]:
-        """Each tool's activity, by the task queue it is served on."""
-        return {tool_queue(self.agent_queue, name): [self._activity(t)] for name, t in self.tools.items()}
+    def queues(self, host: str | None = None) -> dict[str, list[Callable[..., Any]]]:
+        """Each tool's activity, by the task queue it is served on; with this machine's `host`,
+        the workspace-bound ones on that host's queue of the tool too (workflows/hosts.py)."""
+        queues = {tool_queue(self.agent_queue, name): [self._activity(t)] for name, t in self.tools.items()}
+        if host is not None:
+            bound = [t for t in self.tools.values() if t.spec.workspace]
+            queues.update({host_queue(tool_queue(self.agent_queue, t.name), host): [self._activity(t)] for t in bound})
+        return queues
 
     @activity.defn(name="tool_catalog")
     async def tool_catalog(self, request: CatalogRequest) -> ToolCatalog:
@@ -99,6 +105,7 @@ class UserToolActivities:
             step=input.step,
             attempt=info.attempt,
             previous_details=tuple(info.heartbeat_details),
+            workspace=input.workspace,
             _beat=thread_safe(activity.heartbeat),
         )
         token = enter_context(context)

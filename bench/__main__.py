@@ -9,6 +9,7 @@ COMMANDS = {
     "compare": ("bench.compare", "durable-agent against its peers; writes bench/RESULTS.md"),
     "chaos": ("bench.chaos", "worker kills and server restarts under load; checks nothing is lost or doubled"),
     "fleet": ("bench.fleet", "many agents against a slow model, beside a plain Temporal loop"),
+    "hosts": ("bench.hosts", "runs pinned to two hosts in their own mount namespaces: every call on its host"),
     "modes": ("bench.modes", "stateless, manual checkpoint and durable-agent under the same kills"),
     "history": ("bench.history", "history bytes per step on one long run"),
     "recovery": ("bench.recovery", "time from a worker SIGKILL to the next step, over repeated kills"),

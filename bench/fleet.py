@@ -15,6 +15,11 @@ process of the same options (bench/plain_temporal.py), in rotating order per rou
   write: beside the two above, it tells what the orchestration costs from what the tools'
   safety costs.
 
+With `--hosts N` (1 or 2), a fourth: durable-agent with its runs pinned in turn to N host
+workers (bench/hosts.py: `DURABLE_AGENT_HOST`, each in a mount namespace where the other's
+workspaces are hidden; root), on a task queue of their own; its CPU is all its workers'. Its
+ratio is against the one durable-agent worker without a host.
+
 Per contender: run time of each run (from its start returning to its result), CPU of the
 worker process (with its `bash` children) and the server per model call, model calls
 beyond one per step, and from every run's history the workflow-task timeouts
@@ -49,6 +54,7 @@ from temporalio.client import Client, WorkflowHandle
 
 from bench.contenders import _cpu_s, history_bytes
 from bench.harness import Bench, StepScript, bench, bench_input
+from bench.hosts import HOSTS, host_folders, spawn_hosts
 from bench.plain_temporal import PLAIN_WORKFLOW, PlainCall, spawn_plain_worker
 from bench.report import git_commit
 from bench.task import goal_for
@@ -58,6 +64,7 @@ from durable_agent.runs import start_agent
 DURABLE = "durable-agent"
 PLAIN = "plain Temporal loop"
 PLAIN_PRODUCT_TOOLS = "plain Temporal loop with durable-agent's tools"
+ON_HOSTS = "durable-agent on hosts"
 
 
 def log(message: str) -> None:
@@ -70,6 +77,8 @@ class Contender:
     worker: subprocess.Popen[bytes]
     start: Any
     """async (client, index, steps) -> WorkflowHandle"""
+    others: tuple[subprocess.Popen[bytes], ...] = ()
+    """More worker processes of the contender: their CPU counts as its worker's."""
 
 
 async def timed_run(client: Client, contender: Contender, index: int, steps: int) -> tuple[WorkflowHandle, float]:
@@ -100,12 +109,14 @@ async def measure(b: Bench, client: Client, contender: Contender, agents: int, s
     b.model.requests.clear()
     connections_before = b.model.connections
     pids = (contender.worker.pid, b.server.process.pid)
-    cpu0 = {pid: _cpu_s(pid) for pid in pids}
+    others = [w.pid for w in contender.others]
+    cpu0 = {pid: _cpu_s(pid) for pid in (*pids, *others)}
     wall0 = time.perf_counter()
     runs = await asyncio.gather(*(timed_run(client, contender, i, steps) for i in range(agents)))
     wall = time.perf_counter() - wall0
     cpu_of = {pid: _cpu_s(pid) - before for pid, before in cpu0.items()}
     cpu = sum(cpu_of.values())
+    worker_cpu = cpu_of[pids[0]] + sum(cpu_of[pid] for pid in others)
     calls = len(b.model.requests)
     durations = sorted(d for _, d in runs)
     handles = [h for h, _ in runs]
@@ -120,13 +131,32 @@ async def measure(b: Bench, client: Client, contender: Contender, agents: int, s
         "model_calls_beyond_steps": calls - agents * (steps + 1),
         "model_connections_opened": b.model.connections - connections_before,
         "cpu_ms_per_model_call": round(1000 * cpu / calls, 1),
-        "worker_cpu_ms_per_model_call": round(1000 * cpu_of[pids[0]] / calls, 1),
+        "worker_cpu_ms_per_model_call": round(1000 * worker_cpu / calls, 1),
         "server_cpu_ms_per_model_call": round(1000 * cpu_of[pids[1]] / calls, 1),
         "workflow_task_timeouts": await task_timeouts(handles),
     }
-    if contender.name.startswith(DURABLE):
+    if contender.name.startswith(DURABLE):  # on hosts too
         figures["history_bytes_per_step"] = await history_bytes_per_step(client, handles, steps)
     return figures
+
+
+def on_hosts(b: Bench, count: int) -> Contender:
+    """`count` host workers on a queue of their own; run i is pinned to host i % count."""
+    queue = f"{b.task_queue}-hosts"
+    hosts = HOSTS[:count]
+    workers = spawn_hosts({**b.worker_env, "DURABLE_AGENT_TASK_QUEUE": queue}, b.home, hosts)
+    folders = host_folders(b.home, hosts)
+
+    async def start(client: Client, index: int, steps: int) -> WorkflowHandle:
+        host = hosts[index % count]
+        workspace = folders[host] / f"ws-{uuid.uuid4().hex[:8]}"
+        workspace.mkdir()
+        agent = bench_input(goal_for(index, steps), workspace, steps, host=host)
+        return await start_agent(client, agent, f"fleet-hosts-{uuid.uuid4().hex[:10]}", queue)
+
+    b.workers.extend(workers.values())  # stopped with the bench's own
+    first, *rest = workers.values()
+    return Contender(ON_HOSTS, first, start, others=tuple(rest))
 
 
 def durable_start(b: Bench, queue: str) -> Any:
@@ -167,12 +197,14 @@ def contenders(b: Bench) -> list[Contender]:
     ]
 
 
-async def run(agents: int, steps: int, latency_ms: int, rounds: int, slots: list[int] | None = None) -> dict[str, Any]:
+async def run(
+    agents: int, steps: int, latency_ms: int, rounds: int, slots: list[int] | None = None, hosts: int = 0
+) -> dict[str, Any]:
     load_before = os.getloadavg()
     results: dict[str, list[dict[str, Any]]] = {}
     with bench(StepScript(steps)) as b:
         client = await connect(b.server.address)
-        every = slot_contenders(b, slots) if slots else contenders(b)
+        every = slot_contenders(b, slots) if slots else contenders(b) + ([on_hosts(b, hosts)] if hosts else [])
         for c in every:  # warm up: worker start-up and first-run costs are in no figure
             await asyncio.gather(*(timed_run(client, c, i, steps) for i in range(2)))
         b.model.latency_s = latency_ms / 1000
@@ -189,6 +221,7 @@ async def run(agents: int, steps: int, latency_ms: int, rounds: int, slots: list
         "steps": steps,
         "latency_ms": latency_ms,
         "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "hosts": hosts,
         "results": results,
     }
     if slots:
@@ -200,6 +233,16 @@ async def run(agents: int, steps: int, latency_ms: int, rounds: int, slots: list
         "ratio_cpu_per_model_call": ratios(durable, results[PLAIN], "cpu_ms_per_model_call"),
         "ratio_run_time_median_same_tools": ratios(durable, results[PLAIN_PRODUCT_TOOLS], "run_time_s"),
         "ratio_cpu_per_model_call_same_tools": ratios(durable, results[PLAIN_PRODUCT_TOOLS], "cpu_ms_per_model_call"),
+        **(
+            {
+                "ratio_run_time_median_hosts_to_1_worker": ratios(results[ON_HOSTS], durable, "run_time_s"),
+                "ratio_cpu_per_model_call_hosts_to_1_worker": ratios(
+                    results[ON_HOSTS], durable, "cpu_ms_per_model_call"
+                ),
+            }
+            if hosts
+            else {}
+        ),
     }
 
 
@@ -220,8 +263,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
     parser.add_argument("--task-slots", type=int, nargs="+", help="durable-agent alone, once per slot count")
+    parser.add_argument(
+        "--hosts", type=int, choices=(1, 2), default=0, help="also durable-agent on N host workers (root)"
+    )
     args = parser.parse_args()
-    figures = asyncio.run(run(args.agents, args.steps, args.latency_ms, args.rounds, args.task_slots))
+    figures = asyncio.run(run(args.agents, args.steps, args.latency_ms, args.rounds, args.task_slots, args.hosts))
     text = json.dumps(figures, indent=2)
     print(text, flush=True)
     if args.out:

@@ -33,7 +33,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.redaction import worker_redactor
-from durable_agent import cli_agents, demo_model, render, telemetry
+from durable_agent import cli_agents, cli_hosts, demo_model, render, telemetry
 from durable_agent.cli_history import add_history_commands
 from durable_agent.codec_server import TOKEN_ENV, CodecServer, ui_origins
 from durable_agent.codecs import CodecError, EncryptionKeys, PayloadCodecChain
@@ -70,6 +70,7 @@ from durable_agent.prompts import terminal_approver
 from durable_agent.runs import start_agent
 from durable_agent.server import DEFAULT_PORT, DEFAULT_UI_PORT, ServerError, port_open, start_server
 from durable_agent.task_failures import failing_task
+from durable_agent.worker_settings import SettingsError, configured_host
 from workflows.types import (
     ALL_TOOLS,
     TERMINAL_STATES,
@@ -231,6 +232,7 @@ LIMIT_MEANINGS = {
     "max_duration_s": "seconds of running time, not counting time waiting for a person",
     "soft_ratio": "fraction of each budget where its soft tier begins",
     "max_done_checks": "checks of the success criteria before a final answer is taken as it is",
+    "host_wait_s": "seconds a run pinned to a host waits for it before it needs attention",
 }
 
 
@@ -317,9 +319,12 @@ def build_parser() -> argparse.ArgumentParser:
     _command(commands, "trace", trace_run, "emit a past run's spans from its history (OTEL_* exporter)", with_id=True)
     listing = _command(commands, "list", list_runs, "list runs with their state, step, tokens and cost")
     listing.add_argument("--state", choices=LIST_STATES, help="only runs in this state")
+    listing.add_argument("--host", type=cli_hosts.host_name, help="only runs pinned to this host")
+    listing.add_argument("--waiting-for-host", action="store_true", help="only runs waiting for their host")
     listing.add_argument("--limit", type=_positive_int, default=50, help="at most this many runs (default 50)")
     _add_gc_parser(commands)
     cli_agents.add_parser(commands)
+    cli_hosts.add_parsers(commands)
     add_history_commands(commands, _command)
     return parser
 
@@ -402,6 +407,11 @@ def _add_run_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser
     run.add_argument("--id", help="workflow id (default agent-<random>)")
     run.add_argument("--check-command", help="a final answer is accepted once this command exits 0 (docs/done.md)")
     run.add_argument("--criterion", action="append", dest="criteria", help="a success criterion (repeatable)")
+    run.add_argument(
+        "--host",
+        type=cli_hosts.host_name,
+        help="the host whose worker holds the workspace (default: DURABLE_AGENT_HOST)",
+    )
     run.add_argument("--no-worker", action="store_true", help="do not start a worker if none is polling")
     run.add_argument("--detach", action="store_true", help="start the run and return at once")
     run.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
@@ -683,6 +693,12 @@ def _agent_input(args: argparse.Namespace, demo: bool) -> AgentInput:
         fields["fallback_model"] = args.fallback_model
     done = {"check_command": args.check_command, "success_criteria": args.criteria}
     fields.update({k: v for k, v in done.items() if v})
+    try:
+        host = args.host or configured_host()  # this machine's workers serve its workspaces
+    except SettingsError as e:
+        raise CliError(str(e)) from None
+    if host:
+        fields["host"] = host
     return AgentInput.model_validate(fields)
 
 
@@ -903,8 +919,13 @@ async def list_runs(args: argparse.Namespace, console: Console) -> int:
     if args.state and args.state not in TERMINAL_STATES and args.state not in CLOSED_STATES:
         # A run terminated by the server keeps the AgentState it had: live means Running.
         query += " AND ExecutionStatus = 'Running'"
+    if args.host:
+        query += f" AND AgentHost = '{args.host}'"
+    waiting = await cli_hosts.waiting_runs(client) if args.waiting_for_host else None
     rows: dict[str, tuple[str, ...]] = {}
     async for run in client.list_workflows(query):
+        if waiting is not None and run.id not in waiting:
+            continue
         # Newest first: a run continued with `durable-agent continue` shows as its latest run.
         rows.setdefault(run.id, _list_row(run))
         if len(rows) >= args.limit:

@@ -8,7 +8,9 @@ On the client: the data converter (pydantic JSON, compressed, encrypted with
 `AgentWorkflow`, its activities (the model call, the built-in tools, the archive, the
 skills, the cleanup, `tool_catalog`), the metrics and redaction interceptors, and, while the
 worker runs, one activity worker per given tool on the tool's own task queue
-(durable_agent/tools.py). `worker.py` and `durable-agent worker` are built on it too.
+(durable_agent/tools.py). With a host name (`DURABLE_AGENT_HOST`), one more activity worker
+polls the host's own queue for the activities of runs pinned to it (workflows/hosts.py).
+`worker.py` and `durable-agent worker` are built on it too.
 A user's workflow runs an agent as a child with `run_agent` (durable_agent/child.py).
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
+from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
@@ -42,8 +45,10 @@ from durable_agent.connection import data_converter
 from durable_agent.metrics import MetricsInterceptor
 from durable_agent.model_queue import ModelQueueInterceptor
 from durable_agent.tools import Tool, load_modules, unique
+from durable_agent.worker_settings import configured_host
 from workflows import context_handoff
 from workflows.agent import AgentWorkflow
+from workflows.hosts import host_queue
 
 PLUGIN_NAME = "durable_agent.DurableAgentPlugin"
 
@@ -60,13 +65,16 @@ class DurableAgentPlugin(SimplePlugin):
         model_task_queue: str | None = None,
         activities: Sequence[Callable[..., Any]] | None = None,
         worker_interceptors: Sequence[Interceptor] | None = None,
+        host: str | None = None,
     ) -> None:
         """`tools`: decorated tools; `tool_modules`: modules whose tools to load as well.
         `encryption_keys`: default from `DURABLE_AGENT_ENCRYPTION_KEY`. `model_task_queue`:
         where model calls run when not on the worker's queue. `activities`: in place of the
         model call and the built-in tools (a test's model, other tool limits); the workflow's
         local activities are added to them whatever they are. `worker_interceptors`: in place of
-        metrics, model routing and redaction (a test's worker as it was before redaction)."""
+        metrics, model routing and redaction (a test's worker as it was before redaction).
+        `host`: this machine's host name, default `DURABLE_AGENT_HOST` (workflows/hosts.py)."""
+        self.host = host or configured_host()
         self.tools = unique([*tools, *load_modules(tool_modules)])
         self._model_task_queue = model_task_queue
         self._activities = activities
@@ -80,6 +88,9 @@ class DurableAgentPlugin(SimplePlugin):
         )
         self._tool_activities: dict[str, UserToolActivities] = {}
         self._tool_queues: set[str] = set()
+        """The queues of the workers this plugin starts beside a worker: tools, and the host's."""
+        self._configured: dict[str, WorkerConfig] = {}
+        """Each agent worker's config as this plugin left it: its host worker serves the same."""
 
     def configure_worker(self, config: WorkerConfig) -> WorkerConfig:
         queue = config["task_queue"]  # type: ignore[typeddict-item]
@@ -99,6 +110,7 @@ class DurableAgentPlugin(SimplePlugin):
             interceptors(self._model_task_queue) if self._worker_interceptors is None else self._worker_interceptors
         )
         config["interceptors"] = [*(config.get("interceptors") or []), *ours_around]
+        self._configured[queue] = config
         return config
 
     async def run_worker(self, worker: Worker, next: Callable[[Worker], Awaitable[None]]) -> None:
@@ -110,10 +122,29 @@ class DurableAgentPlugin(SimplePlugin):
             return
         tools = self._tool_activities.get(config["task_queue"])  # type: ignore[typeddict-item]
         async with AsyncExitStack() as stack:
-            for queue, activities in (tools.queues() if tools else {}).items():
+            for queue, activities in (tools.queues(self.host) if tools else {}).items():
                 worker_of_tool = tool_worker(config["client"], queue, activities, config.get("identity"))  # type: ignore[typeddict-item]
                 await stack.enter_async_context(worker_of_tool)
+            if self.host is not None:
+                ours = self._configured.get(config["task_queue"], config)  # type: ignore[typeddict-item]
+                await stack.enter_async_context(self._host_worker({**config, **ours}))
             await super().run_worker(worker, next)
+
+    def _host_worker(self, config: WorkerConfig) -> Worker:
+        """The worker of this host's queue: the same activities as the agent worker (the run's
+        workspace-bound ones are scheduled here, the model call never is), the same identity."""
+        queue = host_queue(config["task_queue"], self.host or "")  # type: ignore[typeddict-item]
+        self._tool_queues.add(queue)
+        return Worker(
+            config["client"],  # type: ignore[typeddict-item]
+            task_queue=queue,
+            identity=config.get("identity"),
+            activities=list(config.get("activities") or []),
+            interceptors=list(config.get("interceptors") or []),
+            max_concurrent_activities=config.get("max_concurrent_activities") or 1_000,
+            max_heartbeat_throttle_interval=config.get("max_heartbeat_throttle_interval") or timedelta(seconds=0.5),
+            graceful_shutdown_timeout=config.get("graceful_shutdown_timeout") or timedelta(seconds=5),
+        )
 
 
 def _with_codec(converter: DataConverter) -> Callable[[DataConverter | None], DataConverter]:

@@ -131,6 +131,8 @@ def status_lines(run_id: str, status: AgentStatus) -> list[str]:
     ]
     if status.activity and status.result is None:
         lines.append(f"now: {status.activity}")
+    if status.host is not None:
+        lines.append(f"host: {status.host}" + "".join(f" · {move}" for move in status.host_moves))
     if status.context is not None:
         lines.append(context_text(status))
     if status.paused_reason:

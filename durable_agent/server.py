@@ -22,6 +22,7 @@ SEARCH_ATTRIBUTES = {
     "AgentStep": "Int",
     "AgentTokens": "Int",
     "AgentCostUsd": "Double",
+    "AgentHost": "Keyword",
 }
 
 DYNAMIC_CONFIG = {

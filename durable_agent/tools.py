@@ -70,6 +70,7 @@ def tool(
     cost_usd: float = 0.0,
     cache_ttl_s: float | None = None,
     name: str | None = None,
+    workspace: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 def tool(
     function: Callable[..., Any] | None = None,
@@ -82,8 +83,11 @@ def tool(
     cost_usd: float = 0.0,
     cache_ttl_s: float | None = None,
     name: str | None = None,
+    workspace: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Make a sync or async function a tool the model may call (see docs/tools.md)."""
+    """Make a sync or async function a tool the model may call (see docs/tools.md).
+    `workspace=True`: it works on the run's files (`tool_context().workspace`), so a run pinned
+    to a host calls it on that host (docs/scale.md)."""
     if cache_ttl_s is not None and effect != "read":
         raise ValueError("cache_ttl_s is for read tools: a cached write would report an effect that did not happen")
     if retries is not None and retries < 1:
@@ -107,6 +111,7 @@ def tool(
             cost_usd=cost_usd,
             cache_ttl_s=cache_ttl_s,
             source="python",
+            workspace=workspace,
         )
         return Tool(spec=spec, arguments=arguments, function=fn)
 
@@ -141,6 +146,8 @@ class ToolContext:
     attempt: int
     previous_details: tuple[Any, ...] = ()
     """What the previous attempt last gave `heartbeat` (empty on the first attempt)."""
+    workspace: str = ""
+    """The run's workspace folder (on this host, for a tool declared `workspace=True`)."""
     _beat: Callable[..., None] = field(default=lambda *details: None, repr=False)
 
     def heartbeat(self, *details: Any) -> None:

@@ -16,10 +16,12 @@
 from __future__ import annotations
 
 import os
+import re
 
 from pydantic import BaseModel, Field, ValidationError
 
 from durable_agent.connection import task_queue
+from workflows.types import HOST_NAME
 
 MAX_SLOTS = 1_000_000
 """Above what one process could serve, and within what the SDK's core accepts (a larger
@@ -89,3 +91,14 @@ def worker_settings(queue: str | None = None) -> WorkerSettings:
 
 def _env(name: str) -> str:
     return os.environ.get(name, "").strip()
+
+
+HOST_ENV = "DURABLE_AGENT_HOST"
+
+
+def configured_host() -> str | None:
+    """`DURABLE_AGENT_HOST`, checked: it ends a task queue's name (workflows/hosts.py). Blank: unset."""
+    host = _env(HOST_ENV) or None
+    if host is not None and re.fullmatch(HOST_NAME, host) is None:
+        raise SettingsError(f"{HOST_ENV}={host!r}: a host name is letters, digits, '.', '_' and '-' (at most 63)")
+    return host

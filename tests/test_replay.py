@@ -34,9 +34,10 @@ async def test_committed_histories_replay(path: Path) -> None:
     # agent_run.json is today's scenario; agent_run_local_model_call.json was recorded
     # while call_model was a local activity (and the file tools regular ones);
     # agent_run_compaction.json has compactions, recall and the archive written at the end;
-    # agent_run_files.json has per-run journal folders and `clean_up_run` at the close.
+    # agent_run_files.json has per-run journal folders and `clean_up_run` at the close;
     # agent_run_done.json has the plan tool, a quota shrunk by a spike, the skip rung and a
-    # check command that fails once (`python -m tests.record_history --done`).
+    # check command that fails once (`python -m tests.record_history --done`);
+    # agent_run_host_move.json, a run pinned to a host that waited for it and moved (tests/test_hosts.py).
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     assert await replay_failure(history) is None
 

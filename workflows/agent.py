@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.done import unfinished_lines
     from workflows.done_steps import DoneSteps
     from workflows.failures import ACTIVITY_FAILED, attempts, failure_message, raise_if_cancelled
+    from workflows.hosts import HostSteps
     from workflows.ladder import pressure, rungs_due
     from workflows.options import SNAPSHOT_PATCH
     from workflows.plan import unfinished_lines as plan_unfinished
@@ -95,7 +96,7 @@ class _Terminate(Exception):
 
 @workflow.defn(name=WORKFLOW_TYPE)
 class AgentWorkflow(
-    ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing, DoneSteps, PlanSteps, QuotaSteps
+    ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing, DoneSteps, PlanSteps, QuotaSteps, HostSteps
 ):
     @workflow.init
     def __init__(self, raw_input: Any) -> None:
@@ -185,6 +186,7 @@ class AgentWorkflow(
         if self._task_timeout_too_long():
             await workflow.wait_condition(workflow.all_handlers_finished)
             workflow.continue_as_new(self._input_for_next_run(), task_timeout=options.WORKFLOW_TASK_TIMEOUT)
+        self._publish_host()
         if self._patched(options.WORKSPACE_CHECK_PATCH):
             await self._check_workspace()
         await self._resolve_tools()
@@ -206,6 +208,7 @@ class AgentWorkflow(
                 options.CLEANUP_TIMEOUT,
                 f"clean_up_run: {request.run_folder}"[:120],
                 options.CLEANUP_RETRY,
+                patient=False,  # a closing run does not wait for a gone host: `gc` there cleans up
             )
             result.files = cleaned.note
         except ACTIVITY_FAILED as e:
@@ -218,7 +221,7 @@ class AgentWorkflow(
         name = self._agent.agent
         self._doing = f"loading agent {name}"
         try:
-            definition = await workflow.execute_local_activity(
+            definition = await self._on_host_or_local(
                 "load_agent",
                 AgentRequest(workspace=self._agent.workspace, name=name or ""),
                 result_type=AgentDefinition,
@@ -281,9 +284,13 @@ class AgentWorkflow(
         timeout: timedelta,
         summary: str,
         retry: RetryPolicy = options.TOOL_RETRY,
+        patient: bool = True,
     ) -> Any:
         """A short read or cleanup at a run's start or close: a local activity, in a workflow
-        task the run has anyway, or a regular one in runs recorded before `patch`."""
+        task the run has anyway, or a regular one in runs recorded before `patch`; on the
+        run's host if it has one (workflows/hosts.py)."""
+        if self._agent.host is not None:
+            return await self._on_host(name, arg, result_type, timeout, summary, retry, patient=patient)
         if self._patched(patch):
             return await workflow.execute_local_activity(
                 name,
@@ -637,6 +644,8 @@ class AgentWorkflow(
     def _activity(self) -> str:
         """What the run is doing now, in words: a waiting state says what it waits for."""
         state = self._state()
+        if state == "running" and (host_wait := self._host_wait_text()):
+            return host_wait
         if state == "needs_attention":
             return "waiting for a person to resolve a failure"
         if state == "paused":

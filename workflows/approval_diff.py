@@ -16,6 +16,7 @@ from temporalio.common import RetryPolicy
 with workflow.unsafe.imports_passed_through():
     from workflows import options
     from workflows.failures import ACTIVITY_FAILED, failure_message, raise_if_cancelled
+    from workflows.hosts import HOST_FIRST_PROBE
     from workflows.visible import one_line, visible
 
 APPROVAL_DIFF_PATCH = "left2-approval-diff"
@@ -66,9 +67,13 @@ def diff_lines(found: ApprovalDiff) -> list[str]:
     return ["diff against the current file:", *(f"  {line}" for line in body), *tail]
 
 
-async def approval_diff_lines(workspace: str, tool: str, arguments: dict[str, Any]) -> list[str]:
+async def approval_diff_lines(
+    workspace: str, tool: str, arguments: dict[str, Any], task_queue: str | None = None
+) -> list[str]:
     """The diff's lines for the approval of a `write_file` or `edit_file` call, computed now
-    by the `approval_diff` activity and recorded with its result."""
+    by the `approval_diff` activity and recorded with its result. `task_queue`: the run's
+    host's (workflows/hosts.py), where the workspace is; a host that does not take the call
+    within its first probe leaves the approval without a diff rather than waiting."""
     request = ApprovalDiffInput(workspace=workspace, tool=tool, arguments=arguments)
     try:
         found = await workflow.execute_activity(
@@ -77,6 +82,8 @@ async def approval_diff_lines(workspace: str, tool: str, arguments: dict[str, An
             result_type=ApprovalDiff,
             start_to_close_timeout=APPROVAL_DIFF_TIMEOUT,
             retry_policy=APPROVAL_DIFF_RETRY,
+            task_queue=task_queue,
+            schedule_to_start_timeout=HOST_FIRST_PROBE if task_queue else None,
             summary=f"approval_diff: {arguments.get('path', '')}"[:120],
         )
     except ACTIVITY_FAILED as e:

@@ -107,7 +107,7 @@ class ContextSteps:
 
     async def _archive(self, first_step: int, last_step: int, messages: list[Message]) -> bool:
         try:
-            written = await workflow.execute_local_activity(
+            written = await self._on_host_or_local(
                 "archive_steps",
                 ArchiveWrite(
                     workspace=self._agent.workspace,
@@ -151,7 +151,7 @@ class ContextSteps:
             in_context_from=self._carry.view.index.folded_through + 1,
             output_chars=compaction.recall_chars(self._agent.context),
         )
-        return await workflow.execute_local_activity(
+        return await self._on_host_or_local(
             "recall",
             request,
             result_type=ToolOutcome,

@@ -195,6 +195,9 @@ class RunControl:
             tool_waits=[f"waiting for a worker with tool {t} since {since}" for t, since in self._tool_waits.items()],
             plan=self._carry.plan,
             quota=self._carry.quota,
+            host=self._input.host if self._input else None,
+            host_wait=self._host_wait_text() if self._input else None,
+            host_moves=self._moves,
         )
 
     def _agent_label(self) -> str | None:

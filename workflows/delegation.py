@@ -124,6 +124,7 @@ def child_input(
         continue_as_new_every=parent.continue_as_new_every,
         delegation=parent.delegation,
         parent=link,
+        host=parent.host,
     )
 
 

@@ -75,16 +75,29 @@ class DoneSteps:
         )
         self._carry.usage.tool_calls += 1
         try:
-            outcome = await workflow.execute_activity(
-                "run_command",
-                request,
-                result_type=ToolOutcome,
-                start_to_close_timeout=options.tool_start_to_close("run_command", None),
-                heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
-                retry_policy=options.TOOL_RETRY,
-                cancellation_type=options.TOOL_CANCELLATION,
-                summary=f"done check {check}: {command}"[:120],
-            )
+            summary = f"done check {check}: {command}"[:120]
+            timeout = options.tool_start_to_close("run_command", None)
+            if self._agent.host is not None:  # run where the workspace is
+                outcome = await self._on_host(
+                    "run_command",
+                    request,
+                    ToolOutcome,
+                    timeout,
+                    summary,
+                    heartbeat=options.HEARTBEAT_TIMEOUT,
+                    cancellation=options.TOOL_CANCELLATION,
+                )
+            else:
+                outcome = await workflow.execute_activity(
+                    "run_command",
+                    request,
+                    result_type=ToolOutcome,
+                    start_to_close_timeout=timeout,
+                    heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
+                    retry_policy=options.TOOL_RETRY,
+                    cancellation_type=options.TOOL_CANCELLATION,
+                    summary=summary,
+                )
         except ACTIVITY_FAILED as e:
             raise_if_cancelled(e)
             outcome = ToolOutcome(ok=False, error=f"run_command failed: {failure_message(e)}")

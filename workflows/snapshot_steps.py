@@ -36,7 +36,7 @@ class SnapshotSteps:
             exclude=self._agent.snapshot_exclude,
         )
         try:
-            taken = await workflow.execute_local_activity(
+            taken = await self._on_host_or_local(
                 SNAPSHOT_ACTIVITY,
                 request,
                 result_type=SnapshotTaken,

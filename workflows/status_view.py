@@ -61,6 +61,8 @@ def details_markdown(status: AgentStatus) -> str:
         lines[0] += f" · agent {plain(status.agent)}"
     if status.activity:
         lines += ["", f"Now: {plain(status.activity)}"]
+    if status.host:
+        lines += ["", f"Host: {plain(status.host)}" + "".join(f" · {plain(move)}" for move in status.host_moves)]
     if status.pending_approvals:
         lines += ["", "**Waiting for approval.** Decide with the `approve` update and the call id:", ""]
         for p in status.pending_approvals:

@@ -43,6 +43,9 @@ class ToolSpec(BaseModel):
     activity: str | None = None
     """The activity type; None: the tool's name."""
     source: Literal["builtin", "python", "activity"] = "builtin"
+    workspace: bool = False
+    """A user's tool declared workspace-bound: a run pinned to a host calls it on the host's
+    queue of the tool (workflows/hosts.py)."""
 
     @classmethod
     def of_activity(cls, tool: ActivityTool) -> ToolSpec:

@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.approval_diff import APPROVAL_DIFF_PATCH, DIFFED_TOOLS, approval_diff_lines
     from workflows.delegation import WAIT_ACTIONS, ParentSide
     from workflows.failures import ACTIVITY_FAILED, failure_message, raise_if_cancelled, timed_out, worker_lost
+    from workflows.hosts import workspace_queue
     from workflows.livelock import LIVELOCK_REPEATS, call_key
     from workflows.skills import (
         already_loaded,
@@ -116,6 +117,8 @@ class ToolSteps:
         waiting_since: str | None = None
         while True:
             try:
+                if spec.workspace and self._agent.host is not None:
+                    return self._took_tool(spec, args, await self._call_on_host(spec, request, args))
                 raw = await workflow.execute_activity(
                     spec.activity_type(),
                     request,
@@ -143,12 +146,31 @@ class ToolSteps:
                     return ToolOutcome(ok=False, error=OUTCOME_UNKNOWN.format(tool=spec.name, error=failure_message(e)))
                 return ToolOutcome(ok=False, error=f"{spec.name} failed: {failure_message(e)}")
             self._tool_waits.pop(spec.name, None)
-            outcome = raw if isinstance(raw, ToolOutcome) else activity_outcome(raw, request.output_chars)
-            self._charge_tool(spec)
-            if outcome.cached_from is not None:
-                detail = f"{call_summary(spec.name, args)}: answered from its cache of {outcome.cached_from}"
-                self._degrade("cached_tool_result", detail)
-            return outcome
+            return self._took_tool(
+                spec, args, raw if isinstance(raw, ToolOutcome) else activity_outcome(raw, request.output_chars)
+            )
+
+    async def _call_on_host(self, spec: ToolSpec, request: ToolCallInput, args: dict[str, Any]) -> ToolOutcome:
+        """A workspace-bound user tool of a run pinned to a host: on the host's queue of the tool."""
+        return await self._on_host(
+            spec.activity_type(),
+            request,
+            ToolOutcome,
+            timedelta(seconds=spec.timeout_s or options.USER_TOOL_TIMEOUT_S),
+            call_summary(spec.name, args),
+            options.catalog_tool_retry(spec.effect, spec.retries),
+            heartbeat=options.HEARTBEAT_TIMEOUT,
+            cancellation=options.TOOL_CANCELLATION,
+            base_queue=spec.task_queue,
+        )
+
+    def _took_tool(self, spec: ToolSpec, args: dict[str, Any], outcome: ToolOutcome) -> ToolOutcome:
+        """A catalog tool's outcome: its price charged, an answer from its cache recorded."""
+        self._charge_tool(spec)
+        if outcome.cached_from is not None:
+            detail = f"{call_summary(spec.name, args)}: answered from its cache of {outcome.cached_from}"
+            self._degrade("cached_tool_result", detail)
+        return outcome
 
     def _charge_tool(self, spec: ToolSpec) -> None:
         if not spec.cost_usd:
@@ -237,6 +259,16 @@ class ToolSteps:
                 return await self._recall(RecallArgs.model_validate(args))
             if call.name == "plan":
                 return self._plan_tool(args)
+            if self._agent.host is not None:
+                return await self._on_host(
+                    call.name,
+                    request,
+                    ToolOutcome,
+                    options.tool_start_to_close(call.name, args.get("timeout_s")),
+                    call_summary(call.name, args),
+                    heartbeat=options.HEARTBEAT_TIMEOUT,
+                    cancellation=options.TOOL_CANCELLATION,
+                )
             if call.name in options.LOCAL_TOOLS and self._patched(options.LOCAL_TOOLS_PATCH):
                 return await workflow.execute_local_activity(
                     call.name,
@@ -292,7 +324,14 @@ class ToolSteps:
         approval_id = f"{self._carry.step}:{call.id}"
         shown = approval_view(call.name, args)
         if call.name in DIFFED_TOOLS and self._patched(APPROVAL_DIFF_PATCH):
-            shown = "\n".join([shown, *await approval_diff_lines(self._agent.workspace, call.name, args)])
+            shown = "\n".join(
+                [
+                    shown,
+                    *await approval_diff_lines(
+                        self._agent.workspace, call.name, args, workspace_queue(self._agent.host)
+                    ),
+                ]
+            )
         self._pending_approvals[approval_id] = PendingApproval(
             call_id=approval_id,
             tool=call.name,

@@ -108,6 +108,8 @@ class Limits(_Strict):
     """Fraction of each budget at which its soft tier begins."""
     max_done_checks: int = Field(default=3, ge=1, le=MAX_COUNT)
     """Checks of the success criteria (workflows/done.py) before a final answer is taken as it is."""
+    host_wait_s: float = Field(default=1800, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
+    """How long a run pinned to a host waits for that host's worker before it needs attention."""
 
     @model_validator(mode="before")
     @classmethod
@@ -156,6 +158,7 @@ class LimitsPatch(_Strict):
     max_duration_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
     soft_ratio: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
     max_done_checks: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    host_wait_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
 
     def apply_to(self, limits: Limits) -> Limits:
         """The new limits; raises ValueError when the result is inconsistent (hard < soft)."""
@@ -225,6 +228,9 @@ class SandboxSettings(_Strict):
 
 AGENT_NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 """An agent's name is its file's name without `.md`: lowercase letters, digits, `.`, `_`, `-`."""
+
+HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+"""A host's name (`DURABLE_AGENT_HOST`): it ends the name of the host's task queue."""
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 RESERVED_ENV_PREFIXES = ("TEMPORAL_", "DURABLE_AGENT_", "OPENAI_")
@@ -303,6 +309,9 @@ class AgentInput(_Strict):
     """A command run in the command sandbox when the model answers: exit code 0 means done."""
     activity_tools: list[ActivityTool] = Field(default_factory=list)
     """Tools served as Temporal activities by other workers; the model may use them all."""
+    host: str | None = Field(default=None, pattern=HOST_NAME)
+    """The host whose worker (`DURABLE_AGENT_HOST`) holds the workspace: the run's
+    workspace-bound activities go to its own task queue (workflows/hosts.py). None: any worker."""
     snapshot_exclude: list[str] = Field(default_factory=list)
     """Names (glob patterns, e.g. `node_modules`, `*.log`) of files and folders the step
     snapshots leave out, at any depth (`.durable-agent/` always is)."""
@@ -809,6 +818,12 @@ class AgentStatus(BaseModel):
     """The run's task list, as the model keeps it with the `plan` tool."""
     quota: Quota = Field(default_factory=Quota)
     """The per-step token quota, the compaction level and their latest changes."""
+    host: str | None = None
+    """The host the run is pinned to (input `host`, or where `move` took it)."""
+    host_wait: str | None = None
+    """"waiting for host X since T" while its worker does not take the run's calls."""
+    host_moves: list[str] = Field(default_factory=list)
+    """The run's moves to another host (`durable-agent move`) in this run of its chain."""
 
 
 import workflows.state  # noqa: E402, F401  (defines Carry and ContextStatus, and completes the models above)

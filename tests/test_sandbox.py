@@ -829,6 +829,98 @@ def test_a_command_racing_the_file_tools_never_leads_them_out(tmp_path: Path, us
             shutil.rmtree(home, ignore_errors=True)
 
 
+WALK_RACE = textwrap.dedent(
+    """
+    import asyncio, json, os, shlex, sys, uuid
+    from temporalio.testing import ActivityEnvironment
+    import activities.beneath
+    from activities.skills import SkillActivities
+    from activities.tools import ToolActivities
+    from tests.test_sandbox import SWAPPER
+    from workflows.skills import SkillCatalogRequest
+    from workflows.types import ToolCallInput
+
+    workspace, outside, calls, resolver, tool = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    if resolver == "walk":  # as on a kernel without openat2
+        activities.beneath.openat2_available = lambda: False
+    tools, skills = ToolActivities(roots=[os.path.dirname(workspace)]), SkillActivities(skills_dir="")
+    swapped = os.path.join(workspace, "skills" if tool == "load_skill" else "")
+
+    def call(**arguments):
+        key = uuid.uuid4().hex
+        return ToolCallInput(call_id="c", idempotency_key=key, workspace=workspace, arguments=arguments)
+
+    async def one_call():
+        if tool == "list_files":
+            return [await ActivityEnvironment().run(tools.list_files, call(path=path)) for path in ("d", ".")]
+        if tool == "search_files":
+            return [await ActivityEnvironment().run(tools.search_files, call(pattern="SECRET", path=path))
+                    for path in ("d", ".")]
+        catalog = await ActivityEnvironment().run(skills.discover_skills, SkillCatalogRequest(workspace=workspace))
+        loaded = await ActivityEnvironment().run(skills.load_skill, call(name="d"))
+        return [loaded, catalog]
+
+    async def race():
+        swapper = f"cd {shlex.quote(swapped)} && python3 -c {shlex.quote(SWAPPER)} {shlex.quote(outside)}"
+        racing = asyncio.ensure_future(ActivityEnvironment().run(tools.run_command, call(command=swapper)))
+        while not os.path.exists(os.path.join(swapped, "racing")):
+            await asyncio.sleep(0.02)
+        escaped, leaked = 0, 0
+        for _ in range(calls):
+            seen = json.dumps([o.model_dump() for o in await one_call()])
+            escaped += "OUTSIDE-" in seen
+            leaked += outside in seen
+        open(os.path.join(swapped, "stop"), "w").close()
+        swaps = (await racing).output.strip().splitlines()[-1]
+        print(json.dumps({"escaped": escaped, "leaked": leaked, "swaps": swaps}))
+
+    asyncio.run(race())
+    """
+)
+"""`calls` calls of `tool` (list_files, search_files, or the skills' discover and load) through
+a folder `d` that a sandboxed command swaps for a symlink to `outside`; how many saw outside."""
+
+
+@pytest.mark.parametrize("tool", ["list_files", "search_files", "load_skill"])
+@pytest.mark.parametrize("resolver", ["openat2", "walk"])
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_a_command_racing_listing_search_or_skills_never_leads_them_out(
+    tmp_path: Path, user: str, resolver: str, tool: str
+) -> None:
+    calls = 100
+    if user == "nobody":
+        reason = unprivileged_unavailable()
+        if reason is not None:
+            pytest.skip(reason)
+        home = nobody_folder()
+        base = owned_by_nobody(home / "roots")
+    else:
+        home, base = tmp_path, tmp_path / "roots"
+    try:
+        workspace, outside = base / "ws", base / "outside"
+        for folder in (workspace / "d", workspace / "skills" / "d", outside):
+            folder.mkdir(parents=True)
+        (workspace / "d" / "inside.txt").write_text("inside\n")
+        (workspace / "skills" / "d" / "SKILL.md").write_text("---\nname: d\ndescription: inside\n---\ninside\n")
+        (outside / "OUTSIDE-ONLY.txt").write_text("OUTSIDE-SECRET\n")
+        (outside / "SKILL.md").write_text("---\nname: d\ndescription: OUTSIDE-SECRET\n---\nOUTSIDE-SECRET\n")
+        if user == "nobody":
+            owned_by_nobody(base)
+        argv = [sys.executable, "-c", WALK_RACE, str(workspace), str(outside), str(calls), resolver, tool]
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "DURABLE_AGENT_HOME": str(home / "home")}
+        if user == "nobody":
+            argv = unprivileged_argv(argv, home)
+            owned_by_nobody(home / "home")
+        done = subprocess.run(argv, cwd=PROJECT, capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        escaped = json.loads(done.stdout.strip().splitlines()[-1])
+        assert int(escaped["swaps"]) >= 20, escaped  # the swapper did race
+        assert (escaped["escaped"], escaped["leaked"]) == (0, 0), escaped
+    finally:
+        if user == "nobody":
+            shutil.rmtree(home, ignore_errors=True)
+
+
 def tool_call(workspace: Path, **arguments: object) -> ToolCallInput:
     return ToolCallInput(call_id="c", idempotency_key=uuid.uuid4().hex, workspace=str(workspace), arguments=arguments)
 

@@ -57,17 +57,21 @@ class DurableAgentPlugin(SimplePlugin):
         model_task_queue: str | None = None,
         activities: Sequence[Callable[..., Any]] | None = None,
         worker_interceptors: Sequence[Interceptor] | None = None,
+        agents_dir: str | None = None,
     ) -> None:
         """`tools`: decorated tools; `tool_modules`: modules whose tools to load as well.
         `encryption_keys`: default from `DURABLE_AGENT_ENCRYPTION_KEY`. `model_task_queue`:
         where model calls run when not on the worker's queue. `activities`: in place of the
         model call and the built-in tools (a test's model, other tool limits); the workflow's
         local activities are added to them whatever they are. `worker_interceptors`: in place of
-        metrics, model routing and redaction (a test's worker as it was before redaction)."""
+        metrics, model routing and redaction (a test's worker as it was before redaction).
+        `agents_dir`: the folder of agent files input `agent` names, besides the workspace's
+        `agents/` (default `DURABLE_AGENT_AGENTS_DIR`)."""
         self.tools = unique([*tools, *load_modules(tool_modules)])
         self._model_task_queue = model_task_queue
         self._activities = activities
         self._worker_interceptors = worker_interceptors
+        self._agents = [AgentActivities(agents_dir).load_agent] if agents_dir else []
         converter = data_converter(encryption_keys)
         super().__init__(
             PLUGIN_NAME,
@@ -89,7 +93,7 @@ class DurableAgentPlugin(SimplePlugin):
         self._tool_activities[queue] = tools
         self._tool_queues.update(tools.queues())
         ours = list(self._activities) if self._activities is not None else [ModelActivities().call_model]
-        given = [*(config.get("activities") or []), *ours]
+        given = [*(config.get("activities") or []), *self._agents, *ours]
         config["activities"] = with_missing(given, [*workflow_activities(), tools.tool_catalog])
         ours_around = (
             interceptors(self._model_task_queue) if self._worker_interceptors is None else self._worker_interceptors

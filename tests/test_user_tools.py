@@ -141,6 +141,63 @@ async def test_sigkill_during_a_write_tool_does_not_repeat_it(
     assert told[1] == "charged"
 
 
+DIES_AFTER_RECORDING = """
+import os, signal
+from activities.journal import Journal
+
+record = Journal.complete
+
+
+def record_then_die(self, key, outcome):
+    record(self, key, outcome)
+    if outcome.output.startswith("paid"):  # send_payment's outcome is on disk; its report is not sent
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+Journal.complete = record_then_die
+import worker
+
+worker.main()
+"""
+
+
+async def test_a_write_tool_that_finished_before_its_worker_died_reports_its_recorded_outcome(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    tmp_path: Path,
+) -> None:
+    """SIGKILLed after the call's outcome reached the journal, before its worker reported it:
+    the retry answers from the journal (the recorded result, not "unknown") and never pays again."""
+    payments = workspace / "payments.txt"
+    model_server.responder = Script([tools(("send_payment", {"ledger": str(payments), "amount": 5})), answer("paid")])
+    env = {**os.environ, **worker_env(temporal_server, model_server, task_queue), "DURABLE_AGENT_TOOLS": FIXTURES}
+    with open(tmp_path / "dying.log", "wb") as log:
+        dying = subprocess.Popen(
+            [sys.executable, "-c", DIES_AFTER_RECORDING], cwd=ROOT, env=env, stdout=log, stderr=log
+        )
+    worker = None
+    try:
+        handle = await start(client, task_queue, goal="pay", workspace=str(workspace), tools=["send_payment"])
+        await until(lambda: dying.poll() is not None)
+        assert dying.returncode == -9 and lines(payments) == ["paid 5.0"], (tmp_path / "dying.log").read_text()
+        worker = spawn_worker(env, tmp_path / "replacement.log")
+        result = await asyncio.wait_for(handle.result(), timeout=90)
+    finally:
+        if worker is not None:
+            stop_gently(worker)
+    assert result.state == "completed" and lines(payments) == ["paid 5.0"]
+    assert tool_results(model_server.requests[-1]) == ["paid 5.0"]
+    attempts = [
+        e.activity_task_started_event_attributes.attempt
+        for e in (await handle.fetch_history()).events
+        if e.HasField("activity_task_started_event_attributes")
+    ]
+    assert max(attempts) == 2  # the call was retried, and the retry answered from the journal
+
+
 async def test_a_read_tool_whose_service_is_down_answers_from_its_cache(
     client: Client, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:

@@ -215,9 +215,10 @@ CATALOG_TIMEOUT = timedelta(seconds=10)
 USER_TOOL_TIMEOUT_S = 120.0
 
 
-def catalog_tool_retry(effect: str, retries: int | None) -> RetryPolicy:
-    """A write tool runs once: a worker that died mid-call is reported, never retried blindly."""
-    attempts = 1 if effect == "write" else retries or 3
+def catalog_tool_retry(retries: int | None) -> RetryPolicy:
+    """A write tool's retry (after its worker died) reads the call's journal instead of acting
+    again (activities/user_tools.py): it is retried like the others."""
+    attempts = retries or 3
     return RetryPolicy(
         initial_interval=RETRY_FIRST,
         backoff_coefficient=RETRY_GROWTH,

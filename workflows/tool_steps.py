@@ -125,7 +125,7 @@ class ToolSteps:
                     start_to_close_timeout=timedelta(seconds=spec.timeout_s or options.USER_TOOL_TIMEOUT_S),
                     # Our Python tools beat in the background; another team's worker may not.
                     heartbeat_timeout=options.HEARTBEAT_TIMEOUT if spec.source == "python" else None,
-                    retry_policy=options.catalog_tool_retry(spec.effect, spec.retries),
+                    retry_policy=options.catalog_tool_retry(spec.retries),
                     cancellation_type=options.TOOL_CANCELLATION,
                     summary=call_summary(spec.name, args),
                 )

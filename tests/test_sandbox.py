@@ -644,6 +644,45 @@ async def test_a_command_cannot_lift_its_own_process_cap_through_a_cgroup_mount(
     assert started < SMALL_LIMITS.processes, outputs
 
 
+ALLOCATE = textwrap.dedent(
+    """
+    import os
+    held = []
+    for mib in range(16, 769, 16):  # up to 768 MiB: over the 256 MiB cap, under the 1 GiB rlimit
+        held.append(b"\\x01" * 2**24)  # written, so resident
+        with open("allocated.txt", "a") as f:
+            f.write(f"{mib}\\n")
+    open("survived.txt", "w").write("allocated 768 MiB")
+    """
+)
+"""Allocates 768 MiB in 16 MiB steps, noting each step it lived through in allocated.txt."""
+
+
+@pytest.mark.parametrize("attacked", ["root"], indirect=True)  # root: the one a cgroup mount would not stop
+async def test_a_command_cannot_lift_or_leave_its_memory_cap(client: Client, attacked: Attacked) -> None:
+    if not bombs_capped(attacked.user):
+        pytest.skip("root without a writable cgroup: memory is capped per process only")
+    lift = (
+        # Mount the memory controller (v1) and cgroup2 afresh, lift every limit found there and
+        # in /sys/fs/cgroup, and move this shell to the root cgroup of each; then allocate.
+        "mkdir -p /tmp/cgm /tmp/cg2; mount -t cgroup -o memory none /tmp/cgm; mount -t cgroup2 none /tmp/cg2; "
+        "for f in /tmp/cgm/memory.limit_in_bytes /tmp/cgm/*/memory.limit_in_bytes /tmp/cg2/memory.max "
+        "/tmp/cg2/*/memory.max /sys/fs/cgroup/memory.max /sys/fs/cgroup/*/memory.max "
+        '"/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup | tail -1)/memory.max"; do echo max > "$f"; done; '
+        "for f in /tmp/cgm/cgroup.procs /tmp/cg2/cgroup.procs /sys/fs/cgroup/cgroup.procs; do echo $$ > $f; done; "
+        f"python3 -c {shlex.quote(ALLOCATE)}; echo $? > exit.txt"
+    )
+    result, outputs = await attack(client, attacked, command(lift, timeout_s=60))
+    assert result.state == "completed"
+    workspace = attacked.workspace
+    allocated = [int(n) for n in (workspace / "allocated.txt").read_text().split()]
+    # Its fate: killed (SIGKILL: 137 if its shell lived on) before it held much over the cap.
+    assert not (workspace / "survived.txt").exists(), outputs
+    assert max(allocated) <= SMALL_LIMITS.memory_bytes // 2**20, (allocated, outputs)
+    exit_file = workspace / "exit.txt"
+    assert not exit_file.exists() or exit_file.read_text().strip() == "137", (exit_file.read_text(), outputs)
+
+
 FORGE_DONE_RECORD = textwrap.dedent(
     """
     import glob, hashlib, json, os, shutil, sys

@@ -133,18 +133,26 @@ class UserToolActivities:
 
     async def _run(self, tool: Tool, input: ToolCallInput, args: BaseModel) -> ToolOutcome:
         info = activity.info()
+        # The tool's latest heartbeat details (at first, the previous attempt's): the worker's
+        # own beats resend them, so a retry reads the tool's last checkpoint, not an empty beat.
+        latest = [tuple(info.heartbeat_details)]
+
+        def beat(*details: Any) -> None:
+            latest[0] = details
+            activity.heartbeat(*details)
+
         context = ToolContext(
             idempotency_key=input.idempotency_key,
             tool=tool.name,
             run_id=info.workflow_id or "",
             step=input.step,
             attempt=info.attempt,
-            previous_details=tuple(info.heartbeat_details),
-            _beat=thread_safe(activity.heartbeat),
+            previous_details=latest[0],
+            _beat=thread_safe(beat),
         )
         token = enter_context(context)
         try:
-            async with heartbeating():
+            async with heartbeating(progress=lambda: latest[0]):
                 value = await _invoke(tool, args)
         except Exception as e:
             return self._failed(tool, input, e)

@@ -78,6 +78,33 @@ async def test_a_read_tool_is_retried(
     assert tool_results(model_server.requests[1]) == ["value after 3 calls"]
 
 
+async def test_a_retry_reads_what_the_failed_attempt_last_gave_heartbeat(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    ledger = workspace / "attempts.txt"
+    model_server.responder = Script([tools(("resumable", {"ledger": str(ledger)})), answer("resumed")])
+    async with build_worker(client, task_queue, tool_modules=[FIXTURES]):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), tools=["resumable"])
+        result = await handle.result()
+    assert result.state == "completed"
+    # The worker's own beats, sent while the tool slept, did not wipe out the tool's checkpoint.
+    assert lines(ledger) == ["attempt 1 saw []", "attempt 2 saw ['checkpoint', 1]"]
+    assert tool_results(model_server.requests[1]) == ["resumed from ['checkpoint', 1]"]
+
+
+async def test_a_write_tool_that_raises_is_a_tool_error_run_once(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    ledger = workspace / "payments.txt"
+    model_server.responder = Script([tools(("declined_payment", {"ledger": str(ledger)})), answer("declined")])
+    async with build_worker(client, task_queue, tool_modules=[FIXTURES]):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), tools=["declined_payment"])
+        result = await handle.result()
+    assert result.state == "completed" and result.output == "declined"
+    assert lines(ledger) == ["tried"]  # not retried
+    assert tool_results(model_server.requests[1]) == ["ERROR: declined_payment raised ValueError: card declined"]
+
+
 async def test_cost_usd_stops_a_run_at_max_cost(
     client: Client, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:

@@ -75,3 +75,22 @@ def loud(text: Annotated[str, Field(description="What to shout")]) -> str:
     import os
 
     return text.upper() + " " + os.environ.get("TOOL_TEST_SECRET", "")
+
+
+@tool(retries=2)
+def resumable(ledger: str, hold_s: float = 2.5) -> str:
+    """Checkpoint, then lose the service; a retry starts from the last checkpoint."""
+    context = tool_context()
+    _append(ledger, f"attempt {context.attempt} saw {list(context.previous_details)}")
+    if context.attempt == 1:
+        context.heartbeat("checkpoint", 1)
+        time.sleep(hold_s)  # past the worker's own background beat (a third of the heartbeat timeout)
+        raise ConnectionError("lost the service after the checkpoint")
+    return f"resumed from {list(context.previous_details)}"
+
+
+@tool(effect="write")
+def declined_payment(ledger: str) -> str:
+    """A payment the bank declines: it tries once, then raises."""
+    _append(ledger, "tried")
+    raise ValueError("card declined")

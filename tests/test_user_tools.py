@@ -328,6 +328,48 @@ async def test_an_activity_tool_is_served_by_another_teams_worker(
     assert tool_results(model_server.requests[-1]) == ["ticket opened: printer on fire (token [REDACTED:openai-key])"]
 
 
+def installed_tool_distribution(site: Path) -> None:
+    """A package installed as pip leaves one: its module and a dist-info naming it in the
+    entry-point group `durable_agent.tools`."""
+    package = site / "acme_tools"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "from durable_agent import tool\n\n\n"
+        "@tool\n"
+        "def acme_greeting(name: str) -> str:\n"
+        '    """Greet a customer of Acme."""\n'
+        '    return f"Acme greets {name}"\n'
+    )
+    info = site / "acme_tools-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-tools\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[durable_agent.tools]\nacme = acme_tools\n")
+
+
+async def test_a_worker_loads_the_tools_of_an_installed_entry_point(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    tmp_path: Path,
+) -> None:
+    site = tmp_path / "site-packages"
+    installed_tool_distribution(site)
+    model_server.responder = Script([tools(("acme_greeting", {"name": "Ada"})), answer("greeted")])
+    # Nothing names the module: no DURABLE_AGENT_TOOLS, no --tools; only the distribution on the path.
+    env = {**worker_env(temporal_server, model_server, task_queue), "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}
+    env.pop("DURABLE_AGENT_TOOLS", None)
+    worker = spawn_worker(env, tmp_path / "worker.log")
+    try:
+        handle = await start(client, task_queue, goal="greet", workspace=str(workspace), tools=["acme_greeting"])
+        result = await asyncio.wait_for(handle.result(), timeout=90)
+    finally:
+        stop_gently(worker)
+    assert result.state == "completed", (tmp_path / "worker.log").read_text()
+    assert tool_results(model_server.requests[1]) == ["Acme greets Ada"]
+
+
 async def test_the_worker_command_loads_tool_modules_and_names_one_it_cannot(
     temporal_server: EmbeddedServer, model_server: ModelServer, task_queue: str, tmp_path: Path
 ) -> None:

@@ -23,7 +23,7 @@ from tests.helpers import start, until, wait_for
 from tests.scripts import Script, answer, tool_results, tools
 from tests.test_crash import worker_env
 from worker import build_worker
-from workflows.types import AgentStatus
+from workflows.types import ALL_TOOLS, AgentStatus
 
 FIXTURES = "tests.tool_fixtures"
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,6 +52,17 @@ async def test_a_python_tool_gets_its_schema_runs_and_is_redacted(
     said, typo = tool_results(model_server.requests[1])
     assert said.startswith("HELLO ") and "hunter2" not in said  # the secret was redacted
     assert typo.startswith("ERROR: bad arguments for shout")
+
+
+async def test_tools_null_offers_the_nine_built_ins_not_every_tool_a_worker_loaded(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([answer("done")])
+    async with build_worker(client, task_queue, tool_modules=[FIXTURES]):  # send_payment, shout, ... loaded
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace))
+        await handle.result()
+    offered = [t["function"]["name"] for t in model_server.requests[0]["tools"]]
+    assert offered == list(ALL_TOOLS), offered  # a user's tool is offered only to a run that names it
 
 
 async def test_an_unknown_tool_closes_the_run_at_its_start(

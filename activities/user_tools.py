@@ -197,6 +197,13 @@ def _begin(journal: Journal, key: str, tool: str) -> None:
     journal.start(key, {"tool": tool})  # durable before the tool acts
 
 
+@activity.defn(name="redact_tool_outcome")
+async def redact_tool_outcome(outcome: ToolOutcome) -> ToolOutcome:
+    """An activity tool's answer, capped by the workflow, redacted of this worker's secret
+    values before the run records it: the other team's worker that sent it knows none of them."""
+    return worker_redactor().value(outcome)
+
+
 async def _invoke(tool: Tool, args: BaseModel) -> Any:
     kwargs = {name: getattr(args, name) for name in type(args).model_fields}
     if asyncio.iscoroutinefunction(tool.function):

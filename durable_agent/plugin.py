@@ -33,7 +33,7 @@ from activities.skills import SkillActivities
 from activities.snapshots import SnapshotActivities
 from activities.stopped import StoppedAttemptInterceptor
 from activities.tools import ToolActivities
-from activities.user_tools import UserToolActivities
+from activities.user_tools import UserToolActivities, redact_tool_outcome
 from durable_agent import telemetry
 from durable_agent.codecs import EncryptionKeys
 from durable_agent.connection import data_converter
@@ -146,6 +146,7 @@ def workflow_activities() -> list[Callable[..., Any]]:
         *SkillActivities().all(),
         *CleanupActivities().all(),
         *SnapshotActivities().all(),
+        redact_tool_outcome,
     ]
 
 

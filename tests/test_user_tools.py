@@ -301,7 +301,10 @@ async def test_an_activity_tool_is_served_by_another_teams_worker(
     task_queue: str,
     workspace: Path,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    password = f"shop-db-{os.urandom(8).hex()}"
+    monkeypatch.setenv("SHOP_DB_PASSWORD", password)  # our worker's, and the other team's (inherited)
     ledger = tmp_path / "tickets.jsonl"
     queue = f"{task_queue}-tickets"
     ticket = {
@@ -328,6 +331,7 @@ async def test_an_activity_tool_is_served_by_another_teams_worker(
             assert not ledger.exists()  # waits for a person first
             await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
             result = await asyncio.wait_for(handle.result(), timeout=60)
+            transcript = await handle.query("transcript", {"from_step": 1})
     finally:
         stop_gently(other)
     assert result.state == "completed"
@@ -335,8 +339,19 @@ async def test_an_activity_tool_is_served_by_another_teams_worker(
     assert offered[-1] == "open_ticket" and "read_file" in offered
     (opened,) = [json.loads(line) for line in lines(ledger)]
     assert opened["title"] == "printer on fire" and opened["key"].startswith(handle.id)
-    # The other worker's answer reached the model capped and redacted of token shapes.
-    assert tool_results(model_server.requests[-1]) == ["ticket opened: printer on fire (token [REDACTED:openai-key])"]
+    # The other worker's answer reached the model redacted of token shapes and of our worker's
+    # secret values, and so did everything the run recorded of it: the transcript, its
+    # local activity's marker. Only the activity's own result event keeps what that worker
+    # sent (docs/tools.md: encrypt it with the codec, or redact in that worker).
+    told = "ticket opened: printer on fire (token [REDACTED:openai-key]) db [REDACTED:SHOP_DB_PASSWORD]"
+    assert tool_results(model_server.requests[-1]) == [told]
+    assert password not in json.dumps(transcript) and "[REDACTED:SHOP_DB_PASSWORD]" in json.dumps(transcript)
+    events = (await handle.fetch_history()).events
+    sent = [e for e in events if e.HasField("activity_task_completed_event_attributes")]
+    recorded = [e for e in events if e.HasField("marker_recorded_event_attributes")]
+    assert any(password.encode() in e.SerializeToString() for e in sent)  # as the other worker sent it
+    assert not any(password.encode() in e.SerializeToString() for e in recorded)
+    assert any(b"[REDACTED:SHOP_DB_PASSWORD]" in e.SerializeToString() for e in recorded)
 
 
 def installed_tool_distribution(site: Path) -> None:

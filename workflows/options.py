@@ -206,6 +206,12 @@ BASELINE_2_PATCHES = BASELINE_PATCHES | {SNAPSHOT_PATCH, LIVELOCK_ACROSS_STEPS_P
 BASELINES = ((BASELINE_2_PATCH, BASELINE_2_PATCHES), (BASELINE_PATCH, BASELINE_PATCHES))
 """Newest first: a run takes the newest baseline its history has (a new run: the newest)."""
 
+ACTIVITY_TOOL_REDACTION_PATCH = "left1-activity-tool-redaction"
+"""`workflow.patched` id: runs recorded before it took an activity tool's answer as it came
+(capped, token shapes redacted); since, the answer also goes through a local activity that
+redacts the worker's own secrets before the run records it (its marker is a new command)."""
+REDACTION_TIMEOUT = timedelta(seconds=10)
+
 
 TOOL_WORKER_WAIT = timedelta(seconds=10)
 """How long a user tool's call waits in its task queue for a worker before the run says it is

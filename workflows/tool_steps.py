@@ -142,11 +142,32 @@ class ToolSteps:
                     return ToolOutcome(ok=False, error=OUTCOME_UNKNOWN.format(tool=spec.name, error=failure_message(e)))
                 return ToolOutcome(ok=False, error=f"{spec.name} failed: {failure_message(e)}")
             self._tool_waits.pop(spec.name, None)
-            outcome = raw if isinstance(raw, ToolOutcome) else activity_outcome(raw, request.output_chars)
+            outcome = raw if isinstance(raw, ToolOutcome) else await self._answer(spec.name, raw, request.output_chars)
             self._charge_tool(spec)
             if outcome.cached_from is not None:
                 detail = f"{call_summary(spec.name, args)}: answered from its cache of {outcome.cached_from}"
                 self._degrade("cached_tool_result", detail)
+            return outcome
+
+    async def _answer(self, name: str, raw: Any, budget_chars: int) -> ToolOutcome:
+        """Another team's answer as the run records it: capped and redacted of token shapes
+        here, then of this worker's secret values by a local activity (only a worker knows
+        them). The activity's own result event keeps what that worker sent (docs/tools.md)."""
+        outcome = activity_outcome(raw, budget_chars)
+        if not self._patched(options.ACTIVITY_TOOL_REDACTION_PATCH):
+            return outcome
+        try:
+            return await workflow.execute_local_activity(
+                "redact_tool_outcome",
+                outcome,
+                result_type=ToolOutcome,
+                start_to_close_timeout=options.REDACTION_TIMEOUT,
+                retry_policy=options.TOOL_RETRY,
+                summary=f"redact_tool_outcome: {name}",
+            )
+        except ACTIVITY_FAILED as e:
+            raise_if_cancelled(e)
+            workflow.logger.warning("%s: its answer kept with token shapes redacted only: %s", name, e)
             return outcome
 
     def _charge_tool(self, spec: ToolSpec) -> None:

@@ -79,6 +79,11 @@ class UserToolActivities:
         self.agent_queue = agent_queue
         self._caches = {t.name: ResultCache(t.spec.cache_ttl_s) for t in tools if t.spec.cache_ttl_s}
 
+    def local(self) -> list[Callable[..., Any]]:
+        """Each tool's activity, for the agent worker itself: a short tool runs there as a
+        local activity (workflows/tool_steps.py)."""
+        return [self._activity(t) for t in self.tools.values()]
+
     def queues(self) -> dict[str, list[Callable[..., Any]]]:
         """Each tool's activity, by the task queue it is served on."""
         return {tool_queue(self.agent_queue, name): [self._activity(t)] for name, t in self.tools.items()}
@@ -139,7 +144,8 @@ class UserToolActivities:
 
         def beat(*details: Any) -> None:
             latest[0] = details
-            activity.heartbeat(*details)
+            if not activity.info().is_local:  # a local activity has no heartbeat: its workflow task is its beat
+                activity.heartbeat(*details)
 
         context = ToolContext(
             idempotency_key=input.idempotency_key,

@@ -116,6 +116,24 @@ async def test_a_write_tool_that_raises_is_a_tool_error_run_once(
     assert tool_results(model_server.requests[1]) == ["ERROR: declined_payment raised ValueError: card declined"]
 
 
+async def test_a_short_tool_runs_as_a_local_activity_of_the_runs_worker(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    ledger = workspace / "stamps.txt"
+    model_server.responder = Script([tools(("stamp", {"ledger": str(ledger)})), answer("stamped")])
+    async with build_worker(client, task_queue, tool_modules=[FIXTURES]):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), tools=["stamp", "shout"])
+        result = await handle.result()
+    assert result.state == "completed" and tool_results(model_server.requests[1]) == ["stamped"]
+    (stamped,) = lines(ledger)
+    assert stamped.startswith(f"stamped {handle.id}")
+    events = (await handle.fetch_history()).events
+    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in events]
+    assert "stamp" not in scheduled  # no round trip through its task queue
+    markers = [e.marker_recorded_event_attributes for e in events if e.HasField("marker_recorded_event_attributes")]
+    assert any(b'"stamp"' in m.SerializeToString() for m in markers)  # it ran as a local activity
+
+
 async def test_cost_usd_stops_a_run_at_max_cost(
     client: Client, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:

@@ -94,3 +94,10 @@ def declined_payment(ledger: str) -> str:
     """A payment the bank declines: it tries once, then raises."""
     _append(ledger, "tried")
     raise ValueError("card declined")
+
+
+@tool(effect="write", timeout_s=2)
+def stamp(ledger: str) -> str:
+    """Stamp the ledger: a short write tool (timeout_s 2), which runs beside the workflow."""
+    _append(ledger, f"stamped {tool_context().idempotency_key}")
+    return "stamped"

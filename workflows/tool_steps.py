@@ -19,7 +19,14 @@ with workflow.unsafe.imports_passed_through():
     from workflows import limits, options
     from workflows.approval import approval_reason, approval_view
     from workflows.delegation import WAIT_ACTIONS, ParentSide
-    from workflows.failures import ACTIVITY_FAILED, failure_message, raise_if_cancelled, timed_out, worker_lost
+    from workflows.failures import (
+        ACTIVITY_FAILED,
+        failure_message,
+        failure_type,
+        raise_if_cancelled,
+        timed_out,
+        worker_lost,
+    )
     from workflows.livelock import LIVELOCK_REPEATS, call_key
     from workflows.skills import (
         already_loaded,
@@ -111,7 +118,12 @@ class ToolSteps:
 
     async def _call_catalog_tool(self, spec: ToolSpec, request: ToolCallInput, args: dict[str, Any]) -> ToolOutcome:
         """A user's tool or an activity tool: its activity on its task queue. While no worker
-        polls that queue the run waits, saying so, and goes on when one does."""
+        polls that queue the run waits, saying so, and goes on when one does. A short Python
+        tool runs here, as a local activity, when this worker has it (`_call_here`)."""
+        if self._runs_here(spec):
+            here = await self._call_here(spec, request, args)
+            if here is not None:
+                return here
         waiting_since: str | None = None
         while True:
             try:
@@ -143,11 +155,40 @@ class ToolSteps:
                 return ToolOutcome(ok=False, error=f"{spec.name} failed: {failure_message(e)}")
             self._tool_waits.pop(spec.name, None)
             outcome = raw if isinstance(raw, ToolOutcome) else await self._answer(spec.name, raw, request.output_chars)
-            self._charge_tool(spec)
-            if outcome.cached_from is not None:
-                detail = f"{call_summary(spec.name, args)}: answered from its cache of {outcome.cached_from}"
-                self._degrade("cached_tool_result", detail)
-            return outcome
+            return self._received(spec, outcome, args)
+
+    def _received(self, spec: ToolSpec, outcome: ToolOutcome, args: dict[str, Any]) -> ToolOutcome:
+        """A catalog tool's call that ran: its cost counted, a cached answer noted."""
+        self._charge_tool(spec)
+        if outcome.cached_from is not None:
+            detail = f"{call_summary(spec.name, args)}: answered from its cache of {outcome.cached_from}"
+            self._degrade("cached_tool_result", detail)
+        return outcome
+
+    def _runs_here(self, spec: ToolSpec) -> bool:
+        """A Python tool whose `timeout_s` is short enough to run inside a workflow task."""
+        short = spec.timeout_s is not None and spec.timeout_s <= options.LOCAL_TOOL_MAX_S
+        return spec.source == "python" and short and self._patched(options.LOCAL_PYTHON_TOOLS_PATCH)
+
+    async def _call_here(self, spec: ToolSpec, request: ToolCallInput, args: dict[str, Any]) -> ToolOutcome | None:
+        """The tool as a local activity of the worker running the run: no task queue round trip.
+        None when this worker lacks the tool: then its own queue's workers serve it."""
+        try:
+            outcome = await workflow.execute_local_activity(
+                spec.activity_type(),
+                request,
+                result_type=ToolOutcome,
+                start_to_close_timeout=timedelta(seconds=spec.timeout_s or options.LOCAL_TOOL_MAX_S),
+                retry_policy=options.local_tool_retry(spec.retries),
+                local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
+                summary=call_summary(spec.name, args),
+            )
+        except ACTIVITY_FAILED as e:
+            raise_if_cancelled(e)
+            if failure_type(e) == "NotFoundError":
+                return None
+            return ToolOutcome(ok=False, error=f"{spec.name} failed: {failure_message(e)}")
+        return self._received(spec, outcome, args)
 
     async def _answer(self, name: str, raw: Any, budget_chars: int) -> ToolOutcome:
         """Another team's answer as the run records it: capped and redacted of token shapes

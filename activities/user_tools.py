@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from activities.journal import Journal, JournalFull, JournalUnsafe
@@ -38,7 +39,7 @@ from activities.tools.base import ToolCallContext
 from activities.workspace import WorkspaceError, workspace_roots
 from durable_agent.metrics import record_tool_cost
 from durable_agent.tools import Tool, ToolContext, enter_context, leave_context, thread_safe, tool_queue
-from workflows.tool_catalog import CatalogRequest, ToolCatalog
+from workflows.tool_catalog import CatalogRequest, LocalToolCall, ToolCatalog
 from workflows.types import ToolCallInput, ToolOutcome
 
 DEFAULT_ATTEMPTS = 3
@@ -79,11 +80,6 @@ class UserToolActivities:
         self.agent_queue = agent_queue
         self._caches = {t.name: ResultCache(t.spec.cache_ttl_s) for t in tools if t.spec.cache_ttl_s}
 
-    def local(self) -> list[Callable[..., Any]]:
-        """Each tool's activity, for the agent worker itself: a short tool runs there as a
-        local activity (workflows/tool_steps.py)."""
-        return [self._activity(t) for t in self.tools.values()]
-
     def queues(self) -> dict[str, list[Callable[..., Any]]]:
         """Each tool's activity, by the task queue it is served on."""
         return {tool_queue(self.agent_queue, name): [self._activity(t)] for name, t in self.tools.items()}
@@ -97,6 +93,16 @@ class UserToolActivities:
             tools=[s.model_copy(update={"task_queue": tool_queue(self.agent_queue, s.name)}) for s in known],
             unknown=[n for n in request.names if n not in self.tools],
         )
+
+    @activity.defn(name="run_tool_here")
+    async def run_tool_here(self, request: LocalToolCall) -> ToolOutcome:
+        """A short tool's call as a local activity of the run's worker (workflows/tool_steps.py).
+        Every agent worker has this activity, so any can replay a run; one without the tool
+        says so, and the run sends the call to the tool's own queue."""
+        tool = self.tools.get(request.tool)
+        if tool is None:
+            raise ApplicationError(f"no tool {request.tool} on this worker", type="NotFoundError", non_retryable=True)
+        return await self.call(tool, request.call)
 
     def _activity(self, tool: Tool) -> Callable[..., Any]:
         async def run(input: ToolCallInput) -> ToolOutcome:

@@ -93,9 +93,9 @@ class DurableAgentPlugin(SimplePlugin):
         self._tool_activities[queue] = tools
         self._tool_queues.update(tools.queues())
         ours = list(self._activities) if self._activities is not None else [ModelActivities().call_model]
-        # The tools here too: a short one runs as a local activity of the run's worker.
-        given = [*(config.get("activities") or []), *self._agents, *ours, *tools.local()]
-        config["activities"] = with_missing(given, [*workflow_activities(), tools.tool_catalog])
+        given = [*(config.get("activities") or []), *self._agents, *ours]
+        needed = [*workflow_activities(), tools.tool_catalog, tools.run_tool_here]
+        config["activities"] = with_missing(given, needed)
         ours_around = (
             interceptors(self._model_task_queue) if self._worker_interceptors is None else self._worker_interceptors
         )

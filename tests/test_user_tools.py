@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client, WorkflowFailureError
 
+from activities.user_tools import UserToolActivities
 from durable_agent.model_server import ModelServer
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
@@ -131,7 +132,33 @@ async def test_a_short_tool_runs_as_a_local_activity_of_the_runs_worker(
     scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in events]
     assert "stamp" not in scheduled  # no round trip through its task queue
     markers = [e.marker_recorded_event_attributes for e in events if e.HasField("marker_recorded_event_attributes")]
-    assert any(b'"stamp"' in m.SerializeToString() for m in markers)  # it ran as a local activity
+    assert any(b"run_tool_here" in m.SerializeToString() for m in markers)  # it ran as a local activity
+
+
+async def test_a_short_tool_the_runs_worker_lacks_goes_to_its_queue(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    """The run resolves `stamp` on a worker that has it, waits for an approval, and goes on on
+    a worker without it: the call falls back to the tool's own queue, served elsewhere."""
+    from durable_agent.plugin import tool_worker
+    from durable_agent.tools import tool_queue
+    from tests.tool_fixtures import stamp
+
+    ledger = workspace / "stamps.txt"
+    model_server.responder = Script([tools(("stamp", {"ledger": str(ledger)})), answer("stamped")])
+    gate = {"tools": ["stamp"]}
+    async with build_worker(client, task_queue, tool_modules=[FIXTURES]):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), tools=["stamp"], approval=gate)
+        status = await wait_for(handle, lambda s: bool(s.pending_approvals))
+    served = UserToolActivities([stamp], task_queue).queues()[tool_queue(task_queue, "stamp")]
+    async with build_worker(client, task_queue), tool_worker(client, tool_queue(task_queue, "stamp"), served):
+        await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
+        result = await asyncio.wait_for(handle.result(), timeout=60)
+    assert result.state == "completed" and tool_results(model_server.requests[1]) == ["stamped"]
+    assert len(lines(ledger)) == 1
+    events = (await handle.fetch_history()).events
+    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in events]
+    assert scheduled.count("stamp") == 1  # after the local attempt found no such activity here
 
 
 async def test_cost_usd_stops_a_run_at_max_cost(

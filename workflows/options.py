@@ -23,7 +23,6 @@ of carrying it (activities/model_context.py), so history still records only the 
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import timedelta
 
 from temporalio.common import RetryPolicy
@@ -216,15 +215,10 @@ REDACTION_TIMEOUT = timedelta(seconds=10)
 LOCAL_PYTHON_TOOLS_PATCH = "left1-local-python-tools"
 """`workflow.patched` id: runs recorded before it called every Python tool as a regular
 activity on its tool's queue; since, a tool with a short `timeout_s` (`LOCAL_TOOL_MAX_S`) runs
-as a local activity of the worker running the run when that worker has it."""
+as a local activity of the worker running the run (`run_tool_here`) when that worker has it."""
 LOCAL_TOOL_MAX_S = 5.0
 """A local activity runs inside the run's workflow task: only calls this short may hold one.
 Longer tools (and tools without `timeout_s`, 120 s) keep their own queue."""
-
-
-def local_tool_retry(retries: int | None) -> RetryPolicy:
-    """As `catalog_tool_retry`; a tool this worker lacks (NotFoundError) goes to its queue at once."""
-    return dataclasses.replace(catalog_tool_retry(retries), non_retryable_error_types=["NotFoundError"])
 
 
 TOOL_WORKER_WAIT = timedelta(seconds=10)

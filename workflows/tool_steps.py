@@ -32,7 +32,7 @@ with workflow.unsafe.imports_passed_through():
         already_loaded,
         take_loaded_skill,
     )
-    from workflows.tool_catalog import CatalogRequest, ToolCatalog, ToolSpec
+    from workflows.tool_catalog import CatalogRequest, LocalToolCall, ToolCatalog, ToolSpec
     from workflows.tool_specs import RecallArgs, ToolArgumentError, call_summary, decode_arguments, parse_tool_call
     from workflows.types import (
         NOT_RUN,
@@ -172,14 +172,16 @@ class ToolSteps:
 
     async def _call_here(self, spec: ToolSpec, request: ToolCallInput, args: dict[str, Any]) -> ToolOutcome | None:
         """The tool as a local activity of the worker running the run: no task queue round trip.
-        None when this worker lacks the tool: then its own queue's workers serve it."""
+        Through `run_tool_here`, which every agent worker has, so any worker can replay the
+        run; None when this worker lacks the tool (recorded in the marker: replays take the
+        same path): then its own queue's workers serve it."""
         try:
             outcome = await workflow.execute_local_activity(
-                spec.activity_type(),
-                request,
+                "run_tool_here",
+                LocalToolCall(tool=spec.name, call=request),
                 result_type=ToolOutcome,
                 start_to_close_timeout=timedelta(seconds=spec.timeout_s or options.LOCAL_TOOL_MAX_S),
-                retry_policy=options.local_tool_retry(spec.retries),
+                retry_policy=options.catalog_tool_retry(spec.retries),
                 local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
                 summary=call_summary(spec.name, args),
             )

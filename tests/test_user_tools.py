@@ -281,6 +281,33 @@ async def test_a_write_tool_that_finished_before_its_worker_died_reports_its_rec
     assert max(attempts) == 2  # the call was retried, and the retry answered from the journal
 
 
+async def test_sigkill_during_a_short_write_tool_run_locally_does_not_repeat_it(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    tmp_path: Path,
+) -> None:
+    """A local activity has no attempt of its own on the server: the replacement worker replays
+    the run and calls it again, and the journal's start record keeps it from acting twice."""
+    ledger = workspace / "stamps.txt"
+    model_server.responder = Script([tools(("slow_stamp", {"ledger": str(ledger), "hold_s": 4})), answer("done")])
+    env = {**worker_env(temporal_server, model_server, task_queue), "DURABLE_AGENT_TOOLS": FIXTURES}
+    worker = spawn_worker(env, tmp_path / "w0.log")
+    try:
+        handle = await start(client, task_queue, goal="stamp", workspace=str(workspace), tools=["slow_stamp"])
+        await until(lambda: lines(ledger) == ["stamped"])
+        kill_hard(worker)
+        worker = spawn_worker(env, tmp_path / "w1.log")
+        result = await asyncio.wait_for(handle.result(), timeout=90)
+    finally:
+        stop_gently(worker)
+    assert result.state == "completed" and lines(ledger) == ["stamped"]  # acted exactly once
+    (told,) = tool_results(model_server.requests[-1])
+    assert told.startswith("ERROR: the outcome is unknown: the worker running slow_stamp stopped"), told
+
+
 async def test_a_read_tool_whose_service_is_down_answers_from_its_cache(
     client: Client, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:

@@ -101,3 +101,11 @@ def stamp(ledger: str) -> str:
     """Stamp the ledger: a short write tool (timeout_s 2), which runs beside the workflow."""
     _append(ledger, f"stamped {tool_context().idempotency_key}")
     return "stamped"
+
+
+@tool(effect="write", timeout_s=5)
+def slow_stamp(ledger: str, hold_s: float) -> str:
+    """A short write tool that stamps the ledger, then holds the call for `hold_s` seconds."""
+    _append(ledger, "stamped")
+    time.sleep(hold_s)
+    return "stamped"

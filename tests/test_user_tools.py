@@ -269,6 +269,7 @@ async def test_a_write_tool_that_finished_before_its_worker_died_reports_its_rec
         worker = spawn_worker(env, tmp_path / "replacement.log")
         result = await asyncio.wait_for(handle.result(), timeout=90)
     finally:
+        kill_hard(dying)  # still alive only if it never recorded the outcome
         if worker is not None:
             stop_gently(worker)
     assert result.state == "completed" and lines(payments) == ["paid 5.0"]

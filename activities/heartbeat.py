@@ -26,7 +26,10 @@ worker forwards at most one per 0.5 s). Otherwise the usual pace."""
 
 @asynccontextmanager
 async def heartbeating(
-    *details: Any, release_sticky: bool = True, live: Callable[[], bool] | None = None
+    *details: Any,
+    release_sticky: bool = True,
+    live: Callable[[], bool] | None = None,
+    progress: Callable[[], tuple[Any, ...]] | None = None,
 ) -> AsyncIterator[None]:
     """Heartbeat from a background task for as long as the block runs.
 
@@ -36,6 +39,8 @@ async def heartbeating(
     A local activity (the file tools) neither beats nor hands its run over: it runs inside the run's workflow task,
     which the worker keeps alive itself. `release_sticky`: False when this process ran the
     earlier attempt itself, so the run's worker is alive (see `release_sticky_run`).
+    `progress`: in place of `details`, what each beat sends (a user tool's own latest
+    heartbeat details): a beat without them would wipe them out for the next attempt.
     """
     if activity.info().is_local:
         yield
@@ -57,7 +62,8 @@ async def heartbeating(
             due = interval_s if live is None or not live() else LIVE_BEAT_S
             if loop.time() - last < due - 0.01:
                 continue
-            activity.heartbeat(*(detail() if callable(detail) else detail for detail in details))
+            sent = progress() if progress is not None else (d() if callable(d) else d for d in details)
+            activity.heartbeat(*sent)
             last = loop.time()
 
     task = asyncio.create_task(beat())

@@ -7,8 +7,13 @@ effect:
 * `read` and `idempotent`: an exception is retried (with the same idempotency key) until the
   last attempt, whose exception is a tool error for the model; a read tool with
   `cache_ttl_s` then answers with its last good result for the same arguments, marked;
-* `write`: run once. An exception is a tool error at once; a worker that dies mid-call is
-  never retried: the workflow tells the model the outcome is unknown (workflows/tool_steps.py).
+* `write`: journaled like `run_command` (activities/journal.py, keyed by the call's idempotency
+  key, in the run's step folder of the workspace): a start record, on disk before the tool
+  acts, and its outcome once it returns or raises. An exception is a tool error at once. A
+  worker that dies mid-call is retried, and the retry acts on the journal, never on the tool:
+  the recorded outcome of a call that finished before its worker died, or "the outcome is
+  unknown" for one that began and never finished. A worker that cannot reach the run's
+  workspace runs a write tool on its first attempt only, and says "unknown" on a retry.
 Bad arguments are a tool error, never retried.
 """
 
@@ -24,16 +29,26 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
+from activities.journal import Journal, JournalFull, JournalUnsafe
 from activities.redaction import worker_redactor
+from activities.run_files import HostileLayout, run_file_caps
+from activities.tools.base import ToolCallContext
+from activities.workspace import WorkspaceError, workspace_roots
 from durable_agent.metrics import record_tool_cost
 from durable_agent.tools import Tool, ToolContext, enter_context, leave_context, thread_safe, tool_queue
 from workflows.hosts import host_queue
-from workflows.tool_catalog import CatalogRequest, ToolCatalog
+from workflows.tool_catalog import CatalogRequest, LocalToolCall, ToolCatalog
 from workflows.types import ToolCallInput, ToolOutcome
 
 DEFAULT_ATTEMPTS = 3
+WRITE_UNKNOWN = (
+    "the outcome is unknown: the worker running {tool} stopped before it reported (an earlier attempt "
+    "began and never finished). The call may or may not have taken effect, and it was not run again; "
+    "check its effect before repeating it"
+)
 CACHE_ENTRIES = 1_000
 """Cached results a worker keeps per tool, the least recently used dropped first."""
 
@@ -85,6 +100,16 @@ class UserToolActivities:
             unknown=[n for n in request.names if n not in self.tools],
         )
 
+    @activity.defn(name="run_tool_here")
+    async def run_tool_here(self, request: LocalToolCall) -> ToolOutcome:
+        """A short tool's call as a local activity of the run's worker (workflows/tool_steps.py).
+        Every agent worker has this activity, so any can replay a run; one without the tool
+        says so, and the run sends the call to the tool's own queue."""
+        tool = self.tools.get(request.tool)
+        if tool is None:
+            raise ApplicationError(f"no tool {request.tool} on this worker", type="NotFoundError", non_retryable=True)
+        return await self.call(tool, request.call)
+
     def _activity(self, tool: Tool) -> Callable[..., Any]:
         async def run(input: ToolCallInput) -> ToolOutcome:
             return await self.call(tool, input)
@@ -97,20 +122,56 @@ class UserToolActivities:
             args = tool.arguments.model_validate(input.arguments)
         except ValidationError as e:
             return ToolOutcome(ok=False, error=f"bad arguments for {tool.name}: {_problems(e)}")
+        if tool.spec.effect == "write":
+            return await self._journaled(tool, input, args)
+        return await self._run(tool, input, args)
+
+    async def _journaled(self, tool: Tool, input: ToolCallInput, args: BaseModel) -> ToolOutcome:
+        """A write tool's call, at most once per idempotency key, whatever the retries."""
+        key = input.idempotency_key
+        unknown = ToolOutcome(ok=False, error=WRITE_UNKNOWN.format(tool=tool.name))
+        try:
+            journal = await asyncio.to_thread(_journal, input)
+        except (WorkspaceError, JournalUnsafe, HostileLayout, OSError):
+            # No journal here: the first attempt runs; a retry cannot know how far one went.
+            return await self._run(tool, input, args) if activity.info().attempt == 1 else unknown
+        recorded = await asyncio.to_thread(journal.completed, key)
+        if recorded is not None:
+            return recorded
+        if await asyncio.to_thread(journal.started, key) is not None:
+            return unknown
+        try:
+            await asyncio.to_thread(_begin, journal, key, tool.name)
+        except JournalFull as e:
+            return ToolOutcome(ok=False, error=str(e))
+        outcome = await self._run(tool, input, args)
+        await asyncio.to_thread(journal.complete, key, outcome)
+        return outcome
+
+    async def _run(self, tool: Tool, input: ToolCallInput, args: BaseModel) -> ToolOutcome:
         info = activity.info()
+        # The tool's latest heartbeat details (at first, the previous attempt's): the worker's
+        # own beats resend them, so a retry reads the tool's last checkpoint, not an empty beat.
+        latest = [tuple(info.heartbeat_details)]
+
+        def beat(*details: Any) -> None:
+            latest[0] = details
+            if not activity.info().is_local:  # a local activity has no heartbeat: its workflow task is its beat
+                activity.heartbeat(*details)
+
         context = ToolContext(
             idempotency_key=input.idempotency_key,
             tool=tool.name,
             run_id=info.workflow_id or "",
             step=input.step,
             attempt=info.attempt,
-            previous_details=tuple(info.heartbeat_details),
+            previous_details=latest[0],
             workspace=input.workspace,
-            _beat=thread_safe(activity.heartbeat),
+            _beat=thread_safe(beat),
         )
         token = enter_context(context)
         try:
-            async with heartbeating():
+            async with heartbeating(progress=lambda: latest[0]):
                 value = await _invoke(tool, args)
         except Exception as e:
             return self._failed(tool, input, e)
@@ -143,6 +204,23 @@ class UserToolActivities:
             output=f"[cached result from {fetched}: may be inaccurate]\n{cached[1]}",
             cached_from=fetched,
         )
+
+
+def _journal(input: ToolCallInput) -> Journal:
+    """The run's journal for this step, as the built-in tools open it (the workspace checked)."""
+    return ToolCallContext.open(input, workspace_roots(), run_file_caps()).journal
+
+
+def _begin(journal: Journal, key: str, tool: str) -> None:
+    journal.ensure_room()
+    journal.start(key, {"tool": tool})  # durable before the tool acts
+
+
+@activity.defn(name="redact_tool_outcome")
+async def redact_tool_outcome(outcome: ToolOutcome) -> ToolOutcome:
+    """An activity tool's answer, capped by the workflow, redacted of this worker's secret
+    values before the run records it: the other team's worker that sent it knows none of them."""
+    return worker_redactor().value(outcome)
 
 
 async def _invoke(tool: Tool, args: BaseModel) -> Any:

@@ -7,7 +7,7 @@ from pathlib import Path
 from durable_agent import tool
 
 
-@tool(effect="write")
+@tool(effect="write", timeout_s=5)
 def note(name: str, text: str) -> str:
     """Write a note."""
     path = Path("/tmp/bench-tools-notes") / f"{name}.txt"

@@ -33,9 +33,12 @@ async def run_agent(
 ) -> AgentResult:
     """Run `agent` as a child `AgentWorkflow` and return its result; `id` defaults to the
     parent's id plus `/agent-` and a deterministic `workflow.uuid4()`."""
+    # An agent run's input holds only the fields given, as `start_agent` sends it: the run lays
+    # them over its agent file and must tell them from defaults (workflows/agents.py).
+    payload = agent.model_dump(mode="json", exclude_unset=True) if agent.agent else agent
     return await workflow.execute_child_workflow(
         WORKFLOW_TYPE,
-        agent,
+        payload,
         id=id or f"{workflow.info().workflow_id}/agent-{workflow.uuid4().hex[:8]}",
         task_queue=task_queue,
         result_type=AgentResult,

@@ -24,6 +24,7 @@ from durable_agent.codecs import CodecError
 from durable_agent.connection import data_converter
 from durable_agent.console import Console
 from durable_agent.model_queue import MODEL_ACTIVITY
+from durable_agent.task_failures import failing_task
 from workflows.types import (
     TERMINAL_STATES,
     AgentResult,
@@ -231,7 +232,7 @@ async def follow(
     ending = asyncio.create_task(_ending(handle))
     asked: set[str] = set()
     prompts: list[asyncio.Task[None]] = []
-    waiting_noted = False
+    waiting_noted: str | None = None  # the line said while no worker answers
     try:
         while True:
             ended = ending.done()  # read before the snapshot, so the snapshot sees the end
@@ -252,20 +253,34 @@ async def follow(
             if ended:
                 return _report_end(console, ending.result(), reporter.verbose)
             replaced = snapshot is None and on_no_worker is not None and await on_no_worker()
-            if snapshot is None and not replaced and not waiting_noted:
-                waiting_noted = True
-                console.line(
-                    f"no worker answered within {QUERY_TIMEOUT.seconds} s: the run makes no progress until a worker "
-                    "polls its task queue (start one with `durable-agent worker`)"
-                )
+            if snapshot is None and not replaced:
+                line = await _no_answer_line(handle)
+                if line != waiting_noted:  # said once, and again only when the reason changes
+                    waiting_noted = line
+                    console.line(line)
             elif snapshot is not None and waiting_noted:
-                waiting_noted = False
+                waiting_noted = None
                 console.line("a worker answers again")
             await asyncio.wait({ending}, timeout=POLL_S)
     finally:
         ending.cancel()
         for prompt in prompts:
             prompt.cancel()
+
+
+async def _no_answer_line(handle: WorkflowHandle[object, AgentResult]) -> str:
+    """Why no worker answers, as `status` says it: a worker that polls but whose workflow task
+    fails (one lacking the run's encryption key) is named with its failure."""
+    try:
+        failing = await failing_task(handle)
+    except RPCError:
+        failing = None  # the server itself is away: no worker answers either
+    if failing is not None:
+        return f"the run makes no progress: its workflow task fails: {failing}"
+    return (
+        f"no worker answered within {QUERY_TIMEOUT.seconds} s: the run makes no progress until a worker "
+        "polls its task queue (start one with `durable-agent worker`)"
+    )
 
 
 async def _renew_watch(handle: WorkflowHandle[object, AgentResult]) -> None:

@@ -38,7 +38,7 @@ from activities.skills import SkillActivities
 from activities.snapshots import SnapshotActivities
 from activities.stopped import StoppedAttemptInterceptor
 from activities.tools import ToolActivities
-from activities.user_tools import UserToolActivities
+from activities.user_tools import UserToolActivities, redact_tool_outcome
 from durable_agent import telemetry
 from durable_agent.codecs import EncryptionKeys
 from durable_agent.connection import data_converter
@@ -66,6 +66,7 @@ class DurableAgentPlugin(SimplePlugin):
         activities: Sequence[Callable[..., Any]] | None = None,
         worker_interceptors: Sequence[Interceptor] | None = None,
         host: str | None = None,
+        agents_dir: str | None = None,
     ) -> None:
         """`tools`: decorated tools; `tool_modules`: modules whose tools to load as well.
         `encryption_keys`: default from `DURABLE_AGENT_ENCRYPTION_KEY`. `model_task_queue`:
@@ -73,12 +74,15 @@ class DurableAgentPlugin(SimplePlugin):
         model call and the built-in tools (a test's model, other tool limits); the workflow's
         local activities are added to them whatever they are. `worker_interceptors`: in place of
         metrics, model routing and redaction (a test's worker as it was before redaction).
-        `host`: this machine's host name, default `DURABLE_AGENT_HOST` (workflows/hosts.py)."""
+        `host`: this machine's host name, default `DURABLE_AGENT_HOST` (workflows/hosts.py).
+        `agents_dir`: the folder of agent files input `agent` names, besides the workspace's
+        `agents/` (default `DURABLE_AGENT_AGENTS_DIR`)."""
         self.host = host or configured_host()
         self.tools = unique([*tools, *load_modules(tool_modules)])
         self._model_task_queue = model_task_queue
         self._activities = activities
         self._worker_interceptors = worker_interceptors
+        self._agents = [AgentActivities(agents_dir).load_agent] if agents_dir else []
         converter = data_converter(encryption_keys)
         super().__init__(
             PLUGIN_NAME,
@@ -104,8 +108,9 @@ class DurableAgentPlugin(SimplePlugin):
         self._tool_activities[queue] = tools
         self._tool_queues.update(tools.queues())
         ours = list(self._activities) if self._activities is not None else [ModelActivities().call_model]
-        given = [*(config.get("activities") or []), *ours]
-        config["activities"] = with_missing(given, [*workflow_activities(), tools.tool_catalog])
+        given = [*(config.get("activities") or []), *self._agents, *ours]
+        needed = [*workflow_activities(), tools.tool_catalog, tools.run_tool_here]
+        config["activities"] = with_missing(given, needed)
         ours_around = (
             interceptors(self._model_task_queue) if self._worker_interceptors is None else self._worker_interceptors
         )
@@ -178,6 +183,7 @@ def workflow_activities() -> list[Callable[..., Any]]:
         *CleanupActivities().all(),
         *SnapshotActivities().all(),
         *ApprovalDiffActivities().all(),
+        redact_tool_outcome,
     ]
 
 

@@ -247,6 +247,27 @@ async def test_every_model_call_and_tool_call_is_labelled_for_the_web_ui(
     ]
 
 
+async def test_a_long_command_s_summary_says_it_is_cut_and_its_input_holds_it_whole(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    long = "echo " + "a" * 200 + " && touch tail-ran"
+    model_server.responder = Script([tools(("run_command", {"command": long})), answer("ok")])
+    handle = await start(client, task_queue, goal="long", workspace=str(workspace))
+    await handle.result()
+    converter = client.data_converter.payload_converter
+    scheduled = [
+        e
+        for e in (await handle.fetch_history()).events
+        if e.activity_task_scheduled_event_attributes.activity_type.name == "run_command"
+    ]
+    assert len(scheduled) == 1 and (workspace / "tail-ran").exists()
+    summary = converter.from_payload(scheduled[0].user_metadata.summary, str)
+    left_out = len("run_command: " + long) - len(summary.split("… (+")[0])
+    assert summary.endswith(f"… (+{left_out} chars, see details)") and len(summary) == 120, summary
+    (call,) = scheduled[0].activity_task_scheduled_event_attributes.input.payloads
+    assert json.loads(call.data)["arguments"]["command"] == long  # the details the summary points to
+
+
 async def test_search_attributes_follow_state_at_once_and_the_step_at_most_every_10_s(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:

@@ -426,6 +426,27 @@ def test_the_codec_server_reads_no_body_before_the_token_and_refuses_a_negative_
         assert process.wait(timeout=10) == 0
 
 
+async def line_while_following(env: dict[str, str], wanted: str, *args: str) -> str:
+    """The first line of `durable-agent ARGS` holding `wanted` (or all it printed before it
+    ended), then Ctrl-C: watch and run follow a wedged run for ever."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "durable_agent.cli", *args, cwd=ROOT, env=env, stdout=asyncio.subprocess.PIPE
+    )
+    assert process.stdout is not None
+    printed: list[str] = []
+    try:
+        async with asyncio.timeout(90):
+            while line := (await process.stdout.readline()).decode():
+                printed.append(line)
+                if wanted in line:
+                    return line
+        return "".join(printed)
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGINT)
+        await process.wait()
+
+
 async def test_a_worker_with_another_key_says_so_and_the_run_waits_for_one_that_holds_it(
     temporal_server: EmbeddedServer, task_queue: str, model_server: ModelServer, workspace: Path, tmp_path: Path
 ) -> None:
@@ -447,14 +468,24 @@ async def test_a_worker_with_another_key_says_so_and_the_run_waits_for_one_that_
         while said not in log.read_text():  # the wrong worker tried the run's first task
             assert wrong.poll() is None, log.read_text()
             await asyncio.sleep(0.2)
-        status = await durable_agent("status", handle.id, env=cli_env(**{KEY_ENV: f"k1:{key}"}))
+        holder = cli_env(**{KEY_ENV: f"k1:{key}", "DURABLE_AGENT_TASK_QUEUE": task_queue})
+        status = await durable_agent("status", handle.id, env=holder)
         one_line_error(status, 2, f"{handle.id} is running, but its workflow task fails: {said}")
+        # watch and run say the same, not "no worker answered" (a worker does poll).
+        explained = f"the run makes no progress: its workflow task fails: {said}"
+        assert explained in await line_while_following(holder, explained, "watch", handle.id)
+        started = f"wrong-key-run-{uuid.uuid4().hex[:8]}"
+        assert explained in await line_while_following(
+            holder, explained, "run", "x", "--workspace", str(workspace), "--id", started
+        )
+        await right.get_workflow_handle(started).terminate("the test is done with it")
     finally:
         wrong.send_signal(signal.SIGTERM)
         wrong.wait(timeout=30)
     text = log.read_text()
-    # One line, not a traceback at every retry of the task (the SDK's core adds a WARN of its own).
-    assert "Traceback" not in text and text.count("the run waits for a worker that holds it") == 1, text
+    # One line per run (this one and the one `run` started), not a traceback at every retry of
+    # the task (the SDK's core adds a WARN of its own).
+    assert "Traceback" not in text and text.count("the run waits for a worker that holds it") == 2, text
     async with build_worker(right, task_queue):  # a worker holding the key takes the run on
         result = await asyncio.wait_for(handle.result(), timeout=60)
     assert result.output == "done with the right key"

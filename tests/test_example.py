@@ -45,13 +45,13 @@ async def test_the_support_agent_example_runs_from_a_workflow_and_from_the_cli(
         async with app.worker(client, queue):
             refunded = await client.execute_workflow(
                 app.SupportTicket.run,
-                app.agent_input(BROKEN, str(workspace)),
+                app.Ticket(text=BROKEN, workspace=str(workspace)),
                 id=f"ticket-{uuid.uuid4().hex[:8]}",
                 task_queue=queue,
                 result_type=AgentResult,
             )
             run_id = f"cli-{uuid.uuid4().hex[:8]}"
-            agent = {"goal": WHERE, "workspace": str(workspace), "tools": ["lookup_order"]}
+            agent = {"goal": WHERE, "workspace": str(workspace), "agent": "support"}
             started = await cli_start_agent(temporal_server.address, queue, run_id, agent)
             assert started.returncode == 0, started.stderr
             answered = await client.get_workflow_handle(run_id, result_type=AgentResult).result()
@@ -62,5 +62,8 @@ async def test_the_support_agent_example_runs_from_a_workflow_and_from_the_cli(
     assert shop.orders["A100"]["refunded"] == 42.0
     assert refunded.usage.tool_costs == {"refund": 0.05}
     assert answered.state == "completed"
+    # Both runs are the agent of agents/support.md, read by the worker (input `agent`).
+    prompts = [m["content"] for r in model_server.requests for m in r["messages"] if m["role"] == "system"]
+    assert len(prompts) == 5 and all(p.startswith("You are the shop's support agent") for p in prompts), prompts
     looked_up = [json.loads(t) for r in model_server.requests for t in tool_results(r) if "in transit" in t]
     assert looked_up[0]["id"] == "A200"

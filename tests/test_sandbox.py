@@ -644,6 +644,45 @@ async def test_a_command_cannot_lift_its_own_process_cap_through_a_cgroup_mount(
     assert started < SMALL_LIMITS.processes, outputs
 
 
+ALLOCATE = textwrap.dedent(
+    """
+    import os
+    held = []
+    for mib in range(16, 769, 16):  # up to 768 MiB: over the 256 MiB cap, under the 1 GiB rlimit
+        held.append(b"\\x01" * 2**24)  # written, so resident
+        with open("allocated.txt", "a") as f:
+            f.write(f"{mib}\\n")
+    open("survived.txt", "w").write("allocated 768 MiB")
+    """
+)
+"""Allocates 768 MiB in 16 MiB steps, noting each step it lived through in allocated.txt."""
+
+
+@pytest.mark.parametrize("attacked", ["root"], indirect=True)  # root: the one a cgroup mount would not stop
+async def test_a_command_cannot_lift_or_leave_its_memory_cap(client: Client, attacked: Attacked) -> None:
+    if not bombs_capped(attacked.user):
+        pytest.skip("root without a writable cgroup: memory is capped per process only")
+    lift = (
+        # Mount the memory controller (v1) and cgroup2 afresh, lift every limit found there and
+        # in /sys/fs/cgroup, and move this shell to the root cgroup of each; then allocate.
+        "mkdir -p /tmp/cgm /tmp/cg2; mount -t cgroup -o memory none /tmp/cgm; mount -t cgroup2 none /tmp/cg2; "
+        "for f in /tmp/cgm/memory.limit_in_bytes /tmp/cgm/*/memory.limit_in_bytes /tmp/cg2/memory.max "
+        "/tmp/cg2/*/memory.max /sys/fs/cgroup/memory.max /sys/fs/cgroup/*/memory.max "
+        '"/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup | tail -1)/memory.max"; do echo max > "$f"; done; '
+        "for f in /tmp/cgm/cgroup.procs /tmp/cg2/cgroup.procs /sys/fs/cgroup/cgroup.procs; do echo $$ > $f; done; "
+        f"python3 -c {shlex.quote(ALLOCATE)}; echo $? > exit.txt"
+    )
+    result, outputs = await attack(client, attacked, command(lift, timeout_s=60))
+    assert result.state == "completed"
+    workspace = attacked.workspace
+    allocated = [int(n) for n in (workspace / "allocated.txt").read_text().split()]
+    # Its fate: killed (SIGKILL: 137 if its shell lived on) before it held much over the cap.
+    assert not (workspace / "survived.txt").exists(), outputs
+    assert max(allocated) <= SMALL_LIMITS.memory_bytes // 2**20, (allocated, outputs)
+    exit_file = workspace / "exit.txt"
+    assert not exit_file.exists() or exit_file.read_text().strip() == "137", (exit_file.read_text(), outputs)
+
+
 FORGE_DONE_RECORD = textwrap.dedent(
     """
     import glob, hashlib, json, os, shutil, sys
@@ -824,6 +863,98 @@ def test_a_command_racing_the_file_tools_never_leads_them_out(tmp_path: Path, us
         escaped = json.loads(done.stdout.strip().splitlines()[-1])
         assert int(escaped["swaps"]) >= 20, escaped  # the swapper did race
         assert (escaped["read"], escaped["written"], escaped["leaked"]) == (0, 0, 0), escaped
+    finally:
+        if user == "nobody":
+            shutil.rmtree(home, ignore_errors=True)
+
+
+WALK_RACE = textwrap.dedent(
+    """
+    import asyncio, json, os, shlex, sys, uuid
+    from temporalio.testing import ActivityEnvironment
+    import activities.beneath
+    from activities.skills import SkillActivities
+    from activities.tools import ToolActivities
+    from tests.test_sandbox import SWAPPER
+    from workflows.skills import SkillCatalogRequest
+    from workflows.types import ToolCallInput
+
+    workspace, outside, calls, resolver, tool = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    if resolver == "walk":  # as on a kernel without openat2
+        activities.beneath.openat2_available = lambda: False
+    tools, skills = ToolActivities(roots=[os.path.dirname(workspace)]), SkillActivities(skills_dir="")
+    swapped = os.path.join(workspace, "skills" if tool == "load_skill" else "")
+
+    def call(**arguments):
+        key = uuid.uuid4().hex
+        return ToolCallInput(call_id="c", idempotency_key=key, workspace=workspace, arguments=arguments)
+
+    async def one_call():
+        if tool == "list_files":
+            return [await ActivityEnvironment().run(tools.list_files, call(path=path)) for path in ("d", ".")]
+        if tool == "search_files":
+            return [await ActivityEnvironment().run(tools.search_files, call(pattern="SECRET", path=path))
+                    for path in ("d", ".")]
+        catalog = await ActivityEnvironment().run(skills.discover_skills, SkillCatalogRequest(workspace=workspace))
+        loaded = await ActivityEnvironment().run(skills.load_skill, call(name="d"))
+        return [loaded, catalog]
+
+    async def race():
+        swapper = f"cd {shlex.quote(swapped)} && python3 -c {shlex.quote(SWAPPER)} {shlex.quote(outside)}"
+        racing = asyncio.ensure_future(ActivityEnvironment().run(tools.run_command, call(command=swapper)))
+        while not os.path.exists(os.path.join(swapped, "racing")):
+            await asyncio.sleep(0.02)
+        escaped, leaked = 0, 0
+        for _ in range(calls):
+            seen = json.dumps([o.model_dump() for o in await one_call()])
+            escaped += "OUTSIDE-" in seen
+            leaked += outside in seen
+        open(os.path.join(swapped, "stop"), "w").close()
+        swaps = (await racing).output.strip().splitlines()[-1]
+        print(json.dumps({"escaped": escaped, "leaked": leaked, "swaps": swaps}))
+
+    asyncio.run(race())
+    """
+)
+"""`calls` calls of `tool` (list_files, search_files, or the skills' discover and load) through
+a folder `d` that a sandboxed command swaps for a symlink to `outside`; how many saw outside."""
+
+
+@pytest.mark.parametrize("tool", ["list_files", "search_files", "load_skill"])
+@pytest.mark.parametrize("resolver", ["openat2", "walk"])
+@pytest.mark.parametrize("user", ["root", "nobody"])
+def test_a_command_racing_listing_search_or_skills_never_leads_them_out(
+    tmp_path: Path, user: str, resolver: str, tool: str
+) -> None:
+    calls = 100
+    if user == "nobody":
+        reason = unprivileged_unavailable()
+        if reason is not None:
+            pytest.skip(reason)
+        home = nobody_folder()
+        base = owned_by_nobody(home / "roots")
+    else:
+        home, base = tmp_path, tmp_path / "roots"
+    try:
+        workspace, outside = base / "ws", base / "outside"
+        for folder in (workspace / "d", workspace / "skills" / "d", outside):
+            folder.mkdir(parents=True)
+        (workspace / "d" / "inside.txt").write_text("inside\n")
+        (workspace / "skills" / "d" / "SKILL.md").write_text("---\nname: d\ndescription: inside\n---\ninside\n")
+        (outside / "OUTSIDE-ONLY.txt").write_text("OUTSIDE-SECRET\n")
+        (outside / "SKILL.md").write_text("---\nname: d\ndescription: OUTSIDE-SECRET\n---\nOUTSIDE-SECRET\n")
+        if user == "nobody":
+            owned_by_nobody(base)
+        argv = [sys.executable, "-c", WALK_RACE, str(workspace), str(outside), str(calls), resolver, tool]
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "DURABLE_AGENT_HOME": str(home / "home")}
+        if user == "nobody":
+            argv = unprivileged_argv(argv, home)
+            owned_by_nobody(home / "home")
+        done = subprocess.run(argv, cwd=PROJECT, capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        escaped = json.loads(done.stdout.strip().splitlines()[-1])
+        assert int(escaped["swaps"]) >= 20, escaped  # the swapper did race
+        assert (escaped["escaped"], escaped["leaked"]) == (0, 0), escaped
     finally:
         if user == "nobody":
             shutil.rmtree(home, ignore_errors=True)

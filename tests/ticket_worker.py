@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 
 from temporalio import activity
@@ -23,7 +24,9 @@ async def open_ticket(call: dict) -> dict:
     arguments = call["arguments"]
     with open(LEDGER, "a") as f:
         f.write(json.dumps({"key": call["idempotency_key"], **arguments}) + "\n")
-    return {"ok": True, "output": f"ticket opened: {arguments['title']} (token sk-{'a1' * 20})"}
+    # A token shape, and a password both teams' workers hold (their shared database's).
+    shared = os.environ.get("SHOP_DB_PASSWORD", "")
+    return {"ok": True, "output": f"ticket opened: {arguments['title']} (token sk-{'a1' * 20}) db {shared}"}
 
 
 async def main(address: str, queue: str) -> None:

@@ -75,3 +75,37 @@ def loud(text: Annotated[str, Field(description="What to shout")]) -> str:
     import os
 
     return text.upper() + " " + os.environ.get("TOOL_TEST_SECRET", "")
+
+
+@tool(retries=2)
+def resumable(ledger: str, hold_s: float = 2.5) -> str:
+    """Checkpoint, then lose the service; a retry starts from the last checkpoint."""
+    context = tool_context()
+    _append(ledger, f"attempt {context.attempt} saw {list(context.previous_details)}")
+    if context.attempt == 1:
+        context.heartbeat("checkpoint", 1)
+        time.sleep(hold_s)  # past the worker's own background beat (a third of the heartbeat timeout)
+        raise ConnectionError("lost the service after the checkpoint")
+    return f"resumed from {list(context.previous_details)}"
+
+
+@tool(effect="write")
+def declined_payment(ledger: str) -> str:
+    """A payment the bank declines: it tries once, then raises."""
+    _append(ledger, "tried")
+    raise ValueError("card declined")
+
+
+@tool(effect="write", timeout_s=2)
+def stamp(ledger: str) -> str:
+    """Stamp the ledger: a short write tool (timeout_s 2), which runs beside the workflow."""
+    _append(ledger, f"stamped {tool_context().idempotency_key}")
+    return "stamped"
+
+
+@tool(effect="write", timeout_s=5)
+def slow_stamp(ledger: str, hold_s: float) -> str:
+    """A short write tool that stamps the ledger, then holds the call for `hold_s` seconds."""
+    _append(ledger, "stamped")
+    time.sleep(hold_s)
+    return "stamped"

@@ -59,3 +59,14 @@ def worker_lost(error: BaseException) -> bool:
             return True
         cause = cause.__cause__
     return timed_out(error)
+
+
+def failure_type(error: BaseException) -> str | None:
+    """The type of the first ApplicationError in the cause chain (`NotFoundError`: an activity
+    this worker does not have)."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ApplicationError):
+            return cause.type
+        cause = cause.__cause__
+    return None

@@ -206,6 +206,20 @@ BASELINE_2_PATCHES = BASELINE_PATCHES | {SNAPSHOT_PATCH, LIVELOCK_ACROSS_STEPS_P
 BASELINES = ((BASELINE_2_PATCH, BASELINE_2_PATCHES), (BASELINE_PATCH, BASELINE_PATCHES))
 """Newest first: a run takes the newest baseline its history has (a new run: the newest)."""
 
+ACTIVITY_TOOL_REDACTION_PATCH = "left1-activity-tool-redaction"
+"""`workflow.patched` id: runs recorded before it took an activity tool's answer as it came
+(capped, token shapes redacted); since, the answer also goes through a local activity that
+redacts the worker's own secrets before the run records it (its marker is a new command)."""
+REDACTION_TIMEOUT = timedelta(seconds=10)
+
+LOCAL_PYTHON_TOOLS_PATCH = "left1-local-python-tools"
+"""`workflow.patched` id: runs recorded before it called every Python tool as a regular
+activity on its tool's queue; since, a tool with a short `timeout_s` (`LOCAL_TOOL_MAX_S`) runs
+as a local activity of the worker running the run (`run_tool_here`) when that worker has it."""
+LOCAL_TOOL_MAX_S = 5.0
+"""A local activity runs inside the run's workflow task: only calls this short may hold one.
+Longer tools (and tools without `timeout_s`, 120 s) keep their own queue."""
+
 
 TOOL_WORKER_WAIT = timedelta(seconds=10)
 """How long a user tool's call waits in its task queue for a worker before the run says it is
@@ -215,9 +229,10 @@ CATALOG_TIMEOUT = timedelta(seconds=10)
 USER_TOOL_TIMEOUT_S = 120.0
 
 
-def catalog_tool_retry(effect: str, retries: int | None) -> RetryPolicy:
-    """A write tool runs once: a worker that died mid-call is reported, never retried blindly."""
-    attempts = 1 if effect == "write" else retries or 3
+def catalog_tool_retry(retries: int | None) -> RetryPolicy:
+    """A write tool's retry (after its worker died) reads the call's journal instead of acting
+    again (activities/user_tools.py): it is retried like the others."""
+    attempts = retries or 3
     return RetryPolicy(
         initial_interval=RETRY_FIRST,
         backoff_coefficient=RETRY_GROWTH,

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from workflows.tool_specs import TOOL_ARGS, TOOL_DESCRIPTIONS, function_schema
-from workflows.types import ActivityTool, Effect
+from workflows.types import ActivityTool, Effect, ToolCallInput
 
 WRITE_BUILTINS = frozenset({"write_file", "edit_file", "run_command"})
 """Built-in tools with side effects; their own journal (activities/journal.py) keeps them exactly once."""
@@ -67,6 +67,13 @@ class ToolCatalog(BaseModel):
 
     tools: list[ToolSpec] = Field(default_factory=list)
     unknown: list[str] = Field(default_factory=list)
+
+
+class LocalToolCall(BaseModel):
+    """Input of `run_tool_here`: a Python tool's call, run by the worker running the run."""
+
+    tool: str
+    call: ToolCallInput
 
 
 class CatalogRequest(BaseModel):

@@ -239,10 +239,25 @@ SUMMARY_ARGUMENTS: dict[str, tuple[str, ...]] = {
 """The arguments that say what a call does, in the order shown; other tools show `path`."""
 
 
-def call_summary(name: str, arguments: dict[str, Any], limit: int = 120) -> str:
+SUMMARY_MAX_CHARS = 120
+"""What the Web UI's event list shows of a call on one line."""
+SUMMARY_MAX_BYTES = 200
+"""Temporal documents summaries (user metadata) as single lines of at most 200 bytes."""
+
+
+def call_summary(name: str, arguments: dict[str, Any], limit: int = SUMMARY_MAX_CHARS) -> str:
     """One line for the Web UI and the CLI: `run_command: pytest -q`, escaped
-    (workflows/visible.py) and cut at `limit`; approvals show the whole call (`approval_view`)."""
+    (workflows/visible.py) and at most `limit` characters; approvals show the whole call
+    (`approval_view`). A cut line says so and how much it left out, so an operator reading
+    only the summary knows the tail of a long command is in the call's details (its input)."""
     keys = SUMMARY_ARGUMENTS.get(name, ("path",))
     detail = one_line(" ".join(str(arguments[k]) for k in keys if arguments.get(k) not in (None, "")))
     text = f"{name}: {detail}" if detail else name
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    if len(text) <= limit and len(text.encode()) <= SUMMARY_MAX_BYTES:
+        return text
+    kept = limit
+    while True:
+        line = f"{text[:kept]}… (+{len(text) - kept:,} chars, see details)"
+        if len(line) <= limit and len(line.encode()) <= SUMMARY_MAX_BYTES:
+            return line
+        kept = min(kept - 1, kept - (len(line) - limit))

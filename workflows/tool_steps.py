@@ -20,14 +20,21 @@ with workflow.unsafe.imports_passed_through():
     from workflows.approval import approval_reason, approval_view
     from workflows.approval_diff import APPROVAL_DIFF_PATCH, DIFFED_TOOLS, approval_diff_lines
     from workflows.delegation import WAIT_ACTIONS, ParentSide
-    from workflows.failures import ACTIVITY_FAILED, failure_message, raise_if_cancelled, timed_out, worker_lost
+    from workflows.failures import (
+        ACTIVITY_FAILED,
+        failure_message,
+        failure_type,
+        raise_if_cancelled,
+        timed_out,
+        worker_lost,
+    )
     from workflows.hosts import workspace_queue
     from workflows.livelock import LIVELOCK_REPEATS, call_key
     from workflows.skills import (
         already_loaded,
         take_loaded_skill,
     )
-    from workflows.tool_catalog import CatalogRequest, ToolCatalog, ToolSpec
+    from workflows.tool_catalog import CatalogRequest, LocalToolCall, ToolCatalog, ToolSpec
     from workflows.tool_specs import RecallArgs, ToolArgumentError, call_summary, decode_arguments, parse_tool_call
     from workflows.types import (
         NOT_RUN,
@@ -113,12 +120,17 @@ class ToolSteps:
 
     async def _call_catalog_tool(self, spec: ToolSpec, request: ToolCallInput, args: dict[str, Any]) -> ToolOutcome:
         """A user's tool or an activity tool: its activity on its task queue. While no worker
-        polls that queue the run waits, saying so, and goes on when one does."""
+        polls that queue the run waits, saying so, and goes on when one does. A short Python
+        tool runs here, as a local activity, when this worker has it (`_call_here`)."""
+        if self._runs_here(spec):
+            here = await self._call_here(spec, request, args)
+            if here is not None:
+                return here
         waiting_since: str | None = None
         while True:
             try:
                 if spec.workspace and self._agent.host is not None:
-                    return self._took_tool(spec, args, await self._call_on_host(spec, request, args))
+                    return self._received(spec, await self._call_on_host(spec, request, args), args)
                 raw = await workflow.execute_activity(
                     spec.activity_type(),
                     request,
@@ -129,7 +141,7 @@ class ToolSteps:
                     start_to_close_timeout=timedelta(seconds=spec.timeout_s or options.USER_TOOL_TIMEOUT_S),
                     # Our Python tools beat in the background; another team's worker may not.
                     heartbeat_timeout=options.HEARTBEAT_TIMEOUT if spec.source == "python" else None,
-                    retry_policy=options.catalog_tool_retry(spec.effect, spec.retries),
+                    retry_policy=options.catalog_tool_retry(spec.retries),
                     cancellation_type=options.TOOL_CANCELLATION,
                     summary=call_summary(spec.name, args),
                 )
@@ -146,9 +158,8 @@ class ToolSteps:
                     return ToolOutcome(ok=False, error=OUTCOME_UNKNOWN.format(tool=spec.name, error=failure_message(e)))
                 return ToolOutcome(ok=False, error=f"{spec.name} failed: {failure_message(e)}")
             self._tool_waits.pop(spec.name, None)
-            return self._took_tool(
-                spec, args, raw if isinstance(raw, ToolOutcome) else activity_outcome(raw, request.output_chars)
-            )
+            outcome = raw if isinstance(raw, ToolOutcome) else await self._answer(spec.name, raw, request.output_chars)
+            return self._received(spec, outcome, args)
 
     async def _call_on_host(self, spec: ToolSpec, request: ToolCallInput, args: dict[str, Any]) -> ToolOutcome:
         """A workspace-bound user tool of a run pinned to a host: on the host's queue of the tool."""
@@ -158,19 +169,69 @@ class ToolSteps:
             ToolOutcome,
             timedelta(seconds=spec.timeout_s or options.USER_TOOL_TIMEOUT_S),
             call_summary(spec.name, args),
-            options.catalog_tool_retry(spec.effect, spec.retries),
+            options.catalog_tool_retry(spec.retries),
             heartbeat=options.HEARTBEAT_TIMEOUT,
             cancellation=options.TOOL_CANCELLATION,
             base_queue=spec.task_queue,
         )
 
-    def _took_tool(self, spec: ToolSpec, args: dict[str, Any], outcome: ToolOutcome) -> ToolOutcome:
-        """A catalog tool's outcome: its price charged, an answer from its cache recorded."""
+    def _received(self, spec: ToolSpec, outcome: ToolOutcome, args: dict[str, Any]) -> ToolOutcome:
+        """A catalog tool's call that ran: its cost counted, a cached answer noted."""
         self._charge_tool(spec)
         if outcome.cached_from is not None:
             detail = f"{call_summary(spec.name, args)}: answered from its cache of {outcome.cached_from}"
             self._degrade("cached_tool_result", detail)
         return outcome
+
+    def _runs_here(self, spec: ToolSpec) -> bool:
+        """A Python tool whose `timeout_s` is short enough to run inside a workflow task, unless
+        it needs the workspace of a run pinned to a host (the workflow task may run elsewhere)."""
+        short = spec.timeout_s is not None and spec.timeout_s <= options.LOCAL_TOOL_MAX_S
+        on_host = spec.workspace and self._agent.host is not None
+        return spec.source == "python" and short and not on_host and self._patched(options.LOCAL_PYTHON_TOOLS_PATCH)
+
+    async def _call_here(self, spec: ToolSpec, request: ToolCallInput, args: dict[str, Any]) -> ToolOutcome | None:
+        """The tool as a local activity of the worker running the run: no task queue round trip.
+        Through `run_tool_here`, which every agent worker has, so any worker can replay the
+        run; None when this worker lacks the tool (recorded in the marker: replays take the
+        same path): then its own queue's workers serve it."""
+        try:
+            outcome = await workflow.execute_local_activity(
+                "run_tool_here",
+                LocalToolCall(tool=spec.name, call=request),
+                result_type=ToolOutcome,
+                start_to_close_timeout=timedelta(seconds=spec.timeout_s or options.LOCAL_TOOL_MAX_S),
+                retry_policy=options.catalog_tool_retry(spec.retries),
+                local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
+                summary=call_summary(spec.name, args),
+            )
+        except ACTIVITY_FAILED as e:
+            raise_if_cancelled(e)
+            if failure_type(e) == "NotFoundError":
+                return None
+            return ToolOutcome(ok=False, error=f"{spec.name} failed: {failure_message(e)}")
+        return self._received(spec, outcome, args)
+
+    async def _answer(self, name: str, raw: Any, budget_chars: int) -> ToolOutcome:
+        """Another team's answer as the run records it: capped and redacted of token shapes
+        here, then of this worker's secret values by a local activity (only a worker knows
+        them). The activity's own result event keeps what that worker sent (docs/tools.md)."""
+        outcome = activity_outcome(raw, budget_chars)
+        if not self._patched(options.ACTIVITY_TOOL_REDACTION_PATCH):
+            return outcome
+        try:
+            return await workflow.execute_local_activity(
+                "redact_tool_outcome",
+                outcome,
+                result_type=ToolOutcome,
+                start_to_close_timeout=options.REDACTION_TIMEOUT,
+                retry_policy=options.TOOL_RETRY,
+                summary=f"redact_tool_outcome: {name}",
+            )
+        except ACTIVITY_FAILED as e:
+            raise_if_cancelled(e)
+            workflow.logger.warning("%s: its answer kept with token shapes redacted only: %s", name, e)
+            return outcome
 
     def _charge_tool(self, spec: ToolSpec) -> None:
         if not spec.cost_usd:

@@ -6,20 +6,19 @@
 `SupportTicket` (the user's workflow) runs the support agent as a child workflow and
 returns its `AgentResult`. The worker is an ordinary Temporal `Worker`: `DurableAgentPlugin`
 on the client adds the agent workflow, its activities, the data converter and the tools.
-The agent comes from agents/support.md (its front matter and its body, the system prompt).
+The agent is input `agent: "support"`: the plugin reads agents/support.md (its front matter
+and its body, the system prompt) from this folder at the run's start.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import re
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
 
+from pydantic import BaseModel
 from temporalio import workflow
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -30,43 +29,25 @@ with workflow.unsafe.imports_passed_through():
     from workflows.types import AgentInput, AgentResult
 
 TASK_QUEUE = "support"
-AGENT_FILE = Path(__file__).parent / "agents" / "support.md"
+AGENTS_DIR = Path(__file__).parent / "agents"
+
+
+class Ticket(BaseModel):
+    text: str
+    workspace: str
 
 
 @workflow.defn
 class SupportTicket:
     @workflow.run
-    async def run(self, agent: AgentInput) -> AgentResult:
-        return await run_agent(agent)
-
-
-def agent_input(ticket: str, workspace: str, path: Path = AGENT_FILE) -> AgentInput:
-    """The agent of `path` on `ticket`. (Where agent files are read by the workers, input
-    `"agent": "support"` says the same.)"""
-    front, _, body = path.read_text().removeprefix("---\n").partition("\n---\n")
-    fields: dict[str, Any] = {}
-    for line in front.splitlines():
-        key, _, value = line.partition(":")
-        fields[key.strip()] = _value(value.strip())
-    return AgentInput(
-        goal=ticket,
-        workspace=workspace,
-        system_prompt=body.strip(),
-        model=fields.get("model", "gpt-4.1-mini"),
-        tools=fields["tools"],
-        limits=fields.get("limits", {}),
-    )
-
-
-def _value(text: str) -> Any:
-    """The front matter's flow values: `[a, b]`, `{k: 1.0}`, or a plain string."""
-    if text[:1] in "[{":
-        return json.loads(re.sub(r"([A-Za-z_][\w-]*)", r'"\1"', text).replace('""', '"'))
-    return text
+    async def run(self, ticket: Ticket) -> AgentResult:
+        # Built here, with only the fields meant: the worker reads agents/support.md (model,
+        # tools, limits, system prompt) at the run's start and fills in the rest from it.
+        return await run_agent(AgentInput(goal=ticket.text, workspace=ticket.workspace, agent="support"))
 
 
 def plugin() -> DurableAgentPlugin:
-    return DurableAgentPlugin(tools=[lookup_order, refund])
+    return DurableAgentPlugin(tools=[lookup_order, refund], agents_dir=str(AGENTS_DIR))
 
 
 async def connect(address: str | None = None) -> Client:
@@ -87,7 +68,7 @@ async def main(argv: list[str]) -> None:
     workspace = os.path.abspath(os.environ.get("SUPPORT_WORKSPACE", "."))
     result = await client.execute_workflow(
         SupportTicket.run,
-        agent_input(ticket, workspace),
+        Ticket(text=ticket, workspace=workspace),
         id=f"ticket-{uuid.uuid4().hex[:8]}",
         task_queue=TASK_QUEUE,
         result_type=AgentResult,

@@ -6,7 +6,7 @@
 On the client: the data converter (pydantic JSON, compressed, encrypted with
 `DURABLE_AGENT_ENCRYPTION_KEY` when set) and the tracing interceptors. On each worker:
 `AgentWorkflow`, its activities (the model call, the built-in tools, the archive, the
-skills, the cleanup, `tool_catalog`), the metrics and redaction interceptors, and, while the
+skills, the cleanup, `tool_catalog`, the MCP calls), the metrics and redaction interceptors, and, while the
 worker runs, one activity worker per given tool on the tool's own task queue
 (durable_agent/tools.py). `worker.py` and `durable-agent worker` are built on it too.
 A user's workflow runs an agent as a child with `run_agent` (durable_agent/child.py).
@@ -27,6 +27,7 @@ from temporalio.worker import Interceptor, Worker, WorkerConfig
 from activities.agents import AgentActivities
 from activities.archive import ArchiveActivities
 from activities.cleanup import CleanupActivities
+from activities.mcp_tools import McpActivities
 from activities.model import ModelActivities
 from activities.redaction import RedactingInterceptor
 from activities.skills import SkillActivities
@@ -85,12 +86,13 @@ class DurableAgentPlugin(SimplePlugin):
         config = super().configure_worker(config)
         # A user's worker may list AgentWorkflow itself: once is enough.
         config["workflows"] = list(dict.fromkeys(config.get("workflows") or []))
-        tools = UserToolActivities(self.tools, queue)
+        mcp = McpActivities()
+        tools = UserToolActivities(self.tools, queue, mcp)
         self._tool_activities[queue] = tools
         self._tool_queues.update(tools.queues())
         ours = list(self._activities) if self._activities is not None else [ModelActivities().call_model]
         given = [*(config.get("activities") or []), *ours]
-        config["activities"] = with_missing(given, [*workflow_activities(), tools.tool_catalog])
+        config["activities"] = with_missing(given, [*workflow_activities(), tools.tool_catalog, *mcp.all()])
         ours_around = (
             interceptors(self._model_task_queue) if self._worker_interceptors is None else self._worker_interceptors
         )
@@ -109,6 +111,8 @@ class DurableAgentPlugin(SimplePlugin):
             for queue, activities in (tools.queues() if tools else {}).items():
                 worker_of_tool = tool_worker(config["client"], queue, activities, config.get("identity"))  # type: ignore[typeddict-item]
                 await stack.enter_async_context(worker_of_tool)
+            if tools is not None and tools.mcp is not None:
+                stack.push_async_callback(tools.mcp.pool.close_all)  # the MCP servers end with the worker
             await super().run_worker(worker, next)
 
 

@@ -1,0 +1,186 @@
+"""MCP servers as durable tools (activities/mcp_tools.py, docs/mcp.md).
+
+Real dev server, real workers (in process, or `python worker.py` subprocesses SIGKILLed),
+the scripted model stub, real MCP servers over stdio: tests/mcp_fixture_server.py (written
+with the SDK's MCPServer) and the published `mcp-server-time`, in the real command sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client, WorkflowFailureError
+
+from durable_agent.model_server import ModelServer
+from tests.helpers import start, wait_for
+from tests.scripts import Script, answer, tool_results, tools
+from worker import build_worker
+
+FIXTURE = str(Path(__file__).with_name("mcp_fixture_server.py"))
+
+
+def configure(path: Path, monkeypatch: pytest.MonkeyPatch, **servers: dict[str, Any]) -> Path:
+    """Write an MCP configuration and point the worker's environment at it."""
+    config = path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": servers}))
+    monkeypatch.setenv("DURABLE_AGENT_MCP_CONFIG", str(config))
+    return config
+
+
+def fixture(**extras: Any) -> dict[str, Any]:
+    return {"command": sys.executable, "args": [FIXTURE], **extras}
+
+
+def latest(request: dict[str, Any], count: int = 1) -> list[str]:
+    """The tool results of the step just before this model call."""
+    return tool_results(request)[-count:]
+
+
+def starts(workspace: Path) -> int:
+    log = workspace / "starts.log"
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+async def test_mcp_tools_are_offered_and_called_in_a_run_by_one_server_start(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture(), time={"command": "mcp-server-time", "args": []})
+    model_server.responder = Script(
+        [
+            tools(("mcp__fx__echo", {"text": "one"}), ("mcp__time__get_current_time", {"timezone": "UTC"})),
+            tools(("mcp__fx__append_line", {"path": "notes.txt", "line": "hello"})),
+            tools(("mcp__fx__echo", {"text": 3})),
+            answer("done"),
+        ]
+    )
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx", "time"])
+        result = await handle.result()
+    assert result.state == "completed"
+    offered = {t["function"]["name"]: t["function"] for t in model_server.requests[0]["tools"]}
+    assert offered["mcp__fx__echo"]["parameters"]["properties"]["text"]["type"] == "string"
+    assert offered["mcp__fx__echo"]["description"] == "Echo the text back."
+    assert "mcp__time__get_current_time" in offered and "read_file" in offered
+    echoed, now = tool_results(model_server.requests[1])
+    assert echoed == "echo: one"
+    assert json.loads(now)["timezone"] == "UTC"
+    assert latest(model_server.requests[2]) == ["appended to notes.txt"]
+    assert (workspace / "notes.txt").read_text() == "hello\n"  # in the workspace, the server's cwd
+    assert latest(model_server.requests[3])[0].startswith("ERROR: ")  # the server refused a bad argument
+    assert starts(workspace) == 1  # one session served the catalog and the calls
+
+
+async def test_an_unconfigured_server_closes_the_run_at_its_start(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture())
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx", "nope"])
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    assert "unknown MCP server(s) ['nope']" in str(failure.value.cause)
+    assert model_server.requests == []  # 0 model calls
+
+
+async def test_a_destructive_tool_waits_for_approval(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture())
+    (workspace / "doomed.txt").write_text("x")
+    model_server.responder = Script([tools(("mcp__fx__delete_file", {"path": "doomed.txt"})), answer("deleted")])
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+        status = await wait_for(handle, lambda s: s.state == "awaiting_approval")
+        assert (workspace / "doomed.txt").exists()  # nothing ran before the decision
+        pending = status.pending_approvals[0]
+        assert pending.tool == "mcp__fx__delete_file"
+        await handle.execute_update("approve", {"call_id": pending.call_id, "approved": True})
+        result = await handle.result()
+    assert result.state == "completed"
+    assert not (workspace / "doomed.txt").exists()
+    assert tool_results(model_server.requests[1]) == ["deleted doomed.txt"]
+
+
+async def test_a_sandboxed_server_sees_only_the_workspace_and_no_network(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    marker = tmp_path / "outside.txt"
+    marker.write_text("host secret")
+    (workspace / "inside.txt").write_text("workspace file")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    configure(tmp_path, monkeypatch, fx=fixture())
+    model_server.responder = Script(
+        [
+            tools(
+                ("mcp__fx__read_path", {"path": str(marker)}),
+                ("mcp__fx__read_path", {"path": "inside.txt"}),
+                ("mcp__fx__connect", {"port": port}),
+            ),
+            answer("done"),
+        ]
+    )
+    try:
+        async with build_worker(client, task_queue):
+            handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+            result = await handle.result()
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # no connection ever reached the host's listener
+    finally:
+        listener.close()
+    assert result.state == "completed"
+    outside, inside, connected = tool_results(model_server.requests[1])
+    assert outside.startswith(f"cannot read {marker}: No such file") and "host secret" not in outside
+    assert inside == "workspace file"
+    assert connected.startswith("no connection")
+
+
+async def test_a_hanging_server_is_cancelled_at_its_timeout_and_the_run_goes_on(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture(timeout_s=3))
+    model_server.responder = Script(
+        [tools(("mcp__fx__hang", {})), tools(("mcp__fx__echo", {"text": "after"})), answer("done")]
+    )
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+        result = await asyncio.wait_for(handle.result(), 90)
+    assert result.state == "completed"
+    [hung] = tool_results(model_server.requests[1])
+    assert hung.startswith("ERROR: fx.hang: no answer within 3 s")
+    assert latest(model_server.requests[2]) == ["echo: after"]
+    assert starts(workspace) == 2  # the hung server was stopped, the next call started another

@@ -131,7 +131,8 @@ class McpSession:
                 await self._stop.wait()
         except Exception as e:  # noqa: BLE001 - any failure to start is the server's, told whole
             if not ready.done():
-                ready.set_exception(McpUnavailable(f"MCP server {self.name} could not start: {reason_of(e)}"))
+                where = " (its stderr is in the worker's)" if self.server.stdio else ""
+                ready.set_exception(McpUnavailable(f"MCP server {self.name} could not start: {reason_of(e)}{where}"))
             else:
                 logger.info("MCP server %s ended: %s", self.name, reason_of(e))
         finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -184,3 +185,104 @@ async def test_a_hanging_server_is_cancelled_at_its_timeout_and_the_run_goes_on(
     assert hung.startswith("ERROR: fx.hang: no answer within 3 s")
     assert latest(model_server.requests[2]) == ["echo: after"]
     assert starts(workspace) == 2  # the hung server was stopped, the next call started another
+
+
+async def test_a_server_that_dies_is_started_again_read_retried_write_reported(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture())
+    model_server.responder = Script(
+        [
+            tools(("mcp__fx__crash_once", {"marker": "crashed.txt"})),
+            tools(("mcp__fx__append_then_crash", {"path": "ledger.txt", "line": "paid"})),
+            tools(("mcp__fx__echo", {"text": "still here"})),
+            answer("done"),
+        ]
+    )
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+        result = await asyncio.wait_for(handle.result(), 90)
+    assert result.state == "completed"
+    assert latest(model_server.requests[1]) == ["survived"]  # the read ran again on a new server
+    [write] = latest(model_server.requests[2])
+    assert write.startswith("ERROR: the outcome is unknown: the MCP server fx stopped during the call")
+    assert (workspace / "ledger.txt").read_text() == "paid\n"  # once: not run again
+    assert latest(model_server.requests[3]) == ["echo: still here"]
+    assert starts(workspace) == 3  # the first, after each death
+
+
+async def test_results_are_capped_redacted_and_kept_by_reference_with_progress_in_heartbeats(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture())
+    model_server.responder = Script(
+        [tools(("mcp__fx__slow", {"seconds": 6})), tools(("mcp__fx__big", {"chars": 50_000})), answer("done")]
+    )
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+        details = await beat_of(handle, "mcp_call")
+        result = await asyncio.wait_for(handle.result(), 90)
+    assert result.state == "completed"
+    assert "of 12" in details  # the server's progress notification, e.g. "3/12 step 4 of 12"
+    [big] = latest(model_server.requests[2])
+    assert len(big) < 9_000 and "bytes total" in big
+    ref = big.split("full output: ")[1].split(" …")[0]
+    saved = (workspace / ref).read_text()
+    assert saved.startswith("x" * 1000) and len(saved) > 50_000
+    assert "sk-A1A1" not in big + saved and "[REDACTED:openai-key]" in saved
+
+
+async def beat_of(handle: Any, activity_type: str) -> str:
+    """The first heartbeat details of the run's pending activity of this type, decoded."""
+    while True:
+        for pending in (await handle.describe()).raw_description.pending_activities:
+            if pending.activity_type.name == activity_type and pending.heartbeat_details.payloads:
+                values = await handle._client.data_converter.decode(pending.heartbeat_details.payloads)
+                return str(values)
+        await asyncio.sleep(0.2)
+
+
+async def test_an_agent_file_names_the_servers(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture())
+    (workspace / "agents").mkdir()
+    (workspace / "agents" / "echoer.md").write_text("---\ndescription: d\nmcp_servers: fx\n---\nEcho.\n")
+    model_server.responder = Script([tools(("mcp__fx__echo", {"text": "hi"})), answer("done")])
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), agent="echoer")
+        result = await handle.result()
+    assert result.state == "completed"
+    assert latest(model_server.requests[1]) == ["echo: hi"]
+
+
+def test_the_cli_lists_servers_and_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture(), time={"command": "mcp-server-time"}, gone={"command": "no-such"})
+    done = subprocess.run(
+        [sys.executable, "-c", "from durable_agent.cli import main; main()", "mcp"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr  # one server could not be listed
+    lines = done.stdout.splitlines()
+    assert "fx: stdio" in lines[0] and "(sandboxed, no network)" in lines[0]
+    assert any(line.split()[:3] == ["mcp__fx__delete_file", "write", "yes"] for line in lines)
+    assert any(line.split()[:3] == ["mcp__time__get_current_time", "read", "no"] for line in lines)
+    assert "gone: stdio `no-such`" in done.stdout
+    assert "cannot list its tools: MCP server gone could not start" in done.stdout

@@ -72,6 +72,17 @@ def crash_once(marker: str) -> str:
     return "survived"
 
 
+@app.tool(annotations=READ)
+def tally(path: str, hold_first_s: float = 0) -> str:
+    """Count the calls in a file (a test's probe of retries); hold the first call for hold_first_s."""
+    with open(path, "a") as f:
+        f.write("call\n")
+    calls = len(Path(path).read_text().splitlines())
+    if calls == 1:
+        time.sleep(hold_first_s)
+    return f"{calls} call(s)"
+
+
 @app.tool(annotations=SAFE_WRITE)
 def append_then_crash(path: str, line: str) -> str:
     """Append a line, then exit the server before answering."""

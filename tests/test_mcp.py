@@ -19,8 +19,11 @@ import pytest
 from temporalio.client import Client, WorkflowFailureError
 
 from durable_agent.model_server import ModelServer
-from tests.helpers import start, wait_for
+from durable_agent.processes import kill_hard, spawn_worker, stop_gently
+from durable_agent.server import EmbeddedServer
+from tests.helpers import host_processes_named, start, until, wait_for
 from tests.scripts import Script, answer, tool_results, tools
+from tests.test_crash import worker_env
 from worker import build_worker
 
 FIXTURE = str(Path(__file__).with_name("mcp_fixture_server.py"))
@@ -68,6 +71,7 @@ async def test_mcp_tools_are_offered_and_called_in_a_run_by_one_server_start(
     async with build_worker(client, task_queue):
         handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx", "time"])
         result = await handle.result()
+        assert host_processes_named(str(workspace)) == []  # the run's close closed its sessions (mcp_close)
     assert result.state == "completed"
     offered = {t["function"]["name"]: t["function"] for t in model_server.requests[0]["tools"]}
     assert offered["mcp__fx__echo"]["parameters"]["properties"]["text"]["type"] == "string"
@@ -286,3 +290,57 @@ def test_the_cli_lists_servers_and_tools(tmp_path: Path, monkeypatch: pytest.Mon
     assert any(line.split()[:3] == ["mcp__time__get_current_time", "read", "no"] for line in lines)
     assert "gone: stdio `no-such`" in done.stdout
     assert "cannot list its tools: MCP server gone could not start" in done.stdout
+
+
+async def test_worker_sigkills_between_and_during_calls(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Killed during a write: its effect once, the model told the outcome is unknown; during a
+    read: run again on the next worker; between calls (awaiting approval): the next worker
+    starts its own session. One server start per worker that served the run."""
+    config = configure(tmp_path, monkeypatch, fx=fixture())
+    ledger, counter, doomed = workspace / "ledger.txt", workspace / "tally.txt", workspace / "doomed.txt"
+    doomed.write_text("x")
+    model_server.responder = Script(
+        [
+            tools(("mcp__fx__append_line", {"path": "ledger.txt", "line": "paid", "hold_s": 120})),
+            tools(("mcp__fx__tally", {"path": "tally.txt", "hold_first_s": 120})),
+            tools(("mcp__fx__delete_file", {"path": "doomed.txt"})),
+            answer("done"),
+        ]
+    )
+    env = {**worker_env(temporal_server, model_server, task_queue), "DURABLE_AGENT_MCP_CONFIG": str(config)}
+    worker = spawn_worker(env, tmp_path / "w0.log")
+    try:
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+        await until(lambda: lines(ledger) == ["paid"])
+        kill_hard(worker)  # during the write call
+        worker = spawn_worker(env, tmp_path / "w1.log")
+        await until(lambda: len(lines(counter)) == 1)
+        kill_hard(worker)  # during the read call
+        worker = spawn_worker(env, tmp_path / "w2.log")
+        status = await wait_for(handle, lambda s: s.state == "awaiting_approval", timeout_s=90)
+        kill_hard(worker)  # between calls
+        worker = spawn_worker(env, tmp_path / "w3.log")
+        await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
+        result = await asyncio.wait_for(handle.result(), 120)
+    finally:
+        stop_gently(worker)
+    assert result.state == "completed"
+    [write] = latest(model_server.requests[1])
+    assert write.startswith("ERROR: the outcome is unknown: the worker running mcp__fx__append_line stopped")
+    assert lines(ledger) == ["paid"]  # exactly once
+    assert latest(model_server.requests[2]) == ["2 call(s)"] and lines(counter) == ["call", "call"]
+    assert latest(model_server.requests[3]) == ["deleted doomed.txt"] and not doomed.exists()
+    assert starts(workspace) == 4  # w0 (catalog and the write), w1 (the read), w2 (its retry), w3 (the delete)
+    assert host_processes_named(str(workspace)) == []  # no sandboxed server outlived its worker
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []

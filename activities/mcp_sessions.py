@@ -178,6 +178,7 @@ class SessionPool:
         self._sessions: dict[tuple[str, str], McpSession] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     async def get(self, run: str, name: str, server: McpServer, workspace: str) -> McpSession:
         """The run's live session with the server, started (again) if there is none."""
@@ -202,15 +203,20 @@ class SessionPool:
         if session is not None:
             await session.close()
 
-    async def close_run(self, run: str) -> int:
+    def close_run(self, run: str) -> int:
+        """The run's sessions stop in the background: a server's shutdown (its stdin closed, a
+        wait for its exit) takes a second or two, which the run's close need not wait for."""
         names = [name for (r, name) in self._sessions if r == run]
         for name in names:
-            await self.discard(run, name)
+            task = asyncio.create_task(self.discard(run, name))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
         return len(names)
 
     async def close_all(self) -> None:
         for run, name in list(self._sessions):
             await self.discard(run, name)
+        await asyncio.gather(*self._closing, return_exceptions=True)
 
     def _reap_later(self) -> None:
         if self._reaper is None or self._reaper.done():

@@ -149,7 +149,7 @@ class McpActivities:
     @activity.defn(name="mcp_close")
     async def close(self, request: McpClose) -> int:
         """At the run's close: its sessions on this worker end (others end when idle)."""
-        return await self.pool.close_run(request.run_folder)
+        return self.pool.close_run(request.run_folder)
 
     @activity.defn(name="mcp_call")
     async def call(self, input: ToolCallInput) -> ToolOutcome:

@@ -1,4 +1,5 @@
-"""An MCP server (stdio) for tests/test_mcp.py, written with the SDK's `MCPServer` (FastMCP).
+"""An MCP server for tests/test_mcp.py, written with the SDK's `MCPServer` (FastMCP): stdio, or
+streamable HTTP with `--http PORT`.
 
 Each start appends a line to `starts.log` in its working directory (the run's workspace when
 sandboxed): the tests count server starts by effect. Paths are relative to that directory.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -26,6 +28,18 @@ app = MCPServer("fixture")
 def echo(text: str) -> str:
     """Echo the text back."""
     return f"echo: {text}"
+
+
+@app.tool(annotations=READ)
+def getenv(name: str) -> str:
+    """A variable of the server's environment, or (unset)."""
+    return os.environ.get(name, "(unset)")
+
+
+@app.tool(annotations=READ)
+def authorization(ctx: Context) -> str:
+    """The Authorization header of an HTTP call."""
+    return (ctx.headers or {}).get("authorization", "(none)")
 
 
 @app.tool(annotations=READ)
@@ -117,4 +131,7 @@ def big(chars: int) -> str:
 if __name__ == "__main__":
     with open("starts.log", "a") as log:
         log.write(f"{uuid.uuid4().hex}\n")
-    app.run()
+    if sys.argv[1:2] == ["--http"]:  # --http PORT: streamable HTTP on 127.0.0.1:PORT/mcp
+        app.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        app.run()

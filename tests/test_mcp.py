@@ -20,7 +20,7 @@ from temporalio.client import Client, WorkflowFailureError
 
 from durable_agent.model_server import ModelServer
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
-from durable_agent.server import EmbeddedServer
+from durable_agent.server import EmbeddedServer, free_port
 from tests.helpers import host_processes_named, start, until, wait_for
 from tests.scripts import Script, answer, tool_results, tools
 from tests.test_crash import worker_env
@@ -71,7 +71,7 @@ async def test_mcp_tools_are_offered_and_called_in_a_run_by_one_server_start(
     async with build_worker(client, task_queue):
         handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx", "time"])
         result = await handle.result()
-        assert host_processes_named(str(workspace)) == []  # the run's close closed its sessions (mcp_close)
+        await until(lambda: host_processes_named(str(workspace)) == [])  # the run's close stops its servers
     assert result.state == "completed"
     offered = {t["function"]["name"]: t["function"] for t in model_server.requests[0]["tools"]}
     assert offered["mcp__fx__echo"]["parameters"]["properties"]["text"]["type"] == "string"
@@ -344,3 +344,59 @@ async def test_worker_sigkills_between_and_during_calls(
 
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
+
+
+async def test_a_server_sees_only_the_env_its_config_names_expanded_from_the_worker(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FX_SOURCE", "from-the-worker")
+    monkeypatch.setenv("WORKER_ONLY", "not-for-servers")
+    configure(tmp_path, monkeypatch, fx=fixture(env={"FX_VALUE": "${FX_SOURCE}"}))
+    names = ["FX_VALUE", "WORKER_ONLY", "USER", "SHELL", "DURABLE_AGENT_MCP_CONFIG"]
+    model_server.responder = Script([tools(*(("mcp__fx__getenv", {"name": n}) for n in names)), answer("done")])
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+        result = await handle.result()
+    assert result.state == "completed"
+    assert latest(model_server.requests[1], len(names)) == ["from-the-worker"] + ["(unset)"] * 4
+
+
+async def test_an_http_server_is_called_with_its_headers_expanded(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = free_port()
+    served = tmp_path / "http"
+    served.mkdir()
+    process = subprocess.Popen([sys.executable, FIXTURE, "--http", str(port)], cwd=served, stderr=subprocess.DEVNULL)
+    monkeypatch.setenv("FX_HTTP_TOKEN", "token-value")
+    url = f"http://127.0.0.1:{port}/mcp"
+    configure(tmp_path, monkeypatch, web={"url": url, "headers": {"Authorization": "Bearer ${FX_HTTP_TOKEN}"}})
+    model_server.responder = Script(
+        [tools(("mcp__web__echo", {"text": "over http"}), ("mcp__web__authorization", {})), answer("done")]
+    )
+    try:
+        await until(lambda: port_open(port))
+        async with build_worker(client, task_queue):
+            handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["web"])
+            result = await handle.result()
+    finally:
+        process.terminate()
+        process.wait()
+    assert result.state == "completed"
+    # The header reached the server expanded: its value came back redacted as the worker's secret.
+    assert latest(model_server.requests[1], 2) == ["echo: over http", "Bearer [REDACTED:FX_HTTP_TOKEN]"]
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0

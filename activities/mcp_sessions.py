@@ -67,22 +67,32 @@ def stdio_parameters(server: McpServer, workspace: str) -> StdioServerParameters
     args = [expanded(a) for a in server.args]
     env = {"PATH": f"{sys.prefix}/bin:{COMMAND_PATH}", **expanded_map(server.env)}
     if not server.sandbox:
-        return StdioServerParameters(command=command, args=args, env=env, cwd=server.cwd or workspace)
+        return _plain(command, args, env, server.cwd or workspace)
     try:
         bwrap = bwrap_binary()
     except SandboxUnavailable as e:
         if not unsandboxed_allowed():
             raise McpUnavailable(refusal(e).replace("run_command", "the MCP server")) from None
-        return StdioServerParameters(command=command, args=args, env=env, cwd=workspace)
+        return _plain(command, args, env, workspace)
     env.setdefault("HOME", SANDBOX_HOME)
     argv = bwrap_argv(bwrap, workspace, server.network)
     split = argv.index("--")
     argv[split:split] = [arg for path in visible_paths([command, *args]) for arg in ("--ro-bind", path, path)]
-    # The SDK adds some of the worker's variables (USER, SHELL, ...): gone before the server runs.
-    leaked = sorted(set(get_default_environment()) - set(env))
-    script = f'unset {shlex.join(leaked)}; exec "$@"' if leaked else 'exec "$@"'
-    full = launcher_argv(SERVER_LIMITS, [], [*argv, script, "mcp-server", command, *args], filter_file())
+    full = launcher_argv(SERVER_LIMITS, [], [*argv, _only(env), "mcp-server", command, *args], filter_file())
     return StdioServerParameters(command=full[0], args=full[1:], env=env, cwd=workspace)
+
+
+def _plain(command: str, args: list[str], env: dict[str, str], cwd: str) -> StdioServerParameters:
+    """Unsandboxed: the worker's view of the machine, but still only the configured env."""
+    argv = ["-c", _only(env), "mcp-server", command, *args]
+    return StdioServerParameters(command="bash", args=argv, env=env, cwd=cwd)
+
+
+def _only(env: dict[str, str]) -> str:
+    """A shell script that runs its arguments with `env` alone: the SDK adds some of the
+    worker's variables (USER, SHELL, ...), which go before the server runs."""
+    leaked = sorted(set(get_default_environment()) - set(env))
+    return f'unset {shlex.join(leaked)}; exec "$@"' if leaked else 'exec "$@"'
 
 
 def visible_paths(words: list[str]) -> list[str]:

@@ -16,8 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp.types import CallToolResult, ImageContent, ToolAnnotations
+from mcp.types import Tool as McpTool
 from temporalio.client import Client, WorkflowFailureError
 
+from activities.mcp_config import McpConfig, McpServer
+from activities.mcp_sessions import McpSession, McpUnavailable, SessionPool, stdio_parameters, visible_paths
+from activities.mcp_tools import needs_approval, rendered
+from activities.tools.sandbox import bwrap_binary
 from durable_agent.model_server import ModelServer
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer, free_port
@@ -27,6 +33,7 @@ from tests.test_crash import worker_env
 from worker import build_worker
 
 FIXTURE = str(Path(__file__).with_name("mcp_fixture_server.py"))
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def configure(path: Path, monkeypatch: pytest.MonkeyPatch, **servers: dict[str, Any]) -> Path:
@@ -400,3 +407,113 @@ async def test_an_http_server_is_called_with_its_headers_expanded(
 def port_open(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def test_a_server_that_cannot_start_closes_the_run_at_its_start(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, gone={"command": "no-such-mcp-server"})
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["gone"])
+        with pytest.raises(WorkflowFailureError) as failure:
+            await asyncio.wait_for(handle.result(), 90)
+    assert "MCP server gone could not start" in str(failure.value.cause)
+    assert model_server.requests == []
+
+
+# --- the parts, without a run --------------------------------------------------------
+
+
+def test_the_documented_configuration_parses_with_its_defaults() -> None:
+    text = (ROOT / "docs" / "mcp.md").read_text()
+    example = text.split("```json\n", 1)[1].split("```", 1)[0]
+    servers = McpConfig.model_validate(json.loads(example)).servers
+    time_server = servers["time"]
+    assert (time_server.sandbox, time_server.network, time_server.approve, time_server.timeout_s) == (
+        True,
+        False,
+        "destructive",
+        60.0,
+    )
+    assert servers["shop"].approve == ["refund"] and servers["shop"].env == {"SHOP_TOKEN": "${SHOP_TOKEN}"}
+    assert not servers["search"].stdio and servers["search"].headers["Authorization"] == "Bearer ${SEARCH_TOKEN}"
+    with pytest.raises(ValueError, match="either `command`"):
+        McpServer(command="x", url="http://y")
+
+
+@pytest.mark.parametrize(
+    ("approve", "annotations", "waits"),
+    [
+        ("destructive", None, True),  # not read-only, and destructive by the spec's default
+        ("destructive", ToolAnnotations(read_only_hint=True), False),
+        ("destructive", ToolAnnotations(destructive_hint=False), False),
+        ("always", ToolAnnotations(read_only_hint=True), True),
+        ("never", None, False),
+        (["refund"], ToolAnnotations(read_only_hint=True), True),
+        (["other"], None, False),
+    ],
+)
+def test_approval_follows_the_config_and_the_annotations(
+    approve: Any, annotations: ToolAnnotations | None, waits: bool
+) -> None:
+    tool = McpTool(name="refund", input_schema={"type": "object"}, annotations=annotations)
+    assert needs_approval(McpServer(command="x", approve=approve), tool) is waits
+
+
+def test_images_are_described_not_shown() -> None:
+    result = CallToolResult(content=[ImageContent(type="image", data="QUJD" * 100, mime_type="image/png")])
+    assert rendered(result) == "[image: image/png, 300 bytes, not shown]"
+
+
+def test_only_files_named_by_absolute_path_are_mounted(tmp_path: Path) -> None:
+    script = tmp_path / "server.py"
+    script.write_text("")
+    shown = visible_paths(["/usr/bin/python3", str(script), str(tmp_path), "relative.py"])
+    assert shown == [sys.prefix, sys.base_prefix, str(script)] or shown == [sys.prefix, str(script)]
+
+
+def test_no_sandbox_no_server_unless_the_operator_consents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DURABLE_AGENT_BWRAP", "/bin/false")
+    bwrap_binary.cache_clear()
+    try:
+        with pytest.raises(McpUnavailable, match="the MCP server is refused: the command sandbox cannot start"):
+            stdio_parameters(McpServer(command="mcp-server-time"), str(tmp_path))
+        monkeypatch.setenv("DURABLE_AGENT_UNSANDBOXED_COMMANDS", "i-understand")
+        plain = stdio_parameters(McpServer(command="mcp-server-time"), str(tmp_path))
+        assert plain.command == "bash" and plain.args[-1] == "mcp-server-time"
+    finally:
+        monkeypatch.delenv("DURABLE_AGENT_BWRAP")
+        bwrap_binary.cache_clear()
+
+
+async def test_network_true_reaches_the_host_and_unsandboxed_still_gets_only_its_env(workspace: Path) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    networked = McpSession("fx", McpServer(**fixture(network=True)), str(workspace))
+    plain = McpSession("fx", McpServer(**fixture(sandbox=False)), str(workspace))
+    await networked.open()
+    await plain.open()
+    try:
+        reached = await networked.client().call_tool("connect", {"port": port})
+        user = await plain.client().call_tool("getenv", {"name": "USER"})
+        path = await plain.client().call_tool("getenv", {"name": "PATH"})
+    finally:
+        await networked.close()
+        await plain.close()
+        listener.close()
+    assert rendered(reached) == "connected"
+    assert rendered(user) == "(unset)" and rendered(path).startswith(f"{sys.prefix}/bin:")
+
+
+async def test_an_idle_session_is_closed(workspace: Path) -> None:
+    pool = SessionPool(idle_s=1.0)
+    await pool.get("run", "fx", McpServer(**fixture()), str(workspace))
+    assert host_processes_named(str(workspace)) != [] and pool.starts == 1
+    await until(lambda: host_processes_named(str(workspace)) == [], within_s=30)

@@ -409,7 +409,7 @@ def port_open(port: int) -> bool:
         return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
-async def test_a_server_that_cannot_start_closes_the_run_at_its_start(
+async def test_a_server_down_at_the_start_is_waited_for(
     client: Client,
     task_queue: str,
     model_server: ModelServer,
@@ -417,13 +417,25 @@ async def test_a_server_that_cannot_start_closes_the_run_at_its_start(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    configure(tmp_path, monkeypatch, gone={"command": "no-such-mcp-server"})
+    port = free_port()
+    served = tmp_path / "http"
+    served.mkdir()
+    configure(tmp_path, monkeypatch, web={"url": f"http://127.0.0.1:{port}/mcp"})
+    model_server.responder = Script([tools(("mcp__web__echo", {"text": "up"})), answer("done")])
     async with build_worker(client, task_queue):
-        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["gone"])
-        with pytest.raises(WorkflowFailureError) as failure:
-            await asyncio.wait_for(handle.result(), 90)
-    assert "MCP server gone could not start" in str(failure.value.cause)
-    assert model_server.requests == []
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["web"])
+        status = await wait_for(handle, lambda s: s.activity.startswith("waiting for an MCP server"), timeout_s=90)
+        assert "MCP server web could not start" in status.activity and status.state == "running"
+        assert model_server.requests == []  # no model call before the tools are known
+        serve = [sys.executable, FIXTURE, "--http", str(port)]
+        process = subprocess.Popen(serve, cwd=served, stderr=subprocess.DEVNULL)
+        try:
+            result = await asyncio.wait_for(handle.result(), 120)
+        finally:
+            process.terminate()
+            process.wait()
+    assert result.state == "completed"
+    assert latest(model_server.requests[1]) == ["echo: up"]
 
 
 # --- the parts, without a run --------------------------------------------------------

@@ -95,20 +95,7 @@ class ToolSteps:
             request = CatalogRequest(
                 names=names, mcp_servers=servers, workspace=self._agent.workspace, run_folder=self._run_folder()
             )
-        try:
-            catalog: ToolCatalog = await workflow.execute_local_activity(
-                "tool_catalog",
-                request,
-                result_type=ToolCatalog,
-                start_to_close_timeout=options.MCP_CATALOG_TIMEOUT if servers else options.CATALOG_TIMEOUT,
-                retry_policy=options.TOOL_RETRY,
-                summary=f"tool_catalog: {', '.join(names)}"[:120],
-            )
-        except ACTIVITY_FAILED as e:
-            raise_if_cancelled(e)
-            raise ApplicationError(
-                f"the run's tools could not be resolved: {failure_message(e)}", type="UnknownTool", non_retryable=True
-            ) from None
+        catalog = await self._list_catalog(request)
         if catalog.unknown:
             raise ApplicationError(
                 f"unknown tool(s) {catalog.unknown}: no worker offers them (load their module with "
@@ -125,6 +112,34 @@ class ToolSteps:
                 non_retryable=True,
             )
         self._carry.catalog = catalog.tools
+
+    async def _list_catalog(self, request: CatalogRequest) -> ToolCatalog:
+        """`tool_catalog`; while an MCP server is down (cannot start, or does not answer) the run
+        waits for it like any dependency, saying so in its status, and tries again."""
+        waiting_since: str | None = None
+        timeout = options.MCP_CATALOG_TIMEOUT if request.mcp_servers else options.CATALOG_TIMEOUT
+        while True:
+            try:
+                return await workflow.execute_local_activity(
+                    "tool_catalog",
+                    request,
+                    result_type=ToolCatalog,
+                    start_to_close_timeout=timeout,
+                    retry_policy=options.TOOL_RETRY,
+                    summary=f"tool_catalog: {', '.join([*request.names, *request.mcp_servers])}"[:120],
+                )
+            except ACTIVITY_FAILED as e:
+                raise_if_cancelled(e)
+                if not _mcp_down(e):
+                    raise ApplicationError(
+                        f"the run's tools could not be resolved: {failure_message(e)}",
+                        type="UnknownTool",
+                        non_retryable=True,
+                    ) from None
+                waiting_since = waiting_since or workflow.now().isoformat(timespec="seconds")
+                self._doing = f"waiting for an MCP server since {waiting_since}: {failure_message(e)}"
+                self._publish()
+                await workflow.sleep(options.MCP_DOWN_RETRY)
 
     async def _close_mcp_sessions(self) -> None:
         """At the chain's close: its MCP sessions on this worker end (on others, when idle)."""
@@ -367,3 +382,12 @@ class ToolSteps:
                 tool_name=call.name,
             )
         )
+
+
+def _mcp_down(error: BaseException) -> bool:
+    """Whether the catalog failed because an MCP server could not be started or reached (a
+    local activity's error comes as it was raised, a regular one's as the ActivityError's cause)."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, ApplicationError):
+        cause = cause.__cause__
+    return cause is not None and cause.type == "McpUnavailable"

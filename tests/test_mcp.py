@@ -363,6 +363,8 @@ async def test_a_server_sees_only_the_env_its_config_names_expanded_from_the_wor
 ) -> None:
     monkeypatch.setenv("FX_SOURCE", "from-the-worker")
     monkeypatch.setenv("WORKER_ONLY", "not-for-servers")
+    monkeypatch.setenv("USER", "worker-user")  # the SDK passes these on unless told not to
+    monkeypatch.setenv("SHELL", "/bin/bash")
     configure(tmp_path, monkeypatch, fx=fixture(env={"FX_VALUE": "${FX_SOURCE}"}))
     names = ["FX_VALUE", "WORKER_ONLY", "USER", "SHELL", "DURABLE_AGENT_MCP_CONFIG"]
     model_server.responder = Script([tools(*(("mcp__fx__getenv", {"name": n}) for n in names)), answer("done")])
@@ -503,7 +505,10 @@ def test_no_sandbox_no_server_unless_the_operator_consents(tmp_path: Path, monke
         bwrap_binary.cache_clear()
 
 
-async def test_network_true_reaches_the_host_and_unsandboxed_still_gets_only_its_env(workspace: Path) -> None:
+async def test_network_true_reaches_the_host_and_unsandboxed_still_gets_only_its_env(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHELL", "/bin/bash")
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
@@ -514,7 +519,7 @@ async def test_network_true_reaches_the_host_and_unsandboxed_still_gets_only_its
     await plain.open()
     try:
         reached = await networked.client().call_tool("connect", {"port": port})
-        user = await plain.client().call_tool("getenv", {"name": "USER"})
+        user = await plain.client().call_tool("getenv", {"name": "SHELL"})
         path = await plain.client().call_tool("getenv", {"name": "PATH"})
     finally:
         await networked.close()

@@ -114,11 +114,15 @@ async def hang() -> str:
 
 @app.tool(annotations=READ)
 async def slow(seconds: float, ctx: Context) -> str:
-    """Take a while, reporting progress every half second."""
+    """Take a while, reporting progress every half second; a cancelled call leaves `cancelled.txt`."""
     steps = max(int(seconds * 2), 1)
-    for i in range(steps):
-        await ctx.report_progress(i, steps, f"step {i + 1} of {steps}")
-        await asyncio.sleep(0.5)
+    try:
+        for i in range(steps):
+            await ctx.report_progress(i, steps, f"step {i + 1} of {steps}")
+            await asyncio.sleep(0.5)
+    except asyncio.CancelledError:
+        Path("cancelled.txt").write_text("the client cancelled the call\n")
+        raise
     return f"slept {seconds:g} s"
 
 

@@ -534,3 +534,25 @@ async def test_an_idle_session_is_closed(workspace: Path) -> None:
     await pool.get("run", "fx", McpServer(**fixture()), str(workspace))
     assert host_processes_named(str(workspace)) != [] and pool.starts == 1
     await until(lambda: host_processes_named(str(workspace)) == [], within_s=30)
+
+
+async def test_cancelling_the_run_cancels_the_call_on_the_server(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server's handler of the running call is cancelled: by the SDK's `notifications/cancelled`
+    when the activity is, or at the latest when the run's close stops the server. (Only with
+    neither does the test fail.)"""
+    configure(tmp_path, monkeypatch, fx=fixture())
+    model_server.responder = Script([tools(("mcp__fx__slow", {"seconds": 120})), answer("done")])
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+        await beat_of(handle, "mcp_call")
+        await handle.cancel()
+        result = await asyncio.wait_for(handle.result(), 60)
+        await until(lambda: (workspace / "cancelled.txt").exists(), within_s=30)
+    assert result.state == "cancelled"

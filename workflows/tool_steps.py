@@ -143,7 +143,7 @@ class ToolSteps:
 
     async def _close_mcp_sessions(self) -> None:
         """At the chain's close: its MCP sessions on this worker end (on others, when idle)."""
-        if not self._agent.mcp_servers or not self._carry.catalog:
+        if not self._agent.mcp_servers or self._carry.catalog is None:
             return
         try:
             await workflow.execute_local_activity(

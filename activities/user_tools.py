@@ -33,6 +33,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from activities.journal import Journal, JournalFull, JournalUnsafe
+from activities.mcp_tools import McpActivities
 from activities.redaction import worker_redactor
 from activities.run_files import HostileLayout, run_file_caps
 from activities.tools.base import ToolCallContext
@@ -76,9 +77,10 @@ class ResultCache:
 class UserToolActivities:
     """The activities of the tools a worker loaded, and `tool_catalog`."""
 
-    def __init__(self, tools: list[Tool], agent_queue: str) -> None:
+    def __init__(self, tools: list[Tool], agent_queue: str, mcp: McpActivities | None = None) -> None:
         self.tools = {t.name: t for t in tools}
         self.agent_queue = agent_queue
+        self.mcp = mcp
         self._caches = {t.name: ResultCache(t.spec.cache_ttl_s) for t in tools if t.spec.cache_ttl_s}
 
     def queues(self, host: str | None = None) -> dict[str, list[Callable[..., Any]]]:
@@ -93,11 +95,17 @@ class UserToolActivities:
     @activity.defn(name="tool_catalog")
     async def tool_catalog(self, request: CatalogRequest) -> ToolCatalog:
         """At a run's start: the specs of the tools it names beyond the built-ins, as this worker
-        knows them, each routed to its tool's task queue. Recorded once in history."""
+        knows them, each routed to its tool's task queue, and the tools of the run's MCP servers
+        (activities/mcp_tools.py). Recorded once in history."""
         known = [self.tools[n].spec for n in request.names if n in self.tools]
+        servers = ToolCatalog(unknown_servers=request.mcp_servers)
+        if request.mcp_servers and self.mcp is not None:
+            servers = await self.mcp.catalog(request)
         return ToolCatalog(
-            tools=[s.model_copy(update={"task_queue": tool_queue(self.agent_queue, s.name)}) for s in known],
+            tools=[s.model_copy(update={"task_queue": tool_queue(self.agent_queue, s.name)}) for s in known]
+            + servers.tools,
             unknown=[n for n in request.names if n not in self.tools],
+            unknown_servers=servers.unknown_servers,
         )
 
     @activity.defn(name="run_tool_here")

@@ -19,6 +19,7 @@ COMMANDS = {
     "stream": ("bench.stream", "CPU per model call, streamed against unstreamed"),
     "live": ("bench.live", "what the live view of model replies costs per model call, on against off"),
     "tools": ("bench.tool_calls", "a call of the user's own @tool against the built-in write_file"),
+    "mcp": ("bench.mcp", "a call of an MCP server's tool in a run, against a direct mcp call and write_file"),
     "snapshots": ("bench.snapshots", "workspace snapshot cost per step: own store against git's objects"),
     "clients": ("bench.clients", "CPU per model call with many in flight: one connection pool or several"),
     "redaction": ("bench.redaction", "what redaction costs per KiB of tool output, ordinary and hex-like"),

@@ -33,7 +33,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.redaction import worker_redactor
-from durable_agent import cli_agents, cli_hosts, demo_model, render, telemetry
+from durable_agent import cli_agents, cli_hosts, cli_mcp, demo_model, render, telemetry
 from durable_agent.cli_history import add_history_commands
 from durable_agent.codec_server import TOKEN_ENV, CodecServer, ui_origins
 from durable_agent.codecs import CodecError, EncryptionKeys, PayloadCodecChain
@@ -325,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_gc_parser(commands)
     cli_agents.add_parser(commands)
     cli_hosts.add_parsers(commands)
+    cli_mcp.add_parser(commands)
     add_history_commands(commands, _command)
     return parser
 

@@ -6,7 +6,7 @@
 On the client: the data converter (pydantic JSON, compressed, encrypted with
 `DURABLE_AGENT_ENCRYPTION_KEY` when set) and the tracing interceptors. On each worker:
 `AgentWorkflow`, its activities (the model call, the built-in tools, the archive, the
-skills, the cleanup, `tool_catalog`), the metrics and redaction interceptors, and, while the
+skills, the cleanup, `tool_catalog`, the MCP calls), the metrics and redaction interceptors, and, while the
 worker runs, one activity worker per given tool on the tool's own task queue
 (durable_agent/tools.py). With a host name (`DURABLE_AGENT_HOST`), one more activity worker
 polls the host's own queue for the activities of runs pinned to it (workflows/hosts.py).
@@ -32,6 +32,7 @@ from activities.agents import AgentActivities
 from activities.approval_diff import ApprovalDiffActivities
 from activities.archive import ArchiveActivities
 from activities.cleanup import CleanupActivities
+from activities.mcp_tools import McpActivities
 from activities.model import ModelActivities
 from activities.redaction import RedactingInterceptor
 from activities.skills import SkillActivities
@@ -104,12 +105,13 @@ class DurableAgentPlugin(SimplePlugin):
         # A user's worker may list AgentWorkflow itself: once is enough.
         config["workflows"] = list(dict.fromkeys(config.get("workflows") or []))
         context_handoff.install_sink(model_context.offer)  # a call scheduled here finds its messages here
-        tools = UserToolActivities(self.tools, queue)
+        mcp = McpActivities()
+        tools = UserToolActivities(self.tools, queue, mcp)
         self._tool_activities[queue] = tools
         self._tool_queues.update(tools.queues())
         ours = list(self._activities) if self._activities is not None else [ModelActivities().call_model]
         given = [*(config.get("activities") or []), *self._agents, *ours]
-        needed = [*workflow_activities(), tools.tool_catalog, tools.run_tool_here]
+        needed = [*workflow_activities(), tools.tool_catalog, tools.run_tool_here, *mcp.all()]
         config["activities"] = with_missing(given, needed)
         ours_around = (
             interceptors(self._model_task_queue) if self._worker_interceptors is None else self._worker_interceptors
@@ -133,6 +135,8 @@ class DurableAgentPlugin(SimplePlugin):
             if self.host is not None:
                 ours = self._configured.get(config["task_queue"], config)  # type: ignore[typeddict-item]
                 await stack.enter_async_context(self._host_worker({**config, **ours}))
+            if tools is not None and tools.mcp is not None:
+                stack.push_async_callback(tools.mcp.pool.close_all)  # the MCP servers end with the worker
             await super().run_worker(worker, next)
 
     def _host_worker(self, config: WorkerConfig) -> Worker:

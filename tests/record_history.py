@@ -1,7 +1,8 @@
 """Record a real run's history for the replay test: `python -m tests.record_history`
 (`--compaction`: a run with compactions; `--delegate`: a parent's and a delegate's histories;
 `--agent-file`: a run of an agent file, read at its start; `--done`: the plan tool, a quota
-shrunk by a spike, the skip rung and a check command that fails once).
+shrunk by a spike, the skip rung and a check command that fails once; `--mcp`: a run with an
+MCP server's tools, tests/mcp_fixture_server.py).
 
 The scenario touches every kind of command the workflow emits: parallel tool activities,
 an approval (update), a pause and a user message (signals), raised limits, a model
@@ -37,6 +38,7 @@ HISTORY_FILE = Path(__file__).parent / "histories" / "agent_run.json"
 COMPACTION_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_compaction.json")
 AGENT_FILE_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_agent_file.json")
 DONE_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_done.json")
+MCP_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_mcp.json")
 DELEGATE_FILES = (
     Path(__file__).parent / "histories" / "delegate" / "parent.json",
     Path(__file__).parent / "histories" / "delegate" / "child.json",
@@ -141,6 +143,25 @@ async def record_done(client: Client, task_queue: str, workspace: Path, model: M
     return await handle.fetch_history()
 
 
+async def record_mcp(client: Client, task_queue: str, workspace: Path, model: ModelServer) -> WorkflowHistory:
+    """A run with an MCP server: its catalog, a read and a write call side by side, a destructive
+    call approved, and the sessions' close."""
+    (workspace / "doomed.txt").write_text("x")
+    model.responder = Script(
+        [
+            tools(("mcp__fx__echo", {"text": "hi"}), ("mcp__fx__append_line", {"path": "a.txt", "line": "a"})),
+            tools(("mcp__fx__delete_file", {"path": "doomed.txt"})),
+        ],
+        final="recorded",
+    )
+    agent = AgentInput(goal="record an MCP run", workspace=str(workspace), mcp_servers=["fx"])
+    handle = await start_agent(client, agent, f"replay-mcp-{uuid.uuid4().hex[:8]}", task_queue)
+    status = await wait_for(handle, lambda s: s.state == "awaiting_approval")
+    await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
+    await handle.result()
+    return await handle.fetch_history()
+
+
 def delegate_scenario() -> ByGoal:
     return ByGoal(
         {
@@ -180,6 +201,11 @@ async def main(kind: str) -> None:
 
     home = Path(tempfile.mkdtemp())
     os.environ["DURABLE_AGENT_WORKSPACE_ROOTS"] = str(home)  # the worker's check accepts the workspace
+    if kind == "mcp":
+        server_file = Path(__file__).with_name("mcp_fixture_server.py")
+        config = {"mcpServers": {"fx": {"command": sys.executable, "args": [str(server_file)]}}}
+        (home / "mcp.json").write_text(json.dumps(config))
+        os.environ["DURABLE_AGENT_MCP_CONFIG"] = str(home / "mcp.json")
     server = start_server(home, port=free_port(), ui_port=None, persistent=False)
     try:
         with ModelServer(Script([])) as model:
@@ -193,6 +219,7 @@ async def main(kind: str) -> None:
                     "delegate": record_delegate,
                     "agent-file": record_agent_file,
                     "done": record_done,
+                    "mcp": record_mcp,
                     "agent": record,
                 }
                 histories = await recorders[kind](client, "record", workspace, model)
@@ -203,6 +230,7 @@ async def main(kind: str) -> None:
         "delegate": DELEGATE_FILES,
         "agent-file": (AGENT_FILE_HISTORY_FILE,),
         "done": (DONE_HISTORY_FILE,),
+        "mcp": (MCP_HISTORY_FILE,),
         "agent": (HISTORY_FILE,),
     }[kind]
     if not isinstance(histories, tuple):
@@ -216,9 +244,8 @@ async def main(kind: str) -> None:
 
 
 if __name__ == "__main__":
-    kinds = [
-        a.removeprefix("--") for a in sys.argv[1:] if a in ("--compaction", "--delegate", "--agent-file", "--done")
-    ]
+    known = ("--compaction", "--delegate", "--agent-file", "--done", "--mcp")
+    kinds = [a.removeprefix("--") for a in sys.argv[1:] if a in known]
     asyncio.run(main(kinds[0] if kinds else "agent"))
     sys.stdout.flush()
     os._exit(0)

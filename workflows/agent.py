@@ -175,6 +175,7 @@ class AgentWorkflow(
         else:
             await self._archive_rest()
         await self._clean_up_files(result)
+        await self._close_mcp_sessions()
         await workflow.wait_condition(workflow.all_handlers_finished)
         await self._flush_signals()
         return result
@@ -486,7 +487,7 @@ class AgentWorkflow(
             try:
                 reply = await self._execute_model_call(
                     self._wire.render(messages),
-                    tools=self._agent.enabled_tools(),
+                    tools=self._enabled_tools(),
                     summary=f"step {self._carry.step}",
                     max_tokens=self._carry.quota.max_tokens(),
                 )

@@ -226,6 +226,12 @@ TOOL_WORKER_WAIT = timedelta(seconds=10)
 "waiting for a worker with tool X" (a schedule-to-start timeout, which Temporal never
 retries); it is then scheduled again, and so on until a worker with the tool polls."""
 CATALOG_TIMEOUT = timedelta(seconds=10)
+MCP_CATALOG_TIMEOUT = timedelta(seconds=120)
+"""With MCP servers: each starts (in its sandbox) and lists its tools (activities/mcp_sessions.py)."""
+MCP_CLOSE_TIMEOUT = timedelta(seconds=30)
+MCP_DOWN_RETRY = timedelta(seconds=30)
+"""A run whose MCP server is down at its start tries again this often (after the catalog's own
+retries, ~8.5 s): each try is a few events in its history."""
 USER_TOOL_TIMEOUT_S = 120.0
 
 

@@ -4,7 +4,8 @@ A `ToolSpec` is all the workflow needs to offer a tool to the model and to call 
 OpenAI schema, its effect (how a crash or a failure is handled), its approval, timeout,
 retries, price, cache and the activity (type and task queue) that runs it. The nine
 built-in tools are specs like any other (`BUILTIN_SPECS`); the user's Python tools
-(durable_agent/tools.py) and `activity_tools` become specs the same way. A run that names
+(durable_agent/tools.py), `activity_tools` and the tools of the run's MCP servers
+(activities/mcp_tools.py) become specs the same way. A run that names
 tools beyond the built-ins records its catalog once, at its start (an activity result), so a
 later change of a tool's code or schema cannot change a replay.
 
@@ -18,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from workflows.tool_specs import TOOL_ARGS, TOOL_DESCRIPTIONS, function_schema
-from workflows.types import ActivityTool, Effect, ToolCallInput
+from workflows.types import ActivityTool, Effect, McpTarget, ToolCallInput
 
 WRITE_BUILTINS = frozenset({"write_file", "edit_file", "run_command"})
 """Built-in tools with side effects; their own journal (activities/journal.py) keeps them exactly once."""
@@ -42,7 +43,9 @@ class ToolSpec(BaseModel):
     """None: the run's own task queue (the built-in tools)."""
     activity: str | None = None
     """The activity type; None: the tool's name."""
-    source: Literal["builtin", "python", "activity"] = "builtin"
+    source: Literal["builtin", "python", "activity", "mcp"] = "builtin"
+    mcp: McpTarget | None = None
+    """An MCP tool: its server and its name there."""
     workspace: bool = False
     """A user's tool declared workspace-bound: a run pinned to a host calls it on the host's
     queue of the tool (workflows/hosts.py)."""
@@ -67,6 +70,8 @@ class ToolCatalog(BaseModel):
 
     tools: list[ToolSpec] = Field(default_factory=list)
     unknown: list[str] = Field(default_factory=list)
+    unknown_servers: list[str] = Field(default_factory=list)
+    """MCP servers the run names that the worker's configuration lacks."""
 
 
 class LocalToolCall(BaseModel):
@@ -77,9 +82,20 @@ class LocalToolCall(BaseModel):
 
 
 class CatalogRequest(BaseModel):
-    """Input of `tool_catalog`: the names to resolve (built-ins excluded)."""
+    """Input of `tool_catalog`: the names to resolve (built-ins excluded), and the MCP servers
+    whose tools to list, with the run's workspace and chain folder (where and for whom the
+    servers' sessions start)."""
 
     names: list[str]
+    mcp_servers: list[str] = Field(default_factory=list)
+    workspace: str = ""
+    run_folder: str = ""
+
+
+class McpClose(BaseModel):
+    """Input of `mcp_close`: the run chain whose MCP sessions on the worker close."""
+
+    run_folder: str
 
 
 def _builtin(name: str) -> ToolSpec:

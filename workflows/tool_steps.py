@@ -34,7 +34,7 @@ with workflow.unsafe.imports_passed_through():
         already_loaded,
         take_loaded_skill,
     )
-    from workflows.tool_catalog import CatalogRequest, LocalToolCall, ToolCatalog, ToolSpec
+    from workflows.tool_catalog import CatalogRequest, LocalToolCall, McpClose, ToolCatalog, ToolSpec
     from workflows.tool_specs import RecallArgs, ToolArgumentError, call_summary, decode_arguments, parse_tool_call
     from workflows.types import (
         NOT_RUN,
@@ -82,6 +82,11 @@ def activity_outcome(raw: Any, budget_chars: int) -> ToolOutcome:
 class ToolSteps:
     """A step's tool calls, as `AgentWorkflow` runs them."""
 
+    def _enabled_tools(self) -> list[str]:
+        """The input's tools and the tools of its MCP servers, as listed at the run's start."""
+        mcp = [s.name for s in self._carry.catalog or [] if s.source == "mcp"]
+        return self._agent.enabled_tools() + mcp
+
     def _catalog_specs(self) -> dict[str, ToolSpec]:
         """The run's tools beyond the built-ins: its `activity_tools` and its resolved catalog."""
         specs = {t.name: ToolSpec.of_activity(t) for t in self._agent.activity_tools}
@@ -90,24 +95,16 @@ class ToolSteps:
     async def _resolve_tools(self) -> None:
         """Once per chain: the workers' specs of the tools the run names beyond the built-ins,
         recorded in history; a name no worker offers closes the run, before any model call."""
-        names = self._agent.tools_to_resolve()
-        if self._carry.catalog is not None or not names:
+        names, servers = self._agent.tools_to_resolve(), self._agent.mcp_servers
+        if self._carry.catalog is not None or not (names or servers):
             return
         self._doing = "resolving tools"
-        try:
-            catalog: ToolCatalog = await workflow.execute_local_activity(
-                "tool_catalog",
-                CatalogRequest(names=names),
-                result_type=ToolCatalog,
-                start_to_close_timeout=options.CATALOG_TIMEOUT,
-                retry_policy=options.TOOL_RETRY,
-                summary=f"tool_catalog: {', '.join(names)}"[:120],
+        request = CatalogRequest(names=names)
+        if servers:  # their sessions start for this run on this worker (activities/mcp_tools.py)
+            request = CatalogRequest(
+                names=names, mcp_servers=servers, workspace=self._agent.workspace, run_folder=self._run_folder()
             )
-        except ACTIVITY_FAILED as e:
-            raise_if_cancelled(e)
-            raise ApplicationError(
-                f"the run's tools could not be resolved: {failure_message(e)}", type="UnknownTool", non_retryable=True
-            ) from None
+        catalog = await self._list_catalog(request)
         if catalog.unknown:
             raise ApplicationError(
                 f"unknown tool(s) {catalog.unknown}: no worker offers them (load their module with "
@@ -116,7 +113,57 @@ class ToolSteps:
                 type="UnknownTool",
                 non_retryable=True,
             )
+        if catalog.unknown_servers:
+            raise ApplicationError(
+                f"unknown MCP server(s) {catalog.unknown_servers}: the worker's DURABLE_AGENT_MCP_CONFIG does not "
+                "configure them (docs/mcp.md)",
+                type="UnknownMcpServer",
+                non_retryable=True,
+            )
         self._carry.catalog = catalog.tools
+
+    async def _list_catalog(self, request: CatalogRequest) -> ToolCatalog:
+        """`tool_catalog`; while an MCP server is down (cannot start, or does not answer) the run
+        waits for it like any dependency, saying so in its status, and tries again."""
+        waiting_since: str | None = None
+        timeout = options.MCP_CATALOG_TIMEOUT if request.mcp_servers else options.CATALOG_TIMEOUT
+        while True:
+            try:
+                return await workflow.execute_local_activity(
+                    "tool_catalog",
+                    request,
+                    result_type=ToolCatalog,
+                    start_to_close_timeout=timeout,
+                    retry_policy=options.TOOL_RETRY,
+                    summary=f"tool_catalog: {', '.join([*request.names, *request.mcp_servers])}"[:120],
+                )
+            except ACTIVITY_FAILED as e:
+                raise_if_cancelled(e)
+                if not _mcp_down(e):
+                    raise ApplicationError(
+                        f"the run's tools could not be resolved: {failure_message(e)}",
+                        type="UnknownTool",
+                        non_retryable=True,
+                    ) from None
+                waiting_since = waiting_since or workflow.now().isoformat(timespec="seconds")
+                self._doing = f"waiting for an MCP server since {waiting_since}: {failure_message(e)}"
+                self._publish()
+                await workflow.sleep(options.MCP_DOWN_RETRY)
+
+    async def _close_mcp_sessions(self) -> None:
+        """At the chain's close: its MCP sessions on this worker end (on others, when idle)."""
+        if not self._agent.mcp_servers or self._carry.catalog is None:
+            return
+        try:
+            await workflow.execute_local_activity(
+                "mcp_close",
+                McpClose(run_folder=self._run_folder()),
+                start_to_close_timeout=options.MCP_CLOSE_TIMEOUT,
+                summary=f"mcp_close: {', '.join(self._agent.mcp_servers)}"[:120],
+            )
+        except ACTIVITY_FAILED as e:
+            raise_if_cancelled(e)
+            workflow.logger.warning("closing the run's MCP sessions failed: %s", failure_message(e))
 
     async def _call_catalog_tool(self, spec: ToolSpec, request: ToolCallInput, args: dict[str, Any]) -> ToolOutcome:
         """A user's tool or an activity tool: its activity on its task queue. While no worker
@@ -140,7 +187,7 @@ class ToolSteps:
                     schedule_to_start_timeout=options.TOOL_WORKER_WAIT,
                     start_to_close_timeout=timedelta(seconds=spec.timeout_s or options.USER_TOOL_TIMEOUT_S),
                     # Our Python tools beat in the background; another team's worker may not.
-                    heartbeat_timeout=options.HEARTBEAT_TIMEOUT if spec.source == "python" else None,
+                    heartbeat_timeout=options.HEARTBEAT_TIMEOUT if spec.source in ("python", "mcp") else None,
                     retry_policy=options.catalog_tool_retry(spec.retries),
                     cancellation_type=options.TOOL_CANCELLATION,
                     summary=call_summary(spec.name, args),
@@ -260,7 +307,7 @@ class ToolSteps:
         self._carry.view.messages += skills  # after every tool result: the API wants those contiguous
 
     async def _run_tool(self, call: ToolCall) -> ToolOutcome:
-        enabled = self._agent.enabled_tools()
+        enabled = self._enabled_tools()
         try:
             if call.name in self._catalog_specs():
                 args = decode_arguments(call.name, call.arguments, enabled)
@@ -314,7 +361,8 @@ class ToolSteps:
         if call.name == "run_command":
             request = request.model_copy(update={"sandbox": self._agent.sandbox, "env_allow": self._agent.env_allow})
         if (spec := self._catalog_specs().get(call.name)) is not None:
-            return await self._call_catalog_tool(spec, request.model_copy(update={"step": self._carry.step}), args)
+            update = {"step": self._carry.step, "mcp": spec.mcp} if spec.mcp else {"step": self._carry.step}
+            return await self._call_catalog_tool(spec, request.model_copy(update=update), args)
         try:
             if call.name == "recall":
                 return await self._recall(RecallArgs.model_validate(args))
@@ -440,3 +488,12 @@ class ToolSteps:
                 tool_name=call.name,
             )
         )
+
+
+def _mcp_down(error: BaseException) -> bool:
+    """Whether the catalog failed because an MCP server could not be started or reached (a
+    local activity's error comes as it was raised, a regular one's as the ActivityError's cause)."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, ApplicationError):
+        cause = cause.__cause__
+    return cause is not None and cause.type == "McpUnavailable"

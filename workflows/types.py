@@ -301,7 +301,8 @@ class AgentInput(_Strict):
     """An agent file's name (`agents/<name>.md`, workflows/agents.py): its fields fill in what
     this input does not give. The run's first activity reads it; the run then carries the result."""
     mcp_servers: list[str] = Field(default_factory=list)
-    """Reserved (DESIGN.md §5c): accepted and carried, not used yet."""
+    """MCP servers configured on the workers (DESIGN.md §5c, docs/mcp.md): their tools, listed at
+    the run's start, are offered as `mcp__<server>__<tool>`."""
     success_criteria: str | list[str] | None = None
     """Statements a final answer must meet, judged against the transcript by one model call
     (workflows/done.py); unmet ones go back to the model, at most `limits.max_done_checks` times."""
@@ -502,6 +503,14 @@ def one_folder_name(value: str) -> str:
     return value
 
 
+class McpTarget(BaseModel):
+    """An MCP tool as its server knows it (activities/mcp_tools.py), and its effect."""
+
+    server: str
+    tool: str
+    effect: Effect = "write"
+
+
 class ToolCallInput(BaseModel):
     """Input of every tool activity (activity type = tool name)."""
 
@@ -520,6 +529,8 @@ class ToolCallInput(BaseModel):
     recorded before per-chain folders): the journal and outputs lie directly in those folders."""
     step: int = Field(default=0, ge=0)
     """The step the call belongs to: the journal keeps only the current step's entries."""
+    mcp: McpTarget | None = None
+    """`mcp_call` only: which server and tool (the activity type is the same for all)."""
 
     @field_validator("run_folder")
     @classmethod

@@ -1,0 +1,249 @@
+"""MCP sessions: one per run per worker, each started where its configuration says.
+
+A session is keyed by (run chain, server): the stdio process (or HTTP session) that listed the
+server's tools at the run's start serves every later call of that run on this worker, and
+is closed at the run's close (`mcp_close`), after `IDLE_S` without a call, or when a call
+finds it dead or hung (the next call starts it again). `SessionPool.starts` counts the
+starts, and each is logged.
+
+A stdio server runs by default in the command sandbox (activities/tools/sandbox.py, its
+functions reused as they are): the run's workspace as its working directory, read-write;
+system folders read-only; the worker's Python environment (`sys.prefix`, the base
+interpreter's prefix) and any file its `command` and `args` name by absolute path, read-only,
+so a Python server installed with the worker, or a script the operator names, runs; no network
+unless `network`; no environment but the configuration's `env`, a PATH (the worker's
+environment's `bin`, then the system's) and the sandbox's HOME.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shlex
+import sys
+import time
+from collections.abc import AsyncIterator
+
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.stdio import get_default_environment
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from activities.mcp_config import McpServer, expanded, expanded_map
+from activities.tools.sandbox import (
+    COMMAND_PATH,
+    SANDBOX_HOME,
+    CommandLimits,
+    SandboxUnavailable,
+    bwrap_argv,
+    bwrap_binary,
+    launcher_argv,
+    refusal,
+    unsandboxed_allowed,
+)
+from activities.tools.seccomp import filter_file
+
+logger = logging.getLogger(__name__)
+
+IDLE_S = 600.0
+"""A session without a call for this long is closed (a run whose close never reached this worker)."""
+START_TIMEOUT_S = 60.0
+"""Start and handshake of a server: a sandboxed Python server imports `mcp` first (~1 s idle)."""
+SERVER_LIMITS = CommandLimits(cpu_s=24 * 3600)
+"""A command's limits, but CPU time for a server living as long as its run."""
+
+
+class McpUnavailable(Exception):
+    """The server could not be started or reached; the message says which and why."""
+
+
+def stdio_parameters(server: McpServer, workspace: str) -> StdioServerParameters:
+    """How to start a stdio server: in the sandbox unless `sandbox: false` (or the operator's
+    `DURABLE_AGENT_UNSANDBOXED_COMMANDS` consent where no sandbox can start)."""
+    assert server.command is not None
+    command = expanded(server.command)
+    args = [expanded(a) for a in server.args]
+    env = {"PATH": f"{sys.prefix}/bin:{COMMAND_PATH}", **expanded_map(server.env)}
+    if not server.sandbox:
+        return _plain(command, args, env, server.cwd or workspace)
+    try:
+        bwrap = bwrap_binary()
+    except SandboxUnavailable as e:
+        if not unsandboxed_allowed():
+            raise McpUnavailable(refusal(e).replace("run_command", "the MCP server")) from None
+        return _plain(command, args, env, workspace)
+    env.setdefault("HOME", SANDBOX_HOME)
+    argv = bwrap_argv(bwrap, workspace, server.network)
+    split = argv.index("--")
+    argv[split:split] = [arg for path in visible_paths([command, *args]) for arg in ("--ro-bind", path, path)]
+    full = launcher_argv(SERVER_LIMITS, [], [*argv, _only(env), "mcp-server", command, *args], filter_file())
+    return StdioServerParameters(command=full[0], args=full[1:], env=env, cwd=workspace)
+
+
+def _plain(command: str, args: list[str], env: dict[str, str], cwd: str) -> StdioServerParameters:
+    """Unsandboxed: the worker's view of the machine, but still only the configured env."""
+    argv = ["-c", _only(env), "mcp-server", command, *args]
+    return StdioServerParameters(command="bash", args=argv, env=env, cwd=cwd)
+
+
+def _only(env: dict[str, str]) -> str:
+    """A shell script that runs its arguments with `env` alone: the SDK adds some of the
+    worker's variables (USER, SHELL, ...), which go before the server runs."""
+    leaked = sorted(set(get_default_environment()) - set(env))
+    return f'unset {shlex.join(leaked)}; exec "$@"' if leaked else 'exec "$@"'
+
+
+def visible_paths(words: list[str]) -> list[str]:
+    """Read-only in the sandbox: the worker's Python environment, and the files the server's
+    command line names by absolute path (a folder named there is not: it could hide the workspace)."""
+    paths: list[str] = []
+    for path in [sys.prefix, sys.base_prefix, *(w for w in words if os.path.isabs(w) and os.path.isfile(w))]:
+        path = os.path.normpath(path)
+        # One under another is visible already, and bubblewrap cannot mount on a read-only folder.
+        if not any(path == p or path.startswith(p.rstrip("/") + "/") for p in [*paths, "/usr"]):
+            paths.append(path)
+    return paths
+
+
+class McpSession:
+    """One connection to one server, owned by a task of its own: the SDK's transports must be
+    entered and left in one task, and calls come from many activities."""
+
+    def __init__(self, name: str, server: McpServer, workspace: str) -> None:
+        self.name = name
+        self.server = server
+        self.workspace = workspace
+        self.session: ClientSession | None = None
+        self.last_used = time.monotonic()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def open(self) -> None:
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._serve(ready), name=f"mcp-{self.name}")
+        try:
+            await asyncio.wait_for(asyncio.shield(ready), START_TIMEOUT_S)
+        except TimeoutError:
+            await self.close()
+            raise McpUnavailable(f"MCP server {self.name} did not answer within {START_TIMEOUT_S:g} s") from None
+        except McpUnavailable:
+            await self.close()
+            raise
+
+    async def _serve(self, ready: asyncio.Future[None]) -> None:
+        try:
+            async with self._connected() as session:
+                await session.initialize()
+                self.session = session
+                ready.set_result(None)
+                await self._stop.wait()
+        except Exception as e:  # noqa: BLE001 - any failure to start is the server's, told whole
+            if not ready.done():
+                where = " (its stderr is in the worker's)" if self.server.stdio else ""
+                ready.set_exception(McpUnavailable(f"MCP server {self.name} could not start: {reason_of(e)}{where}"))
+            else:
+                logger.info("MCP server %s ended: %s", self.name, reason_of(e))
+        finally:
+            self.session = None
+
+    @contextlib.asynccontextmanager
+    async def _connected(self) -> AsyncIterator[ClientSession]:
+        async with contextlib.AsyncExitStack() as stack:
+            if self.server.stdio:
+                params = stdio_parameters(self.server, self.workspace)
+                read, write = await stack.enter_async_context(stdio_client(params))
+            else:
+                assert self.server.url is not None
+                headers = expanded_map(self.server.headers)
+                http = await stack.enter_async_context(create_mcp_http_client(headers=headers))
+                read, write = await stack.enter_async_context(
+                    streamable_http_client(expanded(self.server.url), http_client=http)
+                )
+            yield await stack.enter_async_context(ClientSession(read, write))
+
+    def alive(self) -> bool:
+        return self.session is not None and self._task is not None and not self._task.done()
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(self._task, 15)
+
+    def client(self) -> ClientSession:
+        if self.session is None:
+            raise McpUnavailable(f"MCP server {self.name} is not running")
+        self.last_used = time.monotonic()
+        return self.session
+
+
+class SessionPool:
+    """This worker's sessions by (run chain, server)."""
+
+    def __init__(self, idle_s: float = IDLE_S) -> None:
+        self.idle_s = idle_s
+        self.starts = 0
+        self._sessions: dict[tuple[str, str], McpSession] = {}
+        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._reaper: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+
+    async def get(self, run: str, name: str, server: McpServer, workspace: str) -> McpSession:
+        """The run's live session with the server, started (again) if there is none."""
+        key = (run, name)
+        async with self._locks.setdefault(key, asyncio.Lock()):
+            session = self._sessions.get(key)
+            if session is not None and session.alive():
+                return session
+            if session is not None:
+                await session.close()
+            session = McpSession(name, server, workspace)
+            await session.open()
+            self._sessions[key] = session
+            self.starts += 1
+            logger.info("MCP server %s started for run %s (%d starts on this worker)", name, run, self.starts)
+            self._reap_later()
+            return session
+
+    async def discard(self, run: str, name: str) -> None:
+        """A dead or hung session goes; the run's next call starts a new one."""
+        session = self._sessions.pop((run, name), None)
+        if session is not None:
+            await session.close()
+
+    def close_run(self, run: str) -> int:
+        """The run's sessions stop in the background: a server's shutdown (its stdin closed, a
+        wait for its exit) takes a second or two, which the run's close need not wait for."""
+        names = [name for (r, name) in self._sessions if r == run]
+        for name in names:
+            task = asyncio.create_task(self.discard(run, name))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        return len(names)
+
+    async def close_all(self) -> None:
+        for run, name in list(self._sessions):
+            await self.discard(run, name)
+        await asyncio.gather(*self._closing, return_exceptions=True)
+
+    def _reap_later(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.create_task(self._reap())
+
+    async def _reap(self) -> None:
+        while self._sessions:
+            await asyncio.sleep(min(self.idle_s / 4, 30.0))
+            now = time.monotonic()
+            for key, session in list(self._sessions.items()):
+                if now - session.last_used > self.idle_s:
+                    logger.info("MCP server %s of run %s closed after %g s idle", key[1], key[0], self.idle_s)
+                    await self.discard(*key)
+
+
+def reason_of(error: BaseException) -> str:
+    """The first leaf of an exception group (anyio's task groups wrap what they raise)."""
+    while isinstance(error, BaseExceptionGroup) and error.exceptions:
+        error = error.exceptions[0]
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__

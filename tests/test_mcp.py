@@ -1,0 +1,558 @@
+"""MCP servers as durable tools (activities/mcp_tools.py, docs/mcp.md).
+
+Real dev server, real workers (in process, or `python worker.py` subprocesses SIGKILLed),
+the scripted model stub, real MCP servers over stdio: tests/mcp_fixture_server.py (written
+with the SDK's MCPServer) and the published `mcp-server-time`, in the real command sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.types import CallToolResult, ImageContent, ToolAnnotations
+from mcp.types import Tool as McpTool
+from temporalio.client import Client, WorkflowFailureError
+
+from activities.mcp_config import McpConfig, McpServer
+from activities.mcp_sessions import McpSession, McpUnavailable, SessionPool, stdio_parameters, visible_paths
+from activities.mcp_tools import needs_approval, rendered
+from activities.tools.sandbox import bwrap_binary
+from durable_agent.model_server import ModelServer
+from durable_agent.processes import kill_hard, spawn_worker, stop_gently
+from durable_agent.server import EmbeddedServer, free_port
+from tests.helpers import host_processes_named, start, until, wait_for
+from tests.scripts import Script, answer, tool_results, tools
+from tests.test_crash import worker_env
+from worker import build_worker
+
+FIXTURE = str(Path(__file__).with_name("mcp_fixture_server.py"))
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def configure(path: Path, monkeypatch: pytest.MonkeyPatch, **servers: dict[str, Any]) -> Path:
+    """Write an MCP configuration and point the worker's environment at it."""
+    config = path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": servers}))
+    monkeypatch.setenv("DURABLE_AGENT_MCP_CONFIG", str(config))
+    return config
+
+
+def fixture(**extras: Any) -> dict[str, Any]:
+    return {"command": sys.executable, "args": [FIXTURE], **extras}
+
+
+def latest(request: dict[str, Any], count: int = 1) -> list[str]:
+    """The tool results of the step just before this model call."""
+    return tool_results(request)[-count:]
+
+
+def starts(workspace: Path) -> int:
+    log = workspace / "starts.log"
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+async def test_mcp_tools_are_offered_and_called_in_a_run_by_one_server_start(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture(), time={"command": "mcp-server-time", "args": []})
+    model_server.responder = Script(
+        [
+            tools(("mcp__fx__echo", {"text": "one"}), ("mcp__time__get_current_time", {"timezone": "UTC"})),
+            tools(("mcp__fx__append_line", {"path": "notes.txt", "line": "hello"})),
+            tools(("mcp__fx__echo", {"text": 3})),
+            answer("done"),
+        ]
+    )
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx", "time"])
+        result = await handle.result()
+        await until(lambda: host_processes_named(str(workspace)) == [])  # the run's close stops its servers
+    assert result.state == "completed"
+    offered = {t["function"]["name"]: t["function"] for t in model_server.requests[0]["tools"]}
+    assert offered["mcp__fx__echo"]["parameters"]["properties"]["text"]["type"] == "string"
+    assert offered["mcp__fx__echo"]["description"] == "Echo the text back."
+    assert "mcp__time__get_current_time" in offered and "read_file" in offered
+    echoed, now = tool_results(model_server.requests[1])
+    assert echoed == "echo: one"
+    assert json.loads(now)["timezone"] == "UTC"
+    assert latest(model_server.requests[2]) == ["appended to notes.txt"]
+    assert (workspace / "notes.txt").read_text() == "hello\n"  # in the workspace, the server's cwd
+    assert latest(model_server.requests[3])[0].startswith("ERROR: ")  # the server refused a bad argument
+    assert starts(workspace) == 1  # one session served the catalog and the calls
+
+
+async def test_an_unconfigured_server_closes_the_run_at_its_start(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture())
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx", "nope"])
+        with pytest.raises(WorkflowFailureError) as failure:
+            await handle.result()
+    assert "unknown MCP server(s) ['nope']" in str(failure.value.cause)
+    assert model_server.requests == []  # 0 model calls
+
+
+async def test_a_destructive_tool_waits_for_approval(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture())
+    (workspace / "doomed.txt").write_text("x")
+    model_server.responder = Script([tools(("mcp__fx__delete_file", {"path": "doomed.txt"})), answer("deleted")])
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+        status = await wait_for(handle, lambda s: s.state == "awaiting_approval")
+        assert (workspace / "doomed.txt").exists()  # nothing ran before the decision
+        pending = status.pending_approvals[0]
+        assert pending.tool == "mcp__fx__delete_file"
+        await handle.execute_update("approve", {"call_id": pending.call_id, "approved": True})
+        result = await handle.result()
+    assert result.state == "completed"
+    assert not (workspace / "doomed.txt").exists()
+    assert tool_results(model_server.requests[1]) == ["deleted doomed.txt"]
+
+
+async def test_a_sandboxed_server_sees_only_the_workspace_and_no_network(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    marker = tmp_path / "outside.txt"
+    marker.write_text("host secret")
+    (workspace / "inside.txt").write_text("workspace file")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    configure(tmp_path, monkeypatch, fx=fixture())
+    model_server.responder = Script(
+        [
+            tools(
+                ("mcp__fx__read_path", {"path": str(marker)}),
+                ("mcp__fx__read_path", {"path": "inside.txt"}),
+                ("mcp__fx__connect", {"port": port}),
+            ),
+            answer("done"),
+        ]
+    )
+    try:
+        async with build_worker(client, task_queue):
+            handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+            result = await handle.result()
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # no connection ever reached the host's listener
+    finally:
+        listener.close()
+    assert result.state == "completed"
+    outside, inside, connected = tool_results(model_server.requests[1])
+    assert outside.startswith(f"cannot read {marker}: No such file") and "host secret" not in outside
+    assert inside == "workspace file"
+    assert connected.startswith("no connection")
+
+
+async def test_a_hanging_server_is_cancelled_at_its_timeout_and_the_run_goes_on(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture(timeout_s=3))
+    model_server.responder = Script(
+        [tools(("mcp__fx__hang", {})), tools(("mcp__fx__echo", {"text": "after"})), answer("done")]
+    )
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+        result = await asyncio.wait_for(handle.result(), 90)
+    assert result.state == "completed"
+    [hung] = tool_results(model_server.requests[1])
+    assert hung.startswith("ERROR: fx.hang: no answer within 3 s")
+    assert latest(model_server.requests[2]) == ["echo: after"]
+    assert starts(workspace) == 2  # the hung server was stopped, the next call started another
+
+
+async def test_a_server_that_dies_is_started_again_read_retried_write_reported(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture())
+    model_server.responder = Script(
+        [
+            tools(("mcp__fx__crash_once", {"marker": "crashed.txt"})),
+            tools(("mcp__fx__append_then_crash", {"path": "ledger.txt", "line": "paid"})),
+            tools(("mcp__fx__echo", {"text": "still here"})),
+            answer("done"),
+        ]
+    )
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+        result = await asyncio.wait_for(handle.result(), 90)
+    assert result.state == "completed"
+    assert latest(model_server.requests[1]) == ["survived"]  # the read ran again on a new server
+    [write] = latest(model_server.requests[2])
+    assert write.startswith("ERROR: the outcome is unknown: the MCP server fx stopped during the call")
+    assert (workspace / "ledger.txt").read_text() == "paid\n"  # once: not run again
+    assert latest(model_server.requests[3]) == ["echo: still here"]
+    assert starts(workspace) == 3  # the first, after each death
+
+
+async def test_results_are_capped_redacted_and_kept_by_reference_with_progress_in_heartbeats(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture())
+    model_server.responder = Script(
+        [tools(("mcp__fx__slow", {"seconds": 6})), tools(("mcp__fx__big", {"chars": 50_000})), answer("done")]
+    )
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+        details = await beat_of(handle, "mcp_call")
+        result = await asyncio.wait_for(handle.result(), 90)
+    assert result.state == "completed"
+    assert "of 12" in details  # the server's progress notification, e.g. "3/12 step 4 of 12"
+    [big] = latest(model_server.requests[2])
+    assert len(big) < 9_000 and "bytes total" in big
+    ref = big.split("full output: ")[1].split(" …")[0]
+    saved = (workspace / ref).read_text()
+    assert saved.startswith("x" * 1000) and len(saved) > 50_000
+    assert "sk-A1A1" not in big + saved and "[REDACTED:openai-key]" in saved
+
+
+async def beat_of(handle: Any, activity_type: str) -> str:
+    """The first heartbeat details of the run's pending activity of this type, decoded."""
+    while True:
+        for pending in (await handle.describe()).raw_description.pending_activities:
+            if pending.activity_type.name == activity_type and pending.heartbeat_details.payloads:
+                values = await handle._client.data_converter.decode(pending.heartbeat_details.payloads)
+                return str(values)
+        await asyncio.sleep(0.2)
+
+
+async def test_an_agent_file_names_the_servers(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture())
+    (workspace / "agents").mkdir()
+    (workspace / "agents" / "echoer.md").write_text("---\ndescription: d\nmcp_servers: fx\n---\nEcho.\n")
+    model_server.responder = Script([tools(("mcp__fx__echo", {"text": "hi"})), answer("done")])
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), agent="echoer")
+        result = await handle.result()
+    assert result.state == "completed"
+    assert latest(model_server.requests[1]) == ["echo: hi"]
+
+
+def test_the_cli_lists_servers_and_tools(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    configure(tmp_path, monkeypatch, fx=fixture(), time={"command": "mcp-server-time"}, gone={"command": "no-such"})
+    done = subprocess.run(
+        [sys.executable, "-c", "from durable_agent.cli import main; main()", "mcp"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr  # one server could not be listed
+    lines = done.stdout.splitlines()
+    assert "fx: stdio" in lines[0] and "(sandboxed, no network)" in lines[0]
+    assert any(line.split()[:3] == ["mcp__fx__delete_file", "write", "yes"] for line in lines)
+    assert any(line.split()[:3] == ["mcp__time__get_current_time", "read", "no"] for line in lines)
+    assert "gone: stdio `no-such`" in done.stdout
+    assert "cannot list its tools: MCP server gone could not start" in done.stdout
+
+
+async def test_worker_sigkills_between_and_during_calls(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Killed during a write: its effect once, the model told the outcome is unknown; during a
+    read: run again on the next worker; between calls (awaiting approval): the next worker
+    starts its own session. One server start per worker that served the run."""
+    config = configure(tmp_path, monkeypatch, fx=fixture())
+    ledger, counter, doomed = workspace / "ledger.txt", workspace / "tally.txt", workspace / "doomed.txt"
+    doomed.write_text("x")
+    model_server.responder = Script(
+        [
+            tools(("mcp__fx__append_line", {"path": "ledger.txt", "line": "paid", "hold_s": 120})),
+            tools(("mcp__fx__tally", {"path": "tally.txt", "hold_first_s": 120})),
+            tools(("mcp__fx__delete_file", {"path": "doomed.txt"})),
+            answer("done"),
+        ]
+    )
+    env = {**worker_env(temporal_server, model_server, task_queue), "DURABLE_AGENT_MCP_CONFIG": str(config)}
+    worker = spawn_worker(env, tmp_path / "w0.log")
+    try:
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+        await until(lambda: lines(ledger) == ["paid"])
+        kill_hard(worker)  # during the write call
+        worker = spawn_worker(env, tmp_path / "w1.log")
+        await until(lambda: len(lines(counter)) == 1)
+        kill_hard(worker)  # during the read call
+        worker = spawn_worker(env, tmp_path / "w2.log")
+        status = await wait_for(handle, lambda s: s.state == "awaiting_approval", timeout_s=90)
+        kill_hard(worker)  # between calls
+        worker = spawn_worker(env, tmp_path / "w3.log")
+        await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
+        result = await asyncio.wait_for(handle.result(), 120)
+    finally:
+        stop_gently(worker)
+    assert result.state == "completed"
+    [write] = latest(model_server.requests[1])
+    assert write.startswith("ERROR: the outcome is unknown: the worker running mcp__fx__append_line stopped")
+    assert lines(ledger) == ["paid"]  # exactly once
+    assert latest(model_server.requests[2]) == ["2 call(s)"] and lines(counter) == ["call", "call"]
+    assert latest(model_server.requests[3]) == ["deleted doomed.txt"] and not doomed.exists()
+    assert starts(workspace) == 4  # w0 (catalog and the write), w1 (the read), w2 (its retry), w3 (the delete)
+    assert host_processes_named(str(workspace)) == []  # no sandboxed server outlived its worker
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+async def test_a_server_sees_only_the_env_its_config_names_expanded_from_the_worker(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FX_SOURCE", "from-the-worker")
+    monkeypatch.setenv("WORKER_ONLY", "not-for-servers")
+    monkeypatch.setenv("USER", "worker-user")  # the SDK passes these on unless told not to
+    monkeypatch.setenv("SHELL", "/bin/bash")
+    configure(tmp_path, monkeypatch, fx=fixture(env={"FX_VALUE": "${FX_SOURCE}"}))
+    names = ["FX_VALUE", "WORKER_ONLY", "USER", "SHELL", "DURABLE_AGENT_MCP_CONFIG"]
+    model_server.responder = Script([tools(*(("mcp__fx__getenv", {"name": n}) for n in names)), answer("done")])
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+        result = await handle.result()
+    assert result.state == "completed"
+    assert latest(model_server.requests[1], len(names)) == ["from-the-worker"] + ["(unset)"] * 4
+
+
+async def test_an_http_server_is_called_with_its_headers_expanded(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = free_port()
+    served = tmp_path / "http"
+    served.mkdir()
+    process = subprocess.Popen([sys.executable, FIXTURE, "--http", str(port)], cwd=served, stderr=subprocess.DEVNULL)
+    monkeypatch.setenv("FX_HTTP_TOKEN", "token-value")
+    url = f"http://127.0.0.1:{port}/mcp"
+    configure(tmp_path, monkeypatch, web={"url": url, "headers": {"Authorization": "Bearer ${FX_HTTP_TOKEN}"}})
+    model_server.responder = Script(
+        [tools(("mcp__web__echo", {"text": "over http"}), ("mcp__web__authorization", {})), answer("done")]
+    )
+    try:
+        await until(lambda: port_open(port))
+        async with build_worker(client, task_queue):
+            handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["web"])
+            result = await handle.result()
+    finally:
+        process.terminate()
+        process.wait()
+    assert result.state == "completed"
+    # The header reached the server expanded: its value came back redacted as the worker's secret.
+    assert latest(model_server.requests[1], 2) == ["echo: over http", "Bearer [REDACTED:FX_HTTP_TOKEN]"]
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+async def test_a_server_down_at_the_start_is_waited_for(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = free_port()
+    served = tmp_path / "http"
+    served.mkdir()
+    configure(tmp_path, monkeypatch, web={"url": f"http://127.0.0.1:{port}/mcp"})
+    model_server.responder = Script([tools(("mcp__web__echo", {"text": "up"})), answer("done")])
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["web"])
+        status = await wait_for(handle, lambda s: s.activity.startswith("waiting for an MCP server"), timeout_s=90)
+        assert "MCP server web could not start" in status.activity and status.state == "running"
+        assert model_server.requests == []  # no model call before the tools are known
+        serve = [sys.executable, FIXTURE, "--http", str(port)]
+        process = subprocess.Popen(serve, cwd=served, stderr=subprocess.DEVNULL)
+        try:
+            result = await asyncio.wait_for(handle.result(), 120)
+        finally:
+            process.terminate()
+            process.wait()
+    assert result.state == "completed"
+    assert latest(model_server.requests[1]) == ["echo: up"]
+
+
+# --- the parts, without a run --------------------------------------------------------
+
+
+def test_the_documented_configuration_parses_with_its_defaults() -> None:
+    text = (ROOT / "docs" / "mcp.md").read_text()
+    example = text.split("```json\n", 1)[1].split("```", 1)[0]
+    servers = McpConfig.model_validate(json.loads(example)).servers
+    time_server = servers["time"]
+    assert (time_server.sandbox, time_server.network, time_server.approve, time_server.timeout_s) == (
+        True,
+        False,
+        "destructive",
+        60.0,
+    )
+    assert servers["shop"].approve == ["refund"] and servers["shop"].env == {"SHOP_TOKEN": "${SHOP_TOKEN}"}
+    assert not servers["search"].stdio and servers["search"].headers["Authorization"] == "Bearer ${SEARCH_TOKEN}"
+    with pytest.raises(ValueError, match="either `command`"):
+        McpServer(command="x", url="http://y")
+
+
+@pytest.mark.parametrize(
+    ("approve", "annotations", "waits"),
+    [
+        ("destructive", None, True),  # not read-only, and destructive by the spec's default
+        ("destructive", ToolAnnotations(read_only_hint=True), False),
+        ("destructive", ToolAnnotations(destructive_hint=False), False),
+        ("always", ToolAnnotations(read_only_hint=True), True),
+        ("never", None, False),
+        (["refund"], ToolAnnotations(read_only_hint=True), True),
+        (["other"], None, False),
+    ],
+)
+def test_approval_follows_the_config_and_the_annotations(
+    approve: Any, annotations: ToolAnnotations | None, waits: bool
+) -> None:
+    tool = McpTool(name="refund", input_schema={"type": "object"}, annotations=annotations)
+    assert needs_approval(McpServer(command="x", approve=approve), tool) is waits
+
+
+def test_images_are_described_not_shown() -> None:
+    result = CallToolResult(content=[ImageContent(type="image", data="QUJD" * 100, mime_type="image/png")])
+    assert rendered(result) == "[image: image/png, 300 bytes, not shown]"
+
+
+def test_only_files_named_by_absolute_path_are_mounted(tmp_path: Path) -> None:
+    script = tmp_path / "server.py"
+    script.write_text("")
+    shown = visible_paths(["/usr/bin/python3", str(script), str(tmp_path), "relative.py"])
+    assert shown == [sys.prefix, sys.base_prefix, str(script)] or shown == [sys.prefix, str(script)]
+
+
+def test_no_sandbox_no_server_unless_the_operator_consents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DURABLE_AGENT_BWRAP", "/bin/false")
+    bwrap_binary.cache_clear()
+    try:
+        with pytest.raises(McpUnavailable, match="the MCP server is refused: the command sandbox cannot start"):
+            stdio_parameters(McpServer(command="mcp-server-time"), str(tmp_path))
+        monkeypatch.setenv("DURABLE_AGENT_UNSANDBOXED_COMMANDS", "i-understand")
+        plain = stdio_parameters(McpServer(command="mcp-server-time"), str(tmp_path))
+        assert plain.command == "bash" and plain.args[-1] == "mcp-server-time"
+    finally:
+        monkeypatch.delenv("DURABLE_AGENT_BWRAP")
+        bwrap_binary.cache_clear()
+
+
+async def test_network_true_reaches_the_host_and_unsandboxed_still_gets_only_its_env(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHELL", "/bin/bash")
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    networked = McpSession("fx", McpServer(**fixture(network=True)), str(workspace))
+    plain = McpSession("fx", McpServer(**fixture(sandbox=False)), str(workspace))
+    await networked.open()
+    await plain.open()
+    try:
+        reached = await networked.client().call_tool("connect", {"port": port})
+        user = await plain.client().call_tool("getenv", {"name": "SHELL"})
+        path = await plain.client().call_tool("getenv", {"name": "PATH"})
+    finally:
+        await networked.close()
+        await plain.close()
+        listener.close()
+    assert rendered(reached) == "connected"
+    assert rendered(user) == "(unset)" and rendered(path).startswith(f"{sys.prefix}/bin:")
+
+
+async def test_an_idle_session_is_closed(workspace: Path) -> None:
+    pool = SessionPool(idle_s=1.0)
+    await pool.get("run", "fx", McpServer(**fixture()), str(workspace))
+    assert host_processes_named(str(workspace)) != [] and pool.starts == 1
+    await until(lambda: host_processes_named(str(workspace)) == [], within_s=30)
+
+
+async def test_cancelling_the_run_cancels_the_call_on_the_server(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server's handler of the running call is cancelled: by the SDK's `notifications/cancelled`
+    when the activity is, or at the latest when the run's close stops the server. (Only with
+    neither does the test fail.)"""
+    configure(tmp_path, monkeypatch, fx=fixture())
+    model_server.responder = Script([tools(("mcp__fx__slow", {"seconds": 120})), answer("done")])
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"])
+        await beat_of(handle, "mcp_call")
+        await handle.cancel()
+        result = await asyncio.wait_for(handle.result(), 60)
+        await until(lambda: (workspace / "cancelled.txt").exists(), within_s=30)
+    assert result.state == "cancelled"

@@ -30,7 +30,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import model_context
 from activities.heartbeat import heartbeating
-from activities.model_clients import ModelClients, openai_sdk
+from activities.model_clients import REQUEST_TIMEOUT_S, ModelClients, openai_sdk
 from activities.model_stream import StreamedReply, StreamProgress, bad_reply, stream_chat_completion
 from activities.pricing import price_of
 from activities.redaction import worker_redactor
@@ -48,6 +48,8 @@ counting it would break the budgets and the `AgentTokens` search attribute (an i
 MAX_RETRY_AFTER = timedelta(seconds=60)
 """The longest `Retry-After` honoured as asked: the model's retry policy waits at most 30 s
 between attempts, and a person is asked after the last."""
+REQUEST_SHARE = 0.9
+"""Of a clipped call's start-to-close, the request's: its own timeout fires first, with its reason."""
 MAX_REPLY_BYTES = 512 * 1024
 """A reply is recorded in history (and carried at continue-as-new); Temporal refuses a
 payload over 2 MB. A model's longest reply is far below this."""
@@ -74,7 +76,8 @@ class ModelActivities:
         live_view = self._live and input.live
         receiving = (lambda: streamed.receiving) if live_view else None
         live = heartbeating(lambda: {**progress, **streamed.details()}, live=receiving)
-        async with self._clients.lease() as client, live:
+        async with self._clients.lease() as leased, live:
+            client = _within_deadline(leased)
             messages = input.messages
             if input.context is not None:
                 messages, progress["context_from"] = await model_context.fetch(input.context)
@@ -136,6 +139,15 @@ async def post_chat_completion(client: AsyncOpenAI, request: dict[str, Any]) -> 
     third of a busy worker's CPU (py-spy), growing with the context."""
     chat = importlib.import_module("openai.types.chat")
     return await client.post("/chat/completions", body=request, cast_to=chat.ChatCompletion)
+
+
+def _within_deadline(client: AsyncOpenAI) -> AsyncOpenAI:
+    """The client, with the SDK's timeout under this call's start-to-close when the run clipped
+    that to its time left (workflows/time_cap.py): the request ends by the run's limit."""
+    timeout = activity.info().start_to_close_timeout
+    if timeout is None or timeout.total_seconds() > REQUEST_TIMEOUT_S:
+        return client
+    return client.with_options(timeout=timeout.total_seconds() * REQUEST_SHARE)
 
 
 def _request(

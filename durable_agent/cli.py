@@ -229,6 +229,8 @@ LIMIT_MEANINGS = {
     "max_tool_calls": "tool calls over the whole run",
     "max_duration_s": "seconds of running time, not counting time waiting for a person",
     "soft_ratio": "fraction of each budget where its soft tier begins",
+    "max_wait_s": "seconds one wait for a person may last before the run stops",
+    "outage_wait_s": "seconds to wait for a failing model endpoint before the run needs attention",
 }
 
 

@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.snapshot_steps import SnapshotSteps
     from workflows.state import Carry, ModelView
     from workflows.status_view import details_markdown
+    from workflows.time_cap import TimeCap
     from workflows.tool_specs import call_summary, unique_call_ids
     from workflows.tool_steps import ToolSteps
     from workflows.types import (
@@ -90,7 +91,7 @@ class _Terminate(Exception):
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
-class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing):
+class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing, TimeCap):
     @workflow.init
     def __init__(self, raw_input: Any) -> None:
         # The input is decoded here, before any signal handler runs, so a pause or message
@@ -157,10 +158,11 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
             raise self._input_error
         # Read once, before any local activity (see options.LOCAL_START_UP_PATCH on why).
         self._snapshots_on = self._patched(SNAPSHOT_PATCH)
+        self._caps_on = self._patched(options.LIMITS_PATCH)
         try:
             await self._begin()
             await self._list_skills()
-            result = await self._loop()
+            result = await self._capped(self._loop())
         except _Terminate:
             result = self._finish("terminated", "terminated")
         except asyncio.CancelledError:
@@ -514,7 +516,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
                     live=self._watched(),
                 ),
                 result_type=ModelReply,
-                start_to_close_timeout=options.MODEL_START_TO_CLOSE,
+                start_to_close_timeout=self._clipped(options.MODEL_START_TO_CLOSE),
                 heartbeat_timeout=options.MODEL_HEARTBEAT_TIMEOUT,
                 retry_policy=options.MODEL_RETRY,
                 summary=summary,

@@ -224,3 +224,8 @@ def catalog_tool_retry(effect: str, retries: int | None) -> RetryPolicy:
         maximum_interval=timedelta(seconds=10),
         maximum_attempts=attempts,
     )
+
+
+LIMITS_PATCH = "limits-time-cap-outages"
+"""`workflow.patched` id: runs recorded before it have no watcher on their time (workflows/time_cap.py),
+calls not clipped to the time left, and no waits for a failing model endpoint."""

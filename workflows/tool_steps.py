@@ -228,7 +228,10 @@ class ToolSteps:
         if call.name == "delegate":
             return await self._delegate(f"{self._carry.step}:{call.id}", key, args)
         if call.name == "run_command":
-            request = request.model_copy(update={"sandbox": self._agent.sandbox, "env_allow": self._agent.env_allow})
+            args = self._clip_command(args, options.DEFAULT_COMMAND_TIMEOUT_S)
+            request = request.model_copy(
+                update={"sandbox": self._agent.sandbox, "env_allow": self._agent.env_allow, "arguments": args}
+            )
         if (spec := self._catalog_specs().get(call.name)) is not None:
             return await self._call_catalog_tool(spec, request.model_copy(update={"step": self._carry.step}), args)
         try:

@@ -56,6 +56,7 @@ StopReason = Literal[
     "model_call_budget",
     "tool_call_budget",
     "time_limit",
+    "wait_limit",
     "cancelled",
     "terminated",
 ]
@@ -102,6 +103,12 @@ class Limits(_Strict):
     max_duration_s: float = Field(default=3600, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
     soft_ratio: float = Field(default=0.8, gt=0, le=1, allow_inf_nan=False)
     """Fraction of each budget at which its soft tier begins."""
+    max_wait_s: float = Field(default=7 * 86_400, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
+    """The longest one wait for a person (paused, an approval, needs attention) may last;
+    waits are outside `max_duration_s`, and past this the run stops (`wait_limit`)."""
+    outage_wait_s: float = Field(default=1_800, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
+    """How long the run waits for a model endpoint that keeps failing with transient errors
+    to answer again, before it needs attention."""
 
     @model_validator(mode="before")
     @classmethod
@@ -149,6 +156,8 @@ class LimitsPatch(_Strict):
     max_tool_calls: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     max_duration_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
     soft_ratio: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    max_wait_s: float | None = Field(default=None, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
+    outage_wait_s: float | None = Field(default=None, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
 
     def apply_to(self, limits: Limits) -> Limits:
         """The new limits; raises ValueError when the result is inconsistent (hard < soft)."""

@@ -31,6 +31,7 @@ from temporalio.exceptions import ApplicationError
 from activities import model_context
 from activities.heartbeat import heartbeating
 from activities.model_clients import REQUEST_TIMEOUT_S, ModelClients, openai_sdk
+from activities.model_outages import ModelOutages
 from activities.model_stream import StreamedReply, StreamProgress, bad_reply, stream_chat_completion
 from activities.pricing import price_of
 from activities.redaction import worker_redactor
@@ -61,6 +62,7 @@ class ModelActivities:
 
     def __init__(self, client: AsyncOpenAI | None = None) -> None:
         self._clients = ModelClients(client)
+        self.outages = ModelOutages(self._clients)
         self._live = os.environ.get("DURABLE_AGENT_LIVE_REPLY", "1") != "0"
         """While someone follows the run (`ModelCallInput.live`), beat every second as a reply
         arrives, with its text so far: the live view of `run` and `watch`. Off, or unwatched,
@@ -83,14 +85,19 @@ class ModelActivities:
                 messages, progress["context_from"] = await model_context.fetch(input.context)
             progress.update(phase="waiting for the model", messages=len(messages))
             request = _request(input.model, messages, input.tools, input.tool_schemas)
-            with _endpoint_errors():
-                if self._stream:
-                    reply = await self._streamed_reply(client, input.model, request, streamed, live_view)
-                    if reply is not None:
-                        return reply
-                    streamed = StreamProgress()  # the details describe the call made now
-                response = await post_chat_completion(client, request)
+            async with self.outages.watch(leased, input.outage_wait):
+                with _endpoint_errors():
+                    if self._stream:
+                        reply = await self._streamed_reply(client, input.model, request, streamed, live_view)
+                        if reply is not None:
+                            return reply
+                        streamed = StreamProgress()  # the details describe the call made now
+                    response = await post_chat_completion(client, request)
         return _reply(input.model, response, messages)
+
+    def all(self) -> list[Any]:
+        """The model activities: the call, and the wait for its endpoint (one gate between them)."""
+        return [self.call_model, self.outages.wait_for_model_endpoint]
 
     async def _streamed_reply(
         self, client: AsyncOpenAI, model: str, request: dict[str, Any], progress: StreamProgress, live: bool = False

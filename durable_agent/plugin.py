@@ -88,7 +88,7 @@ class DurableAgentPlugin(SimplePlugin):
         tools = UserToolActivities(self.tools, queue)
         self._tool_activities[queue] = tools
         self._tool_queues.update(tools.queues())
-        ours = list(self._activities) if self._activities is not None else [ModelActivities().call_model]
+        ours = list(self._activities) if self._activities is not None else ModelActivities().all()
         given = [*(config.get("activities") or []), *ours]
         config["activities"] = with_missing(given, [*workflow_activities(), tools.tool_catalog])
         ours_around = (

@@ -41,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.failures import ACTIVITY_FAILED, attempts, failure_message, raise_if_cancelled
     from workflows.ladder import pressure, rungs_due
     from workflows.options import SNAPSHOT_PATCH
+    from workflows.outages import OutageWaits
     from workflows.run_metrics import RunMetrics
     from workflows.skills import (
         CATALOG_KIND,
@@ -91,7 +92,7 @@ class _Terminate(Exception):
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
-class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing, TimeCap):
+class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing, TimeCap, OutageWaits):
     @workflow.init
     def __init__(self, raw_input: Any) -> None:
         # The input is decoded here, before any signal handler runs, so a pause or message
@@ -475,14 +476,18 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
                 )
             except ACTIVITY_FAILED as e:
                 raise_if_cancelled(e)
+                if await self._wait_out_outage(e):
+                    continue
                 await self._needs_attention(
                     MODEL_CALL_ID,
                     what=f"call_model ({self._carry.model}) at step {self._carry.step}",
-                    error=e,
+                    error=self._outage_text(e),
                     attempts=attempts(e, options.MODEL_RETRY.maximum_attempts),
                 )
                 self._take_user_messages()  # what a person added while the run waited
+                self._outage_since = None  # after a person's decision, an outage is waited out afresh
                 continue  # retry, or skip (the model is told), both call again
+            self._outage_since = None
             reply.tool_calls = unique_call_ids(reply.tool_calls)
             self._record_reply(reply)
             return reply
@@ -514,6 +519,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
                     model=self._carry.model,
                     tool_schemas=self._tool_schemas(tools),
                     live=self._watched(),
+                    outage_wait=self._caps_on,
                 ),
                 result_type=ModelReply,
                 start_to_close_timeout=self._clipped(options.MODEL_START_TO_CLOSE),

@@ -30,6 +30,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import model_context
 from activities.heartbeat import heartbeating
+from activities.model_attempts import AttemptLedger
 from activities.model_clients import REQUEST_TIMEOUT_S, ModelClients, openai_sdk
 from activities.model_outages import ModelOutages
 from activities.model_stream import StreamedReply, StreamProgress, bad_reply, stream_chat_completion
@@ -63,6 +64,7 @@ class ModelActivities:
     def __init__(self, client: AsyncOpenAI | None = None) -> None:
         self._clients = ModelClients(client)
         self.outages = ModelOutages(self._clients)
+        self._attempts = AttemptLedger()
         self._live = os.environ.get("DURABLE_AGENT_LIVE_REPLY", "1") != "0"
         """While someone follows the run (`ModelCallInput.live`), beat every second as a reply
         arrives, with its text so far: the live view of `run` and `watch`. Off, or unwatched,
@@ -73,6 +75,10 @@ class ModelActivities:
 
     @activity.defn(name="call_model")
     async def call_model(self, input: ModelCallInput) -> ModelReply:
+        with self._attempts.counting(input.attempts):
+            return await self._call(input)
+
+    async def _call(self, input: ModelCallInput) -> ModelReply:
         progress: dict[str, Any] = {"model": input.model, "phase": "reading the context"}
         streamed = StreamProgress()
         live_view = self._live and input.live

@@ -38,7 +38,13 @@ with workflow.unsafe.imports_passed_through():
     from workflows.context_steps import ContextSteps
     from workflows.control import RunControl
     from workflows.delegation import Delegates, ParentReporter
-    from workflows.failures import ACTIVITY_FAILED, attempts, failure_message, raise_if_cancelled
+    from workflows.failures import (
+        ACTIVITY_FAILED,
+        attempts,
+        counted_attempts,
+        failure_message,
+        raise_if_cancelled,
+    )
     from workflows.ladder import pressure, rungs_due
     from workflows.options import SNAPSHOT_PATCH
     from workflows.outages import OutageWaits
@@ -482,7 +488,7 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
                     MODEL_CALL_ID,
                     what=f"call_model ({self._carry.model}) at step {self._carry.step}",
                     error=self._outage_text(e),
-                    attempts=attempts(e, options.MODEL_RETRY.maximum_attempts),
+                    attempts=counted_attempts(e) or attempts(e, options.MODEL_RETRY.maximum_attempts),
                 )
                 self._take_user_messages()  # what a person added while the run waited
                 self._outage_since = None  # after a person's decision, an outage is waited out afresh
@@ -520,11 +526,12 @@ class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextE
                     tool_schemas=self._tool_schemas(tools),
                     live=self._watched(),
                     outage_wait=self._caps_on,
+                    attempts=options.MODEL_RETRY.maximum_attempts if self._caps_on else None,
                 ),
                 result_type=ModelReply,
                 start_to_close_timeout=self._clipped(options.MODEL_START_TO_CLOSE),
                 heartbeat_timeout=options.MODEL_HEARTBEAT_TIMEOUT,
-                retry_policy=options.MODEL_RETRY,
+                retry_policy=options.COUNTED_MODEL_RETRY if self._caps_on else options.MODEL_RETRY,
                 summary=summary,
             )
         finally:

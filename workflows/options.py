@@ -65,6 +65,16 @@ MODEL_RETRY = RetryPolicy(
     maximum_attempts=6,
     non_retryable_error_types=["ModelRequestRejected", "ModelNotConfigured"],
 )
+COUNTED_MODEL_RETRY = RetryPolicy(
+    initial_interval=MODEL_RETRY.initial_interval,
+    backoff_coefficient=MODEL_RETRY.backoff_coefficient,
+    maximum_interval=MODEL_RETRY.maximum_interval,
+    maximum_attempts=MODEL_RETRY.maximum_attempts + 10,
+    non_retryable_error_types=MODEL_RETRY.non_retryable_error_types,
+)
+"""Runs on `LIMITS_PATCH`: the call counts its own failures (MODEL_RETRY's attempts, the
+`attempts` of its input) and ends itself after them; these 10 more attempts are for workers
+that die under it. A call that keeps killing its worker still reaches a person."""
 WORKFLOW_TASK_TIMEOUT = timedelta(seconds=1.5)
 """The task timeout of every run: `start_agent` sets it, and a run started with a longer one
 continues as new with it at its first task (see durable_agent/runs.py for the measurements)."""

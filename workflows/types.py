@@ -418,6 +418,9 @@ class ModelCallInput(BaseModel):
     so with the reply's text so far, for their live view; otherwise its beats carry counts."""
     tool_schemas: list[dict[str, Any]] = Field(default_factory=list)
     """The OpenAI schemas of the tools in `tools` that are not built in, from the run's catalog."""
+    attempts: int | None = None
+    """The call's own failures before its run is told (activities/model_attempts.py): a
+    worker's death is not one. None: Temporal's retry policy counts every attempt."""
     outage_wait: bool = False
     """The run waits out an outage of the endpoint (workflows/outages.py): the call fails at
     once with `ModelEndpointDown` while its worker knows the endpoint is down."""

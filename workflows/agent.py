@@ -45,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
         failure_message,
         raise_if_cancelled,
     )
+    from workflows.interrupts import InterruptedCommands
     from workflows.ladder import pressure, rungs_due
     from workflows.options import SNAPSHOT_PATCH
     from workflows.outages import OutageWaits
@@ -98,7 +99,9 @@ class _Terminate(Exception):
 
 
 @workflow.defn(name=WORKFLOW_TYPE)
-class AgentWorkflow(ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing, TimeCap, OutageWaits):
+class AgentWorkflow(
+    ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing, TimeCap, OutageWaits, InterruptedCommands
+):
     @workflow.init
     def __init__(self, raw_input: Any) -> None:
         # The input is decoded here, before any signal handler runs, so a pause or message

@@ -20,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.approval import approval_reason, approval_view
     from workflows.delegation import WAIT_ACTIONS, ParentSide
     from workflows.failures import ACTIVITY_FAILED, failure_message, raise_if_cancelled, timed_out, worker_lost
+    from workflows.interrupts import rerun_note
     from workflows.livelock import LIVELOCK_REPEATS, call_key
     from workflows.skills import (
         already_loaded,
@@ -193,6 +194,12 @@ class ToolSteps:
             if denial is not None:
                 return denial
             outcome = await self._execute_tool(call, args, retry)
+            reruns = 0
+            while outcome.interrupted and await self._run_again(call, args, outcome, reruns):
+                retry, reruns = retry + 1, reruns + 1
+                outcome = await self._execute_tool(call, args, retry)
+            if reruns:
+                outcome = rerun_note(outcome, reruns, asked=self._agent.commands.on_interrupt == "ask")
             # Identical calls of one reply ran side by side: only a repeat in a later step counts.
             step = self._carry.step if self._patched(options.LIVELOCK_ACROSS_STEPS_PATCH) else None
             streak = self._carry.livelock.record(key, None if outcome.ok else outcome.error, step)

@@ -185,6 +185,28 @@ class Approval(_Strict):
         return patterns
 
 
+class CommandSettings(_Strict):
+    """What happens to a `run_command` whose worker died under it (the command may have partly run)."""
+
+    on_interrupt: Literal["tell_model", "rerun", "ask"] = "tell_model"
+    """`tell_model`: the model gets the interruption (and the output seen until then) as the
+    call's error. `rerun`: a command matching `rerun_patterns` is run again; any other is told
+    to the model. `ask`: the run needs attention with the command and its output so far;
+    `resolve retry` runs it again, `skip` tells the model."""
+    rerun_patterns: list[str] = Field(default_factory=list)
+    """Regexes (searched in the command): the commands safe to run twice, for `rerun`."""
+
+    @field_validator("rerun_patterns")
+    @classmethod
+    def _regexes_compile(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"commands.rerun_patterns: {pattern!r} is not a valid regex: {e}") from e
+        return patterns
+
+
 class ContextSettings(_Strict):
     max_context_tokens: int = Field(default=100_000, ge=1_000, le=MAX_TOKENS)
     keep_recent_steps: int = Field(default=6, ge=1, le=MAX_COUNT)
@@ -286,6 +308,7 @@ class AgentInput(_Strict):
     carry: Carry | None = None
     """Set only by the workflow itself when it continues as new."""
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    commands: CommandSettings = Field(default_factory=CommandSettings)
     env_allow: list[str] = Field(default_factory=list)
     """Names of worker environment variables that commands may see, besides PATH, the locale,
     TERM, HOME and TMPDIR (which are the sandbox's own)."""
@@ -524,6 +547,9 @@ class ToolOutcome(BaseModel):
     output_bytes: int = 0
     cached_from: str | None = None
     """A read tool's cached answer: when it was fetched (ISO time). The run records a degradation."""
+    interrupted: bool = False
+    """A command whose worker died under it: it may have partly run, and was not run again here
+    (the run's `commands.on_interrupt` decides what follows)."""
 
 
 # --- archive -----------------------------------------------------------------------

@@ -10,6 +10,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import pytest
 from openai import AsyncOpenAI
 from temporalio.client import Client
 from temporalio.worker import Worker
@@ -17,9 +18,14 @@ from temporalio.worker import Worker
 from activities.endpoint_health import EndpointGate
 from activities.model_clients import ModelClients
 from activities.model_outages import ModelOutages
+from durable_agent.connection import connect
+from durable_agent.metrics import worker_runtime
 from durable_agent.model_server import ModelServer, is_summary_request
+from durable_agent.server import EmbeddedServer, free_port
 from tests.helpers import start, until, wait_for
 from tests.scripts import Script, tools
+from tests.test_metrics import scrape, value
+from worker import build_worker
 from workflows.types import AgentStatus
 
 STEPS = 5
@@ -94,3 +100,34 @@ async def test_two_hundred_waiters_share_one_probe_loop(model_server: ModelServe
     # One confirming probe, then 0.25, 0.75, 1.75, 2.75, 3.75, 4.75, 5.75 s: not 200 of each.
     assert 5 <= model_server.refused["GET"] <= 10, model_server.refused
     assert gate.waiting() == {}
+
+
+async def test_the_worker_metrics_say_runs_wait_for_the_endpoint_and_since_when(
+    temporal_server: EmbeddedServer,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = free_port()
+    monkeypatch.setenv("DURABLE_AGENT_METRICS_PORT", f"127.0.0.1:{port}")
+    client = await connect(temporal_server.address, worker_runtime())
+    model_server.responder = Script([], final="back")
+    model_server.down = True
+    async with build_worker(client, task_queue):
+        began = time.time()
+        handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+        await wait_for(handle, lambda s: s.activity.startswith("waiting for the model endpoint"))
+
+        def waiting() -> tuple[float, float]:
+            samples = scrape(port)
+            return value(samples, "durable_agent_model_endpoint_waiting"), value(
+                samples, "durable_agent_model_endpoint_down_since"
+            )
+
+        await until(lambda: waiting()[0] == 1, within_s=20)
+        assert began - 5 <= waiting()[1] <= time.time()  # since when: Unix seconds
+        model_server.down = False
+        result = await asyncio.wait_for(handle.result(), 60)
+        assert result.output == "back"
+        assert waiting() == (0, 0)

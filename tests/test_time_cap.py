@@ -19,7 +19,7 @@ from temporalio.worker import Worker
 from durable_agent.model_server import ModelServer, Reply
 from tests.helpers import host_processes_named, start, until, wait_for
 from tests.scripts import Script, tools
-from workflows.types import Message
+from workflows.types import AgentStatus, Message
 
 
 async def test_a_six_second_cap_stops_a_long_command_and_kills_it(
@@ -83,3 +83,32 @@ async def test_a_wait_for_a_person_is_outside_the_cap_and_has_its_own(
     assert result.state == "stopped" and result.stop_reason == "wait_limit", result
     assert 3.5 <= time.monotonic() - began <= 8
     assert result.usage.elapsed_s < 2 and status.step == 0  # the wait was not counted as running time
+
+
+async def test_raising_max_wait_s_lets_a_paused_run_wait_longer(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([], final="resumed")
+    handle = await start(
+        client, task_queue, start_signal="pause", goal="wait", workspace=str(workspace), limits={"max_wait_s": 3}
+    )
+    await wait_for(handle, lambda s: s.state == "paused")
+    await handle.execute_update("raise_limits", {"max_wait_s": 600})
+    await asyncio.sleep(5)  # past the first cap: the watcher took the new one
+    assert (await handle.query("status", result_type=AgentStatus)).state == "paused"
+    await handle.signal("resume")
+    result = await asyncio.wait_for(handle.result(), 30)
+    assert (result.state, result.output) == ("completed", "resumed")
+
+
+async def test_lowering_max_wait_s_stops_a_paused_run_at_the_new_cap(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([], final="never")
+    handle = await start(client, task_queue, start_signal="pause", goal="wait", workspace=str(workspace))
+    await wait_for(handle, lambda s: s.state == "paused")
+    lowered = time.monotonic()
+    await handle.execute_update("raise_limits", {"max_wait_s": 2})
+    result = await asyncio.wait_for(handle.result(), 30)
+    assert (result.state, result.stop_reason) == ("stopped", "wait_limit")
+    assert time.monotonic() - lowered <= 5  # not the 7 days the run started with

@@ -213,7 +213,18 @@ SNAPSHOT_PATCH = "workspace-snapshots"
 BASELINE_2_PATCH = "baseline-2"
 """Baseline 1's patches and the two added since; runs started on this code record only it."""
 BASELINE_2_PATCHES = BASELINE_PATCHES | {SNAPSHOT_PATCH, LIVELOCK_ACROSS_STEPS_PATCH}
-BASELINES = ((BASELINE_2_PATCH, BASELINE_2_PATCHES), (BASELINE_PATCH, BASELINE_PATCHES))
+LIMITS_PATCH = "limits-time-cap-outages"
+"""`workflow.patched` id: runs recorded before it have no watcher on their time (workflows/time_cap.py),
+calls not clipped to the time left, no waits for a failing model endpoint (workflows/outages.py),
+and the server counts every attempt of a model call."""
+BASELINE_3_PATCH = "baseline-3"
+"""Baseline 2's patches and the limits patch; runs started on this code record only it."""
+BASELINE_3_PATCHES = BASELINE_2_PATCHES | {LIMITS_PATCH}
+BASELINES = (
+    (BASELINE_3_PATCH, BASELINE_3_PATCHES),
+    (BASELINE_2_PATCH, BASELINE_2_PATCHES),
+    (BASELINE_PATCH, BASELINE_PATCHES),
+)
 """Newest first: a run takes the newest baseline its history has (a new run: the newest)."""
 
 
@@ -234,8 +245,3 @@ def catalog_tool_retry(effect: str, retries: int | None) -> RetryPolicy:
         maximum_interval=timedelta(seconds=10),
         maximum_attempts=attempts,
     )
-
-
-LIMITS_PATCH = "limits-time-cap-outages"
-"""`workflow.patched` id: runs recorded before it have no watcher on their time (workflows/time_cap.py),
-calls not clipped to the time left, and no waits for a failing model endpoint."""

@@ -83,7 +83,7 @@ class TimeCap:
                 await workflow.wait_condition(
                     lambda: self._limits is not limits or (self._waiting > 0) != waiting,  # noqa: B023
                     timeout=timedelta(seconds=left),
-                    timeout_summary=f"{reason} of the run",
+                    timeout_summary=f"time cap: {'max_wait_s' if waiting else 'max_duration_s'}",
                 )
             except TimeoutError:
                 pass

@@ -34,7 +34,10 @@ async def test_committed_histories_replay(path: Path) -> None:
     # agent_run.json is today's scenario; agent_run_local_model_call.json was recorded
     # while call_model was a local activity (and the file tools regular ones);
     # agent_run_compaction.json has compactions, recall and the archive written at the end;
-    # agent_run_files.json has per-run journal folders and `clean_up_run` at the close.
+    # agent_run_files.json has per-run journal folders and `clean_up_run` at the close;
+    # agent_run_time_cap_outage.json waits out a model endpoint outage (wait_for_model_endpoint)
+    # and is stopped by its time cap mid-command (the timer, the command cancelled);
+    # agent_run_wait_limit.json is paused until a lowered max_wait_s stops it (baseline-3).
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     assert await replay_failure(history) is None
 

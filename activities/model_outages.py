@@ -1,10 +1,11 @@
 """Model calls during an outage of their endpoint, worker side (activities/endpoint_health.py).
 
-A transient failure (connection refused, HTTP 5xx; a 429, 408 or 409 only on the call's
-last attempt, since Temporal's retries honour `Retry-After`) makes the worker probe the
-endpoint. An endpoint that answers the probe is up: the error is the call's own, retried as
-before and, after the last attempt, a person's to decide. One that does not is down on this
-worker. From then until a probe finds it up, a call of a run that waits out outages
+A transient failure (connection refused, HTTP 5xx) makes the worker probe the endpoint. An
+endpoint that answers the probe is up: the error is the call's own, retried as before and,
+after the last attempt, a person's to decide. One that does not is down on this worker; so
+is one that still answers 429 (or 408, 409) on a call's last attempt, when Temporal's
+retries have honoured its `Retry-After` and it asks for more patience: the probe loop then
+spaces the worker's next calls to it. From then until a probe finds it up, a call of a run that waits out outages
 (`ModelCallInput.outage_wait`) does not reach the endpoint: it fails at once with
 `ModelEndpointDown`, and its run waits (workflows/outages.py) in `wait_for_model_endpoint`,
 which returns when the worker's one probe loop for that endpoint sees it answer.
@@ -60,7 +61,10 @@ class ModelOutages:
         except ApplicationError as e:
             if not _may_be_outage(e, activity.info().attempt):
                 raise
-            outage = await self.gate.confirm(endpoint, e.message)
+            if e.type in RETRY_LIMITED:  # it answered, asking for patience the retries did not buy
+                outage: Outage | None = self.gate.mark_down(endpoint, e.message)
+            else:
+                outage = await self.gate.confirm(endpoint, e.message)
             if outage is None:
                 raise
             raise endpoint_down(outage, endpoint) from None

@@ -20,7 +20,7 @@ from activities.model_clients import ModelClients
 from activities.model_outages import ModelOutages
 from durable_agent.connection import connect
 from durable_agent.metrics import worker_runtime
-from durable_agent.model_server import ModelServer, is_summary_request
+from durable_agent.model_server import Failure, ModelServer, Reply, is_summary_request
 from durable_agent.server import EmbeddedServer, free_port
 from tests.helpers import start, until, wait_for
 from tests.scripts import Script, tools
@@ -131,3 +131,26 @@ async def test_the_worker_metrics_say_runs_wait_for_the_endpoint_and_since_when(
         result = await asyncio.wait_for(handle.result(), 60)
         assert result.output == "back"
         assert waiting() == (0, 0)
+
+
+async def test_rate_limits_beyond_retry_after_are_waited_out(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    """An endpoint answering 429 past a call's six attempts: the run waits, then goes on."""
+    limited_until = time.monotonic() + 6
+
+    def respond(request: dict) -> Reply | Failure:
+        if time.monotonic() < limited_until:
+            return Failure(429, "slow down", headers={"retry-after-ms": "10"})
+        return Reply(content="through")
+
+    model_server.responder = respond
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    states: set[str] = set()
+    while time.monotonic() < limited_until:
+        states.add((await handle.query("status", result_type=AgentStatus)).state)
+        await asyncio.sleep(0.3)
+    result = await asyncio.wait_for(handle.result(), 90)
+    assert "needs_attention" not in states and (result.state, result.output) == ("completed", "through")
+    refused = len(model_server.requests) - 1
+    assert 6 <= refused <= 60, refused  # six quick attempts per cycle, a cycle per probe (1 s and more apart)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from openai import AsyncOpenAI
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client
 from temporalio.worker import Worker
 
@@ -76,6 +77,9 @@ async def test_an_outage_longer_than_outage_wait_s_needs_a_person(
     handle = await start(client, task_queue, goal="x", workspace=str(workspace), limits={"outage_wait_s": 4})
     waiting = await wait_for(handle, lambda s: s.activity.startswith("waiting for the model endpoint"))
     assert waiting.state == "running"
+    # The Web UI's Current Details of the run say it too.
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    assert "waiting for the model endpoint since" in metadata.current_details, metadata.current_details
     status = await wait_for(handle, lambda s: s.state == "needs_attention", timeout_s=30)
     assert status.attention is not None and "limits.outage_wait_s" in status.attention.last_error, status.attention
     model_server.down = False

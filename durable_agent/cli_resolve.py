@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from temporalio.client import Client, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError
 from temporalio.service import RPCError
 
 from durable_agent.console import Console
@@ -50,7 +50,7 @@ async def resolve_all(args: argparse.Namespace, console: Console) -> int:
                 handle = client.get_workflow_handle(run_id)
                 update = handle.execute_update("resolve", resolution, result_type=str)
                 outcome = await asyncio.wait_for(update, UPDATE_TIMEOUT_S)
-            except (WorkflowUpdateFailedError, RPCError, TimeoutError) as e:
+            except (WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError, RPCError, TimeoutError) as e:
                 console.line(f"{run_id}: not resolved: {_reason(e)}")
                 return None
             console.line(f"{run_id}: {outcome}")
@@ -62,7 +62,7 @@ async def resolve_all(args: argparse.Namespace, console: Console) -> int:
 
 
 def _reason(error: Exception) -> str:
-    if isinstance(error, TimeoutError):
+    if isinstance(error, TimeoutError | WorkflowUpdateRPCTimeoutOrCancelledError):
         return f"no worker took the decision within {UPDATE_TIMEOUT_S:g} s (is one running for its task queue?)"
     return str(error.cause if isinstance(error, WorkflowUpdateFailedError) else error)
 

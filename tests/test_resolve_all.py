@@ -12,6 +12,7 @@ from temporalio.worker import Worker
 
 from durable_agent.model_server import Failure, ModelServer, Reply
 from tests.helpers import start, wait_for
+from worker import build_worker
 
 
 async def durable_agent(*args: str) -> subprocess.CompletedProcess[str]:
@@ -50,3 +51,18 @@ async def test_resolve_all_retries_every_run_that_needs_attention_and_no_other(
     again = await durable_agent("resolve", "--all", "retry", "--query", only_ours)
     assert again.returncode == 0 and "no live runs in state needs_attention" in again.stdout
     await paused.cancel()
+
+
+async def test_a_run_no_worker_takes_the_decision_for_is_reported_and_the_exit_code_says_so(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = lambda request: Failure(401, "bad key")
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="orphan", workspace=str(workspace))
+        await wait_for(handle, lambda s: s.state == "needs_attention")
+    # Its worker is gone: the update cannot be taken.
+    decided = await durable_agent("resolve", "--all", "skip", "--query", f"TaskQueue = '{task_queue}'")
+    assert decided.returncode == 1, decided
+    assert f"{handle.id}: not resolved: no worker took the decision within 30 s" in decided.stdout
+    assert "skip: 0 of 1 run(s) in needs_attention" in decided.stdout
+    await handle.terminate()

@@ -26,6 +26,7 @@ from durable_agent.server import EmbeddedServer, free_port
 from tests.helpers import start, until, wait_for
 from tests.scripts import Script, tools
 from tests.test_metrics import scrape, value
+from tests.test_resolve_all import durable_agent
 from worker import build_worker
 from workflows.types import AgentStatus
 
@@ -74,12 +75,14 @@ async def test_an_outage_longer_than_outage_wait_s_needs_a_person(
 ) -> None:
     model_server.responder = Script([], final="back")
     model_server.down = True
-    handle = await start(client, task_queue, goal="x", workspace=str(workspace), limits={"outage_wait_s": 4})
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace), limits={"outage_wait_s": 10})
     waiting = await wait_for(handle, lambda s: s.activity.startswith("waiting for the model endpoint"))
     assert waiting.state == "running"
     # The Web UI's Current Details of the run say it too.
     metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
     assert "waiting for the model endpoint since" in metadata.current_details, metadata.current_details
+    shown = await durable_agent("status", handle.id)  # and `durable-agent status`
+    assert "now: waiting for the model endpoint since" in shown.stdout, shown
     status = await wait_for(handle, lambda s: s.state == "needs_attention", timeout_s=30)
     assert status.attention is not None and "limits.outage_wait_s" in status.attention.last_error, status.attention
     model_server.down = False

@@ -99,7 +99,7 @@ def build_model_worker(client: Client, queue: str | None = None) -> Worker | Non
         client,
         task_queue=settings.model_task_queue,
         identity=worker_identity(),
-        activities=[ModelActivities().call_model],
+        activities=ModelActivities().all(),
         interceptors=interceptors(None),
         max_task_queue_activities_per_second=settings.model_rps,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,

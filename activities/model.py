@@ -30,7 +30,9 @@ from temporalio.exceptions import ApplicationError
 
 from activities import model_context
 from activities.heartbeat import heartbeating
-from activities.model_clients import ModelClients, openai_sdk
+from activities.model_attempts import AttemptLedger
+from activities.model_clients import REQUEST_TIMEOUT_S, ModelClients, openai_sdk
+from activities.model_outages import ModelOutages
 from activities.model_stream import StreamedReply, StreamProgress, bad_reply, stream_chat_completion
 from activities.pricing import price_of
 from activities.redaction import worker_redactor
@@ -48,6 +50,8 @@ counting it would break the budgets and the `AgentTokens` search attribute (an i
 MAX_RETRY_AFTER = timedelta(seconds=60)
 """The longest `Retry-After` honoured as asked: the model's retry policy waits at most 30 s
 between attempts, and a person is asked after the last."""
+REQUEST_SHARE = 0.9
+"""Of a clipped call's start-to-close, the request's: its own timeout fires first, with its reason."""
 MAX_REPLY_BYTES = 512 * 1024
 """A reply is recorded in history (and carried at continue-as-new); Temporal refuses a
 payload over 2 MB. A model's longest reply is far below this."""
@@ -59,6 +63,8 @@ class ModelActivities:
 
     def __init__(self, client: AsyncOpenAI | None = None) -> None:
         self._clients = ModelClients(client)
+        self.outages = ModelOutages(self._clients)
+        self._attempts = AttemptLedger()
         self._live = os.environ.get("DURABLE_AGENT_LIVE_REPLY", "1") != "0"
         """While someone follows the run (`ModelCallInput.live`), beat within a second of each new
         line of the reply as it arrives, with its text so far: the live view of `run` and `watch`. Off, or unwatched,
@@ -69,12 +75,17 @@ class ModelActivities:
 
     @activity.defn(name="call_model")
     async def call_model(self, input: ModelCallInput) -> ModelReply:
+        with self._attempts.counting(input.attempts):
+            return await self._call(input)
+
+    async def _call(self, input: ModelCallInput) -> ModelReply:
         progress: dict[str, Any] = {"model": input.model, "phase": "reading the context"}
         streamed = StreamProgress()
         live_view = self._live and input.live
         news = (lambda: streamed.news()) if live_view else None
         live = heartbeating(lambda: {**progress, **streamed.details()}, live=news)
-        async with self._clients.lease() as client, live:
+        async with self._clients.lease() as leased, live:
+            client = _within_deadline(leased)
             messages = input.messages
             if input.context is not None:
                 messages, progress["context_from"] = await model_context.fetch(input.context)
@@ -82,14 +93,19 @@ class ModelActivities:
             request = _request(input.model, messages, input.tools, input.tool_schemas)
             if input.max_tokens is not None:
                 request["max_tokens"] = input.max_tokens
-            with _endpoint_errors():
-                if self._stream:
-                    reply = await self._streamed_reply(client, input.model, request, streamed, live_view)
-                    if reply is not None:
-                        return reply
-                    streamed = StreamProgress()  # the details describe the call made now
-                response = await post_chat_completion(client, request)
+            async with self.outages.watch(leased, input.outage_wait):
+                with _endpoint_errors():
+                    if self._stream:
+                        reply = await self._streamed_reply(client, input.model, request, streamed, live_view)
+                        if reply is not None:
+                            return reply
+                        streamed = StreamProgress()  # the details describe the call made now
+                    response = await post_chat_completion(client, request)
         return _reply(input.model, response, messages)
+
+    def all(self) -> list[Any]:
+        """The model activities: the call, and the wait for its endpoint (one gate between them)."""
+        return [self.call_model, self.outages.wait_for_model_endpoint]
 
     async def _streamed_reply(
         self, client: AsyncOpenAI, model: str, request: dict[str, Any], progress: StreamProgress, live: bool = False
@@ -138,6 +154,15 @@ async def post_chat_completion(client: AsyncOpenAI, request: dict[str, Any]) -> 
     third of a busy worker's CPU (py-spy), growing with the context."""
     chat = importlib.import_module("openai.types.chat")
     return await client.post("/chat/completions", body=request, cast_to=chat.ChatCompletion)
+
+
+def _within_deadline(client: AsyncOpenAI) -> AsyncOpenAI:
+    """The client, with the SDK's timeout under this call's start-to-close when the run clipped
+    that to its time left (workflows/time_cap.py): the request ends by the run's limit."""
+    timeout = activity.info().start_to_close_timeout
+    if timeout is None or timeout.total_seconds() > REQUEST_TIMEOUT_S:
+        return client
+    return client.with_options(timeout=timeout.total_seconds() * REQUEST_SHARE)
 
 
 def _request(

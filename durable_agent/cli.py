@@ -33,7 +33,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.redaction import worker_redactor
-from durable_agent import cli_agents, cli_hosts, cli_mcp, demo_model, render, telemetry
+from durable_agent import cli_agents, cli_hosts, cli_mcp, cli_resolve, demo_model, render, telemetry
 from durable_agent.cli_history import add_history_commands
 from durable_agent.codec_server import TOKEN_ENV, CodecServer, ui_origins
 from durable_agent.codecs import CodecError, EncryptionKeys, PayloadCodecChain
@@ -233,6 +233,8 @@ LIMIT_MEANINGS = {
     "soft_ratio": "fraction of each budget where its soft tier begins",
     "max_done_checks": "checks of the success criteria before a final answer is taken as it is",
     "host_wait_s": "seconds a run pinned to a host waits for it before it needs attention",
+    "max_wait_s": "seconds one wait for a person may last before the run stops",
+    "outage_wait_s": "seconds to wait for a failing model endpoint before the run needs attention",
 }
 
 
@@ -291,7 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     approve.add_argument("call_id", help="the call id status shows, e.g. 4:call_3_0")
     approve.add_argument("--deny", action="store_true", help="deny it: the model is told")
     approve.add_argument("--note", help="a note the model sees with the decision")
-    resolve = _command(commands, "resolve", resolve_run, "decide how a run that needs attention goes on", with_id=True)
+    resolve = _command(commands, "resolve", resolve_run, "decide how a run that needs attention goes on")
+    resolve.add_argument("id", nargs="?", help="the run's workflow id (or --all)")
+    cli_resolve.add_options(resolve)
     resolve.add_argument("action", choices=typing.get_args(Resolution.model_fields["action"].annotation))
     resolve.add_argument("--note", help="a note the model sees with the decision")
     resolve.add_argument(
@@ -1068,6 +1072,10 @@ async def approve_call(args: argparse.Namespace, console: Console) -> int:
 
 
 async def resolve_run(args: argparse.Namespace, console: Console) -> int:
+    if args.all != (args.id is None):
+        raise CliError("resolve takes either a run's ID or --all")
+    if args.all:
+        return await cli_resolve.resolve_all(args, console)
     resolution = Resolution(action=args.action, note=args.note, call_id=args.call)
     handle, _ = await _handle(args.id, running=True)
     outcome = await handle.execute_update("resolve", resolution, result_type=str)

@@ -24,6 +24,8 @@ from temporalio.worker import (
 from temporalio.workflow import ActivityHandle
 
 MODEL_ACTIVITY = "call_model"
+MODEL_ACTIVITIES = frozenset({MODEL_ACTIVITY, "wait_for_model_endpoint"})
+"""Routed to the model queue: the call, and the wait for its endpoint (which shares its worker's probes)."""
 
 
 class ModelQueueInterceptor(Interceptor):
@@ -48,7 +50,7 @@ class _RouteModelCalls(WorkflowOutboundInterceptor):
         self._queue = queue
 
     def start_activity(self, input: StartActivityInput) -> ActivityHandle:
-        if input.activity == MODEL_ACTIVITY and input.task_queue is None:
+        if input.activity in MODEL_ACTIVITIES and input.task_queue is None:
             input = dataclasses.replace(input, task_queue=self._queue)
         return super().start_activity(input)
 

@@ -139,6 +139,10 @@ class ModelServer:
         self.stream_end_delay_s = 0.0
         """Streamed replies: how long the body stays open after the end marker."""
         self.requests: list[dict[str, Any]] = []
+        self.down = False
+        """An outage: every request (completions and `GET /models`) is answered HTTP 503 and counted."""
+        self.refused: dict[str, int] = {"POST": 0, "GET": 0}
+        """Requests answered while `down`, by method: calls that reached a down endpoint, and probes."""
         self.connections = 0
         """TCP connections accepted so far: a client that reuses its connections opens few."""
         self._lock = threading.Lock()
@@ -279,6 +283,8 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
                 server.connections += 1
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            if self._refused():
+                return
             if not self.path.rstrip("/").endswith("/chat/completions"):
                 self._send(404, {}, {"error": {"message": f"no route {self.path}"}})
                 return
@@ -295,8 +301,19 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
                 self._send(status, headers, body)
 
         def do_GET(self) -> None:  # noqa: N802
+            if self._refused():
+                return
             model = {"id": server.model_name or "stub", "object": "model", "created": 0, "owned_by": "durable-agent"}
             self._send(200, {}, {"object": "list", "data": [model]})
+
+        def _refused(self) -> bool:
+            if not server.down:
+                return False
+            with server._lock:
+                server.refused[self.command] = server.refused.get(self.command, 0) + 1
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            self._send(503, {}, {"error": {"message": "the model endpoint is down (scripted outage)"}})
+            return True
 
         def _send(self, status: int, headers: dict[str, str], body: dict[str, Any]) -> None:
             data = json.dumps(body).encode()

@@ -109,7 +109,7 @@ class DurableAgentPlugin(SimplePlugin):
         tools = UserToolActivities(self.tools, queue, mcp)
         self._tool_activities[queue] = tools
         self._tool_queues.update(tools.queues())
-        ours = list(self._activities) if self._activities is not None else [ModelActivities().call_model]
+        ours = list(self._activities) if self._activities is not None else ModelActivities().all()
         given = [*(config.get("activities") or []), *self._agents, *ours]
         needed = [*workflow_activities(), tools.tool_catalog, tools.run_tool_here, *mcp.all()]
         config["activities"] = with_missing(given, needed)

@@ -239,10 +239,12 @@ async def test_every_model_call_and_tool_call_is_labelled_for_the_web_ui(
         "snapshot_workspace: step 0",  # the workspace as the run found it (durable-agent fork)
         "discover_skills",
         "call_model: gpt-4.1-mini step 1",
+        "time cap: max_duration_s",  # the run's one timer (workflows/time_cap.py), started ...
         "run_command: echo hi",  # scheduled in the task that records write_file's result
         "write_file: a.txt",
         "snapshot_workspace: step 1",
         "call_model: gpt-4.1-mini step 2",
+        "time cap: max_duration_s",  # ... and cancelled as the loop ends
         f"clean_up_run: {run_folder(handle.id, handle.first_execution_run_id or '')}",
     ]
 

@@ -39,10 +39,18 @@ with workflow.unsafe.imports_passed_through():
     from workflows.delegation import Delegates, ParentReporter
     from workflows.done import unfinished_lines
     from workflows.done_steps import DoneSteps
-    from workflows.failures import ACTIVITY_FAILED, attempts, failure_message, raise_if_cancelled
+    from workflows.failures import (
+        ACTIVITY_FAILED,
+        attempts,
+        counted_attempts,
+        failure_message,
+        raise_if_cancelled,
+    )
     from workflows.hosts import HostSteps
+    from workflows.interrupts import InterruptedCommands
     from workflows.ladder import pressure, rungs_due
     from workflows.options import SNAPSHOT_PATCH
+    from workflows.outages import OutageWaits
     from workflows.plan import unfinished_lines as plan_unfinished
     from workflows.plan_steps import PlanSteps
     from workflows.quota_steps import QuotaSteps
@@ -56,6 +64,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.snapshot_steps import SnapshotSteps
     from workflows.state import Carry, ModelView
     from workflows.status_view import details_markdown
+    from workflows.time_cap import TimeCap
     from workflows.tool_specs import call_summary, unique_call_ids
     from workflows.tool_steps import ToolSteps
     from workflows.types import (
@@ -96,7 +105,18 @@ class _Terminate(Exception):
 
 @workflow.defn(name=WORKFLOW_TYPE)
 class AgentWorkflow(
-    ContextSteps, ToolSteps, RunControl, SnapshotSteps, ContextEditing, DoneSteps, PlanSteps, QuotaSteps, HostSteps
+    ContextSteps,
+    ToolSteps,
+    RunControl,
+    SnapshotSteps,
+    ContextEditing,
+    DoneSteps,
+    PlanSteps,
+    QuotaSteps,
+    HostSteps,
+    TimeCap,
+    OutageWaits,
+    InterruptedCommands,
 ):
     @workflow.init
     def __init__(self, raw_input: Any) -> None:
@@ -164,10 +184,11 @@ class AgentWorkflow(
             raise self._input_error
         # Read once, before any local activity (see options.LOCAL_START_UP_PATCH on why).
         self._snapshots_on = self._patched(SNAPSHOT_PATCH)
+        self._caps_on = self._patched(options.LIMITS_PATCH)
         try:
             await self._begin()
             await self._list_skills()
-            result = await self._loop()
+            result = await self._capped(self._loop())
         except _Terminate:
             result = self._finish("terminated", "terminated")
         except asyncio.CancelledError:
@@ -493,14 +514,18 @@ class AgentWorkflow(
                 )
             except ACTIVITY_FAILED as e:
                 raise_if_cancelled(e)
+                if await self._wait_out_outage(e):
+                    continue
                 await self._needs_attention(
                     MODEL_CALL_ID,
                     what=f"call_model ({self._carry.model}) at step {self._carry.step}",
-                    error=e,
-                    attempts=attempts(e, options.MODEL_RETRY.maximum_attempts),
+                    error=self._outage_text(e),
+                    attempts=counted_attempts(e) or attempts(e, options.MODEL_RETRY.maximum_attempts),
                 )
                 self._take_user_messages()  # what a person added while the run waited
+                self._outage_since = None  # after a person's decision, an outage is waited out afresh
                 continue  # retry, or skip (the model is told), both call again
+            self._outage_since = None
             reply.tool_calls = unique_call_ids(reply.tool_calls)
             self._record_reply(reply)
             return reply
@@ -534,11 +559,13 @@ class AgentWorkflow(
                     tool_schemas=self._tool_schemas(tools),
                     live=self._watched(),
                     max_tokens=max_tokens,
+                    outage_wait=self._caps_on,
+                    attempts=options.MODEL_RETRY.maximum_attempts if self._caps_on else None,
                 ),
                 result_type=ModelReply,
-                start_to_close_timeout=options.MODEL_START_TO_CLOSE,
+                start_to_close_timeout=self._clipped(options.MODEL_START_TO_CLOSE),
                 heartbeat_timeout=options.MODEL_HEARTBEAT_TIMEOUT,
-                retry_policy=options.MODEL_RETRY,
+                retry_policy=options.COUNTED_MODEL_RETRY if self._caps_on else options.MODEL_RETRY,
                 summary=summary,
             )
         finally:

@@ -40,6 +40,18 @@ def attempts(error: FailureError, maximum: int) -> int:
     return 1 if isinstance(error, ApplicationError) and error.non_retryable else maximum
 
 
+def counted_attempts(error: BaseException) -> int | None:
+    """The failures a call counted itself (activities/model_attempts.py), when it did."""
+    cause: BaseException | None = error
+    while cause is not None:
+        if isinstance(cause, ApplicationError) and cause.details and isinstance(cause.details[0], dict):
+            count = cause.details[0].get("failed_attempts")
+            if isinstance(count, int):
+                return count
+        cause = cause.__cause__
+    return None
+
+
 def timed_out(error: BaseException, kind: str | None = None) -> bool:
     """The activity timed out (of `kind`, a `TimeoutType` name such as "SCHEDULE_TO_START", if given)."""
     cause: BaseException | None = error

@@ -65,6 +65,16 @@ MODEL_RETRY = RetryPolicy(
     maximum_attempts=6,
     non_retryable_error_types=["ModelRequestRejected", "ModelNotConfigured"],
 )
+COUNTED_MODEL_RETRY = RetryPolicy(
+    initial_interval=MODEL_RETRY.initial_interval,
+    backoff_coefficient=MODEL_RETRY.backoff_coefficient,
+    maximum_interval=MODEL_RETRY.maximum_interval,
+    maximum_attempts=MODEL_RETRY.maximum_attempts + 10,
+    non_retryable_error_types=MODEL_RETRY.non_retryable_error_types,
+)
+"""Runs on `LIMITS_PATCH`: the call counts its own failures (MODEL_RETRY's attempts, the
+`attempts` of its input) and ends itself after them; these 10 more attempts are for workers
+that die under it. A call that keeps killing its worker still reaches a person."""
 WORKFLOW_TASK_TIMEOUT = timedelta(seconds=1.5)
 """The task timeout of every run: `start_agent` sets it, and a run started with a longer one
 continues as new with it at its first task (see durable_agent/runs.py for the measurements)."""
@@ -203,7 +213,18 @@ SNAPSHOT_PATCH = "workspace-snapshots"
 BASELINE_2_PATCH = "baseline-2"
 """Baseline 1's patches and the two added since; runs started on this code record only it."""
 BASELINE_2_PATCHES = BASELINE_PATCHES | {SNAPSHOT_PATCH, LIVELOCK_ACROSS_STEPS_PATCH}
-BASELINES = ((BASELINE_2_PATCH, BASELINE_2_PATCHES), (BASELINE_PATCH, BASELINE_PATCHES))
+LIMITS_PATCH = "limits-time-cap-outages"
+"""`workflow.patched` id: runs recorded before it have no watcher on their time (workflows/time_cap.py),
+calls not clipped to the time left, no waits for a failing model endpoint (workflows/outages.py),
+and the server counts every attempt of a model call."""
+BASELINE_3_PATCH = "baseline-3"
+"""Baseline 2's patches and the limits patch; runs started on this code record only it."""
+BASELINE_3_PATCHES = BASELINE_2_PATCHES | {LIMITS_PATCH}
+BASELINES = (
+    (BASELINE_3_PATCH, BASELINE_3_PATCHES),
+    (BASELINE_2_PATCH, BASELINE_2_PATCHES),
+    (BASELINE_PATCH, BASELINE_PATCHES),
+)
 """Newest first: a run takes the newest baseline its history has (a new run: the newest)."""
 
 ACTIVITY_TOOL_REDACTION_PATCH = "left1-activity-tool-redaction"

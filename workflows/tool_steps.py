@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         worker_lost,
     )
     from workflows.hosts import workspace_queue
+    from workflows.interrupts import rerun_note
     from workflows.livelock import LIVELOCK_REPEATS, call_key
     from workflows.skills import (
         already_loaded,
@@ -324,6 +325,12 @@ class ToolSteps:
             if denial is not None:
                 return denial
             outcome = await self._execute_tool(call, args, retry)
+            reruns = 0
+            while outcome.interrupted and await self._run_again(call, args, outcome, reruns):
+                retry, reruns = retry + 1, reruns + 1
+                outcome = await self._execute_tool(call, args, retry)
+            if reruns:
+                outcome = rerun_note(outcome, reruns, asked=self._agent.commands.on_interrupt == "ask")
             # Identical calls of one reply ran side by side: only a repeat in a later step counts.
             step = self._carry.step if self._patched(options.LIVELOCK_ACROSS_STEPS_PATCH) else None
             streak = self._carry.livelock.record(key, None if outcome.ok else outcome.error, step)
@@ -359,7 +366,10 @@ class ToolSteps:
         if call.name == "delegate":
             return await self._delegate(f"{self._carry.step}:{call.id}", key, args)
         if call.name == "run_command":
-            request = request.model_copy(update={"sandbox": self._agent.sandbox, "env_allow": self._agent.env_allow})
+            args = self._clip_command(args, options.DEFAULT_COMMAND_TIMEOUT_S)
+            request = request.model_copy(
+                update={"sandbox": self._agent.sandbox, "env_allow": self._agent.env_allow, "arguments": args}
+            )
         if (spec := self._catalog_specs().get(call.name)) is not None:
             update = {"step": self._carry.step, "mcp": spec.mcp} if spec.mcp else {"step": self._carry.step}
             return await self._call_catalog_tool(spec, request.model_copy(update=update), args)

@@ -60,6 +60,7 @@ StopReason = Literal[
     "model_call_budget",
     "tool_call_budget",
     "time_limit",
+    "wait_limit",
     "cancelled",
     "terminated",
 ]
@@ -110,6 +111,12 @@ class Limits(_Strict):
     """Checks of the success criteria (workflows/done.py) before a final answer is taken as it is."""
     host_wait_s: float = Field(default=1800, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
     """How long a run pinned to a host waits for that host's worker before it needs attention."""
+    max_wait_s: float = Field(default=7 * 86_400, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
+    """The longest one wait for a person (paused, an approval, needs attention) may last;
+    waits are outside `max_duration_s`, and past this the run stops (`wait_limit`)."""
+    outage_wait_s: float = Field(default=1_800, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
+    """How long the run waits for a model endpoint that keeps failing with transient errors
+    to answer again, before it needs attention."""
 
     @model_validator(mode="before")
     @classmethod
@@ -159,6 +166,8 @@ class LimitsPatch(_Strict):
     soft_ratio: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
     max_done_checks: int | None = Field(default=None, ge=1, le=MAX_COUNT)
     host_wait_s: float | None = Field(default=None, gt=0, le=MAX_DURATION_S, allow_inf_nan=False)
+    max_wait_s: float | None = Field(default=None, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
+    outage_wait_s: float | None = Field(default=None, gt=0, le=MAX_WAIT_S, allow_inf_nan=False)
 
     def apply_to(self, limits: Limits) -> Limits:
         """The new limits; raises ValueError when the result is inconsistent (hard < soft)."""
@@ -183,6 +192,28 @@ class Approval(_Strict):
                 re.compile(pattern)
             except re.error as e:
                 raise ValueError(f"approval.commands: {pattern!r} is not a valid regex: {e}") from e
+        return patterns
+
+
+class CommandSettings(_Strict):
+    """What happens to a `run_command` whose worker died under it (the command may have partly run)."""
+
+    on_interrupt: Literal["tell_model", "rerun", "ask"] = "tell_model"
+    """`tell_model`: the model gets the interruption (and the output seen until then) as the
+    call's error. `rerun`: a command matching `rerun_patterns` is run again; any other is told
+    to the model. `ask`: the run needs attention with the command and its output so far;
+    `resolve retry` runs it again, `skip` tells the model."""
+    rerun_patterns: list[str] = Field(default_factory=list)
+    """Regexes (searched in the command): the commands safe to run twice, for `rerun`."""
+
+    @field_validator("rerun_patterns")
+    @classmethod
+    def _regexes_compile(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ValueError(f"commands.rerun_patterns: {pattern!r} is not a valid regex: {e}") from e
         return patterns
 
 
@@ -294,6 +325,7 @@ class AgentInput(_Strict):
     carry: Carry | None = None
     """Set only by the workflow itself when it continues as new."""
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
+    commands: CommandSettings = Field(default_factory=CommandSettings)
     env_allow: list[str] = Field(default_factory=list)
     """Names of worker environment variables that commands may see, besides PATH, the locale,
     TERM, HOME and TMPDIR (which are the sandbox's own)."""
@@ -444,6 +476,12 @@ class ModelCallInput(BaseModel):
     """The OpenAI schemas of the tools in `tools` that are not built in, from the run's catalog."""
     max_tokens: int | None = None
     """The reply's cap: the run's step quota while a spike has shrunk it (workflows/quota.py)."""
+    attempts: int | None = None
+    """The call's own failures before its run is told (activities/model_attempts.py): a
+    worker's death is not one. None: Temporal's retry policy counts every attempt."""
+    outage_wait: bool = False
+    """The run waits out an outage of the endpoint (workflows/outages.py): the call fails at
+    once with `ModelEndpointDown` while its worker knows the endpoint is down."""
 
 
 class ModelContextRequest(ModelContextRef):
@@ -554,6 +592,9 @@ class ToolOutcome(BaseModel):
     output_bytes: int = 0
     cached_from: str | None = None
     """A read tool's cached answer: when it was fetched (ISO time). The run records a degradation."""
+    interrupted: bool = False
+    """A command whose worker died under it: it may have partly run, and was not run again here
+    (the run's `commands.on_interrupt` decides what follows)."""
 
 
 # --- archive -----------------------------------------------------------------------

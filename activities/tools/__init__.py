@@ -153,7 +153,15 @@ class ToolActivities:
                 return await running.outcome()
         ran_here = key in self._commands_done_here
         command = _RunningCommand(
-            asyncio.create_task(self._serve("run_command", input, self._commands.run, release_sticky=not ran_here))
+            asyncio.create_task(
+                self._serve(
+                    "run_command",
+                    input,
+                    self._commands.run,
+                    release_sticky=not ran_here,
+                    details=partial(self._commands.beat_details, key),
+                )
+            )
         )
         self._commands_here[key] = command
         command.task.add_done_callback(partial(self._command_done, key))
@@ -167,7 +175,14 @@ class ToolActivities:
         while len(self._commands_done_here) > COMMANDS_REMEMBERED:
             self._commands_done_here.popitem(last=False)
 
-    async def _serve(self, name: str, input: ToolCallInput, work: Work, release_sticky: bool = True) -> ToolOutcome:
+    async def _serve(
+        self,
+        name: str,
+        input: ToolCallInput,
+        work: Work,
+        release_sticky: bool = True,
+        details: Callable[[], dict[str, Any]] | None = None,
+    ) -> ToolOutcome:
         """Heartbeat, re-validate, run the tool and sort its errors (see the module docstring).
 
         The heartbeats come from a background task, so `work` must leave the event loop
@@ -175,7 +190,7 @@ class ToolActivities:
         opens the call's context (workspace checks, journal) in the thread it does its own
         file-system work in: one hop to a thread per call, not two.
         """
-        async with heartbeating(release_sticky=release_sticky):
+        async with heartbeating(*([details] if details else []), release_sticky=release_sticky):
             try:
                 # Defence in depth: the workflow validated already, but histories outlive code.
                 args = validate_arguments(name, input.arguments)

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from temporalio import activity
+
 from activities.host import boot_id, proc_stat
 from activities.tools.base import OpenCall, ToolCallContext
 from activities.tools.output import OutputCapture, OutputPipe
@@ -22,6 +24,9 @@ INTERRUPTED = (
     "partially run; check its effects before re-running it"
 )
 CANCELLED = "the command was cancelled and its process group killed; it may have partially run"
+TAIL_CHARS = 2_000
+"""A running command's latest output its heartbeats carry: what an interrupted call can still
+show of it (the next attempt reads the last beat's details)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,13 @@ class CommandRunner:
         self._command_timeout_s = command_timeout_s
         self._kill_grace_s = kill_grace_s
         self._limits = limits
+        self._running: dict[str, OutputCapture] = {}
+        """The output of each command running here, by idempotency key, for the heartbeats."""
+
+    def beat_details(self, key: str) -> dict[str, Any]:
+        """What a running command's heartbeat carries: its latest output."""
+        capture = self._running.get(key)
+        return {"output_tail": capture.tail_text(TAIL_CHARS)} if capture is not None else {}
 
     async def run(self, open_call: OpenCall, args: RunCommandArgs) -> ToolOutcome:
         """Run the command at most once per idempotency key.
@@ -99,7 +111,10 @@ class CommandRunner:
         leftover = journal.started(key)
         if leftover is not None:
             note = _stop_leftover(leftover, self._kill_grace_s)
-            return self._record(call, ToolOutcome(ok=False, error=f"{INTERRUPTED} ({note})"))
+            interrupted = ToolOutcome(
+                ok=False, error=f"{INTERRUPTED} ({note})", output=_last_beat_output(), interrupted=True
+            )
+            return self._record(call, interrupted)
         journal.ensure_room()
         try:
             launch = CommandLaunch.prepare(
@@ -117,10 +132,15 @@ class CommandRunner:
 
     async def _execute(self, call: ToolCallContext, args: RunCommandArgs, launch: CommandLaunch) -> _Ended:
         timeout_s = args.timeout_s or self._command_timeout_s
+        key = call.input.idempotency_key
         with call.capture() as capture:
-            async with OutputPipe(capture, self._kill_grace_s) as output:
-                process = await _spawn(call, launch, output)
-                timed_out = await self._supervise(call, args.command, process, output, timeout_s)
+            self._running[key] = capture
+            try:
+                async with OutputPipe(capture, self._kill_grace_s) as output:
+                    process = await _spawn(call, launch, output)
+                    timed_out = await self._supervise(call, args.command, process, output, timeout_s)
+            finally:
+                self._running.pop(key, None)
         return _Ended(capture, timeout_s if timed_out else None, process.returncode)
 
     def _finish(self, call: ToolCallContext, launch: CommandLaunch, ended: _Ended | None) -> ToolOutcome:
@@ -199,6 +219,15 @@ async def _spawn(call: ToolCallContext, launch: CommandLaunch, output: OutputPip
 
 
 # --- process groups ------------------------------------------------------------------
+
+
+def _last_beat_output() -> str:
+    """The interrupted attempt's latest output, as its last heartbeat carried it; "" if none."""
+    details = activity.info().heartbeat_details
+    tail = details[0].get("output_tail") if details and isinstance(details[0], dict) else None
+    if not isinstance(tail, str) or not tail:
+        return ""
+    return f"output before the interruption (its last {len(tail):,} characters at the last heartbeat):\n{tail}"
 
 
 def kill_process_group(pgid: int, grace_s: float) -> bool:

@@ -83,6 +83,10 @@ class OutputCapture:
         self._tail += data[room:]
         del self._tail[: -self._tail_max]
 
+    def tail_text(self, chars: int) -> str:
+        """The last `chars` characters kept so far (redacted): a running command's latest output."""
+        return bytes(self._head + self._tail)[-4 * chars :].decode(errors="replace")[-chars:]
+
     def text(self) -> str:
         if not self.truncated:
             return (self._head + self._tail).decode(errors="replace")

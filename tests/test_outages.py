@@ -1,0 +1,164 @@
+"""A model endpoint that goes down: runs wait for it, probing once per worker, and go on.
+
+The endpoint is the scripted stub in its `down` mode: every request, completions and the
+probes' `GET /models`, is answered HTTP 503 and counted (`ModelServer.refused`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from openai import AsyncOpenAI
+from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from activities.endpoint_health import EndpointGate
+from activities.model_clients import ModelClients
+from activities.model_outages import ModelOutages
+from durable_agent.connection import connect
+from durable_agent.metrics import worker_runtime
+from durable_agent.model_server import Failure, ModelServer, Reply, is_summary_request
+from durable_agent.server import EmbeddedServer, free_port
+from tests.helpers import start, until, wait_for
+from tests.scripts import Script, tools
+from tests.test_metrics import scrape, value
+from tests.test_resolve_all import durable_agent
+from worker import build_worker
+from workflows.types import AgentStatus
+
+STEPS = 5
+OUTAGE_S = 50
+
+
+async def test_runs_wait_out_a_50_second_outage_and_finish_exactly(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([tools(("list_files", {}))] * STEPS, final="done")
+    model_server.latency_s = 0.2  # the runs are mid-step when the endpoint goes down
+    handles = [await start(client, task_queue, goal=f"run {i}", workspace=str(workspace)) for i in range(3)]
+    await until(lambda: len(model_server.requests) >= 4, within_s=30)
+    model_server.down = True
+    down_at = time.monotonic()
+    seen_waiting: set[str] = set()
+    states: set[str] = set()
+    while time.monotonic() - down_at < OUTAGE_S:
+        for handle in handles:
+            status = await handle.query("status", result_type=AgentStatus)
+            states.add(status.state)
+            if status.activity.startswith("waiting for the model endpoint since"):
+                seen_waiting.add(handle.id)
+        await asyncio.sleep(0.5)
+    refused_while_down = dict(model_server.refused)
+    model_server.down = False
+
+    results = [await asyncio.wait_for(handle.result(), 120) for handle in handles]
+    assert "needs_attention" not in states, states
+    assert seen_waiting == {h.id for h in handles}  # each said what it waited for
+    assert [(r.state, r.output) for r in results] == [("completed", "done")] * 3
+    # Exactly as scripted: every step's call answered once, none repeated after the outage.
+    assert [r.usage.model_calls for r in results] == [STEPS + 1] * 3
+    answered = [r for r in model_server.requests if not is_summary_request(r)]
+    assert len(answered) == 3 * (STEPS + 1)
+    # The bound: a run's call reaches the down endpoint at most once per outage (the call that
+    # found it down); after that the worker's gate fails its calls without sending them.
+    assert 1 <= refused_while_down["POST"] <= 3, refused_while_down
+    # One probe loop for the three runs: the confirming probe, then 1, 3, 7, 15, 31 s after.
+    assert 2 <= refused_while_down["GET"] <= 7, refused_while_down
+
+
+async def test_an_outage_longer_than_outage_wait_s_needs_a_person(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([], final="back")
+    model_server.down = True
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace), limits={"outage_wait_s": 10})
+    waiting = await wait_for(handle, lambda s: s.activity.startswith("waiting for the model endpoint"))
+    assert waiting.state == "running"
+    # The Web UI's Current Details of the run say it too.
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    assert "waiting for the model endpoint since" in metadata.current_details, metadata.current_details
+    shown = await durable_agent("status", handle.id)  # and `durable-agent status`
+    assert "now: waiting for the model endpoint since" in shown.stdout, shown
+    status = await wait_for(handle, lambda s: s.state == "needs_attention", timeout_s=30)
+    assert status.attention is not None and "limits.outage_wait_s" in status.attention.last_error, status.attention
+    model_server.down = False
+    await handle.execute_update("resolve", {"action": "retry"})
+    result = await asyncio.wait_for(handle.result(), 90)
+    assert result.state == "completed" and result.output == "back"
+
+
+async def test_two_hundred_waiters_share_one_probe_loop(model_server: ModelServer) -> None:
+    """The worker's gate, against the real stub: 200 waits cost the probes of one."""
+    outages = ModelOutages(ModelClients(AsyncOpenAI(base_url=model_server.base_url, api_key="k", max_retries=0)))
+    gate = EndpointGate(outages.probe, first_s=0.25, max_interval_s=1.0)
+    endpoint = model_server.base_url
+    model_server.down = True
+    waiters = [asyncio.ensure_future(gate.wait_until_up(endpoint, "refused")) for _ in range(200)]
+    await asyncio.sleep(6)
+    assert not any(w.done() for w in waiters)
+    model_server.down = False
+    up_at = time.monotonic()
+    await asyncio.wait_for(asyncio.gather(*waiters), 5)
+    assert time.monotonic() - up_at <= 1.5  # the next probe, at most max_interval_s away
+    # One confirming probe, then 0.25, 0.75, 1.75, 2.75, 3.75, 4.75, 5.75 s (the wait doubles up
+    # to its cap, then stays): 8, not 200 of each; 5 had the wait gone on doubling.
+    assert 7 <= model_server.refused["GET"] <= 10, model_server.refused
+    assert gate.waiting() == {}
+
+
+async def test_the_worker_metrics_say_runs_wait_for_the_endpoint_and_since_when(
+    temporal_server: EmbeddedServer,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = free_port()
+    monkeypatch.setenv("DURABLE_AGENT_METRICS_PORT", f"127.0.0.1:{port}")
+    client = await connect(temporal_server.address, worker_runtime())
+    model_server.responder = Script([], final="back")
+    model_server.down = True
+    async with build_worker(client, task_queue):
+        began = time.time()
+        handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+        await wait_for(handle, lambda s: s.activity.startswith("waiting for the model endpoint"))
+
+        def waiting() -> tuple[float, float]:
+            samples = scrape(port)
+            return value(samples, "durable_agent_model_endpoint_waiting"), value(
+                samples, "durable_agent_model_endpoint_down_since"
+            )
+
+        await until(lambda: waiting()[0] == 1, within_s=20)
+        assert began - 5 <= waiting()[1] <= time.time()  # since when: Unix seconds
+        model_server.down = False
+        result = await asyncio.wait_for(handle.result(), 60)
+        assert result.output == "back"
+        assert waiting() == (0, 0)
+
+
+async def test_rate_limits_beyond_retry_after_are_waited_out(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    """An endpoint answering 429 past a call's six attempts: the run waits, then goes on."""
+    limited_until = time.monotonic() + 6
+
+    def respond(request: dict) -> Reply | Failure:
+        if time.monotonic() < limited_until:
+            return Failure(429, "slow down", headers={"retry-after-ms": "10"})
+        return Reply(content="through")
+
+    model_server.responder = respond
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    states: set[str] = set()
+    while time.monotonic() < limited_until:
+        states.add((await handle.query("status", result_type=AgentStatus)).state)
+        await asyncio.sleep(0.3)
+    result = await asyncio.wait_for(handle.result(), 90)
+    assert "needs_attention" not in states and (result.state, result.output) == ("completed", "through")
+    refused = len(model_server.requests) - 1
+    assert 6 <= refused <= 60, refused  # six quick attempts per cycle, a cycle per probe (1 s and more apart)

@@ -1,0 +1,114 @@
+"""`max_duration_s` is a cap on the whole run, and `max_wait_s` on each wait for a person.
+
+Judged by effect: the time from the start to the result, the processes left on the host
+(/proc), and the run's record of why it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+from durable_agent.model_server import ModelServer, Reply
+from tests.helpers import host_processes_named, start, until, wait_for
+from tests.scripts import Script, tools
+from workflows.types import AgentStatus, Message
+
+
+async def test_a_six_second_cap_stops_a_long_command_and_kills_it(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    marker = f"{100 + uuid.uuid4().int % 900}.{uuid.uuid4().int % 10**6}"  # `sleep 1xx.nnnnnn`: this test's own
+    model_server.responder = Script([tools(("run_command", {"command": f"sleep {marker}"}))])
+    began = time.monotonic()
+    handle = await start(client, task_queue, goal="sleep", workspace=str(workspace), limits={"max_duration_s": 6})
+    await until(lambda: bool(host_processes_named(f"sleep {marker}")), within_s=6)
+    result = await asyncio.wait_for(handle.result(), 30)
+    took = time.monotonic() - began
+    assert result.state == "stopped" and result.stop_reason == "time_limit", result
+    assert took <= 8, f"the run took {took:.1f} s to stop at its 6 s cap"
+    assert not host_processes_named(f"sleep {marker}"), "the command outlived the run"
+    # The model's context says what became of the call: a result for it, never a dangling call.
+    transcript = await handle.query("transcript", result_type=list[Message])
+    results = [m for m in transcript if m.role == "tool" and m.tool_name == "run_command"]
+    assert len(results) == 1 and "ERROR" in (results[0].content or ""), results
+    assert any("goal not reached (time_limit" in line for line in result.unfinished)
+
+
+async def test_a_model_call_past_the_cap_is_cancelled(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    """A model that takes two minutes to answer: the run stops at its cap, not at the reply."""
+    asked = threading.Event()
+
+    def slow(request: dict[str, Any]) -> Reply:
+        asked.set()
+        time.sleep(120)
+        return Reply(content="too late")
+
+    model_server.responder = slow
+    began = time.monotonic()
+    handle = await start(client, task_queue, goal="slow", workspace=str(workspace), limits={"max_duration_s": 4})
+    result = await asyncio.wait_for(handle.result(), 60)
+    assert asked.is_set()
+    assert result.state == "stopped" and result.stop_reason == "time_limit", result
+    assert time.monotonic() - began <= 6
+    assert result.usage.model_calls == 0  # the reply never came: nothing charged
+
+
+async def test_a_wait_for_a_person_is_outside_the_cap_and_has_its_own(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    """Paused for longer than `max_duration_s`, the run is not stopped for time; past `max_wait_s`
+    it stops with `wait_limit`."""
+    model_server.responder = Script([tools(("list_files", {}))] * 50)
+    handle = await start(
+        client,
+        task_queue,
+        start_signal="pause",
+        goal="wait",
+        workspace=str(workspace),
+        limits={"max_duration_s": 2, "max_wait_s": 4},
+    )
+    status = await wait_for(handle, lambda s: s.state == "paused")
+    began = time.monotonic()
+    result = await asyncio.wait_for(handle.result(), 30)
+    assert result.state == "stopped" and result.stop_reason == "wait_limit", result
+    assert 3.5 <= time.monotonic() - began <= 8
+    assert result.usage.elapsed_s < 2 and status.step == 0  # the wait was not counted as running time
+
+
+async def test_raising_max_wait_s_lets_a_paused_run_wait_longer(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([], final="resumed")
+    handle = await start(
+        client, task_queue, start_signal="pause", goal="wait", workspace=str(workspace), limits={"max_wait_s": 3}
+    )
+    await wait_for(handle, lambda s: s.state == "paused")
+    await handle.execute_update("raise_limits", {"max_wait_s": 600})
+    await asyncio.sleep(5)  # past the first cap: the watcher took the new one
+    assert (await handle.query("status", result_type=AgentStatus)).state == "paused"
+    await handle.signal("resume")
+    result = await asyncio.wait_for(handle.result(), 30)
+    assert (result.state, result.output) == ("completed", "resumed")
+
+
+async def test_lowering_max_wait_s_stops_a_paused_run_at_the_new_cap(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    model_server.responder = Script([], final="never")
+    handle = await start(client, task_queue, start_signal="pause", goal="wait", workspace=str(workspace))
+    await wait_for(handle, lambda s: s.state == "paused")
+    lowered = time.monotonic()
+    await handle.execute_update("raise_limits", {"max_wait_s": 2})
+    result = await asyncio.wait_for(handle.result(), 30)
+    assert (result.state, result.stop_reason) == ("stopped", "wait_limit")
+    assert time.monotonic() - lowered <= 5  # not the 7 days the run started with

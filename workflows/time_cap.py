@@ -1,0 +1,115 @@
+"""The run's clock as a cap: `limits.max_duration_s` bounds everything the run does, and
+`limits.max_wait_s` bounds each wait for a person. A part of `AgentWorkflow`
+(workflows/agent.py), whose state it works on.
+
+Between steps the loop checks the time as before (workflows/limits.py). Within a step, a
+command's own timeout and a model call's start-to-close are clipped to the time left, and
+one watcher per run races the loop: a timer to the moment the time is up, which cancels the
+loop wherever it is. Its running activities are cancelled with it; `run_command` is
+cancelled with `WAIT_CANCELLATION_COMPLETED`, so its process tree is killed before the run
+closes. Waits for a person stop the clock: the watcher then times the wait instead, and a
+timer that fires while a person was waiting just sets the next one. One timer per run and
+per change of state (a wait, `raise_limits`), not one per call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.types import AgentResult, Message, StopReason
+
+MIN_CALL_TIMEOUT = timedelta(seconds=1)
+"""The shortest start-to-close a clipped call gets: a zero or negative timeout is refused."""
+
+
+class TimeCap:
+    """The watcher and the clipping, as `AgentWorkflow` uses them."""
+
+    _time_up: StopReason | None = None
+    """Why the watcher cancelled the loop; None while it has not."""
+
+    def _time_left_s(self) -> float:
+        return self._limits.max_duration_s - self._usage_now().elapsed_s
+
+    def _clipped(self, timeout: timedelta) -> timedelta:
+        """`timeout`, or the time the run has left if that is shorter."""
+        if not self._caps_on:
+            return timeout
+        left = timedelta(seconds=max(0.0, self._time_left_s()))
+        return max(MIN_CALL_TIMEOUT, min(timeout, left))
+
+    def _clip_command(self, args: dict[str, Any], default_s: float) -> dict[str, Any]:
+        """A command's own timeout no longer than the time left: it ends (its tree killed) by
+        itself at the limit, as a timeout the model is told about."""
+        if not self._caps_on:
+            return args
+        asked = args.get("timeout_s") or default_s
+        left = self._clipped(timedelta(seconds=asked)).total_seconds()
+        return {**args, "timeout_s": left} if left < asked else args
+
+    async def _capped(self, loop: Coroutine[Any, Any, AgentResult]) -> AgentResult:
+        """The loop, stopped cleanly with its partial result when the watcher calls time."""
+        if not self._caps_on:
+            return await loop
+        task = asyncio.ensure_future(loop)
+        watcher = asyncio.ensure_future(self._watch_clock(task))
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if self._time_up is None or not task.cancelled():
+                raise  # the run itself was cancelled
+            self._answer_open_calls(self._time_up)
+            return self._finish("stopped", self._time_up)
+        finally:
+            watcher.cancel()
+
+    async def _watch_clock(self, loop: asyncio.Future[AgentResult]) -> None:
+        while True:
+            limits, waiting = self._limits, self._waiting > 0
+            reason: StopReason = "wait_limit" if waiting else "time_limit"
+            left = self._wait_left_s() if waiting else self._time_left_s()
+            if left <= 0:
+                self._time_up = reason
+                self._doing = f"stopping: {reason}"
+                loop.cancel()
+                return
+            try:
+                await workflow.wait_condition(
+                    lambda: self._limits is not limits or (self._waiting > 0) != waiting,  # noqa: B023
+                    timeout=timedelta(seconds=left),
+                    timeout_summary=f"time cap: {'max_wait_s' if waiting else 'max_duration_s'}",
+                )
+            except TimeoutError:
+                pass
+
+    def _wait_left_s(self) -> float:
+        began = self._wait_began or workflow.now()
+        return self._limits.max_wait_s - (workflow.now() - began).total_seconds()
+
+    def _answer_open_calls(self, reason: StopReason) -> None:
+        """Tool calls the cancel cut short get a result: the API wants one per call, and a
+        `continue` of this run sends the context again."""
+        messages = self._carry.view.messages
+        asked = next((m for m in reversed(messages) if m.role == "assistant"), None)
+        if asked is None or not asked.tool_calls:
+            return
+        answered = {m.tool_call_id for m in messages if m.role == "tool"}
+        for call in asked.tool_calls:
+            if call.id not in answered:
+                messages.append(
+                    Message(
+                        role="tool",
+                        content=f"ERROR: cancelled: the run stopped ({reason}) while this call was open; "
+                        "it may have partly run",
+                        tool_call_id=call.id,
+                        step=self._carry.step,
+                        kind="tool_result",
+                        tool_name=call.name,
+                    )
+                )

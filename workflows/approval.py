@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from workflows.tool_specs import CUT_SUMMARY
 from workflows.types import Approval, PendingApproval
 from workflows.visible import one_line, visible
 
@@ -29,7 +30,8 @@ SHOWN_CONTENT_CHARS = 4_000
 def shown_below(pending: PendingApproval) -> bool:
     """Whether a display shows `pending.shown` under the one-line summary: when the summary
     was cut, or the call writes content the summary does not show."""
-    return bool(pending.shown) and (pending.summary.endswith("…") or pending.tool in ("write_file", "edit_file"))
+    cut = CUT_SUMMARY.search(pending.summary) is not None
+    return bool(pending.shown) and (cut or pending.tool in ("write_file", "edit_file"))
 
 
 def approval_view(tool: str, arguments: dict[str, Any]) -> str:

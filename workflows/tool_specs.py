@@ -245,6 +245,10 @@ SUMMARY_MAX_BYTES = 200
 """Temporal documents summaries (user metadata) as single lines of at most 200 bytes."""
 
 
+CUT_SUMMARY = re.compile(r"…( \(\+[\d,]+ chars, see details\))?$")
+"""How a cut summary ends (a bare `…` in runs recorded before it said how much it left out)."""
+
+
 def call_summary(name: str, arguments: dict[str, Any], limit: int = SUMMARY_MAX_CHARS) -> str:
     """One line for the Web UI and the CLI: `run_command: pytest -q`, escaped
     (workflows/visible.py) and at most `limit` characters; approvals show the whole call

@@ -45,7 +45,7 @@ PING_TIMEOUT_S = 5.0
 CONNECTION_CLOSED = -32000
 """The SDK's code for a request whose connection ended: the server died or closed its output."""
 OUTCOME_UNKNOWN = (
-    "the outcome is unknown: the MCP server {server} stopped during the call ({error}). The call may or may "
+    "the outcome is unknown: {what} during the call ({error}). The call may or may "
     "not have taken effect, and it was not run again; check its effect before repeating it"
 )
 
@@ -166,8 +166,8 @@ class McpActivities:
         if (recorded := await asyncio.to_thread(journal.completed, key)) is not None:
             return recorded
         if await asyncio.to_thread(journal.started, key) is not None:
-            error = "an earlier attempt was interrupted before it reported (the worker stopped)"
-            return ToolOutcome(ok=False, error=OUTCOME_UNKNOWN.format(server=target.server, error=error))
+            error = OUTCOME_UNKNOWN.format(what="its worker stopped", error="an earlier attempt did not report")
+            return ToolOutcome(ok=False, error=error)
         await asyncio.to_thread(journal.ensure_room)
         await asyncio.to_thread(journal.start, key, {"mcp": target.model_dump()})
         outcome = await self._run(context, target)
@@ -202,7 +202,8 @@ class McpActivities:
                         return ToolOutcome(ok=False, error=f"{target.server}.{target.tool}: {e}")
                     await self.pool.discard(run, target.server)
                     if target.effect == "write":
-                        return ToolOutcome(ok=False, error=OUTCOME_UNKNOWN.format(server=target.server, error=e))
+                        stopped = f"the MCP server {target.server} stopped"
+                        return ToolOutcome(ok=False, error=OUTCOME_UNKNOWN.format(what=stopped, error=e))
                     if attempt == 2:
                         return ToolOutcome(ok=False, error=f"MCP server {target.server} stopped twice during the call")
                     activity.logger.info("MCP server %s died during a read call: run again on a new one", target.server)

@@ -342,7 +342,8 @@ async def test_worker_sigkills_between_and_during_calls(
     assert result.state == "completed"
     [write] = latest(model_server.requests[1])
     # The journal of the call's next attempt (a write tool is retried: the journal answers).
-    assert write.startswith("ERROR: the outcome is unknown:") and "it was not run again" in write, write
+    assert write.startswith("ERROR: the outcome is unknown: its worker stopped during the call"), write
+    assert "it was not run again" in write
     assert lines(ledger) == ["paid"]  # exactly once
     assert latest(model_server.requests[2]) == ["2 call(s)"] and lines(counter) == ["call", "call"]
     assert latest(model_server.requests[3]) == ["deleted doomed.txt"] and not doomed.exists()

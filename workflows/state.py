@@ -23,7 +23,17 @@ from pydantic import AliasChoices, BaseModel, Field, field_serializer, field_val
 from workflows.livelock import LivelockTracker
 from workflows.summary import StructuredSummary
 from workflows.tool_catalog import ToolSpec
-from workflows.types import AgentInput, AgentStatus, Degradation, Message, Price, Usage, pack_messages, unpack_messages
+from workflows.types import (
+    AgentInput,
+    AgentStatus,
+    Degradation,
+    Message,
+    Price,
+    ShellState,
+    Usage,
+    pack_messages,
+    unpack_messages,
+)
 
 SESSION_KINDS = frozenset({"system_prompt", "goal", "skills", "skill"})
 """Messages of the session layer, never folded: the skills listed at the start ("skills")
@@ -165,6 +175,8 @@ class Carry(BaseModel):
     (`tool_catalog`, recorded once); None: not resolved (a run of built-in tools only)."""
     snapshot: str | None = None
     """The digest of the workspace's latest snapshot (workflows/snapshots.py)."""
+    shell: ShellState | None = None
+    """The durable shell's state after the run's last command (workflows/shell.py)."""
 
     @model_validator(mode="before")
     @classmethod

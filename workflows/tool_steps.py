@@ -21,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.delegation import WAIT_ACTIONS, ParentSide
     from workflows.failures import ACTIVITY_FAILED, failure_message, raise_if_cancelled, timed_out, worker_lost
     from workflows.livelock import LIVELOCK_REPEATS, call_key
+    from workflows.shell import remember_shell, with_shell
     from workflows.skills import (
         already_loaded,
         take_loaded_skill,
@@ -193,6 +194,7 @@ class ToolSteps:
             if denial is not None:
                 return denial
             outcome = await self._execute_tool(call, args, retry)
+            remember_shell(self._carry, outcome)
             # Identical calls of one reply ran side by side: only a repeat in a later step counts.
             step = self._carry.step if self._patched(options.LIVELOCK_ACROSS_STEPS_PATCH) else None
             streak = self._carry.livelock.record(key, None if outcome.ok else outcome.error, step)
@@ -229,6 +231,7 @@ class ToolSteps:
             return await self._delegate(f"{self._carry.step}:{call.id}", key, args)
         if call.name == "run_command":
             request = request.model_copy(update={"sandbox": self._agent.sandbox, "env_allow": self._agent.env_allow})
+            request = with_shell(request, self._agent, self._carry, self._patched)
         if (spec := self._catalog_specs().get(call.name)) is not None:
             return await self._call_catalog_tool(spec, request.model_copy(update={"step": self._carry.step}), args)
         try:

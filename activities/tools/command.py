@@ -13,9 +13,10 @@ from typing import Any
 from activities.host import boot_id, proc_stat
 from activities.tools.base import OpenCall, ToolCallContext
 from activities.tools.output import OutputCapture, OutputPipe
-from activities.tools.sandbox import CommandLaunch, CommandLimits, SandboxUnavailable
+from activities.tools.run_sandbox import RUN_SANDBOXES, SandboxGone, ShellLaunch
+from activities.tools.sandbox import CommandLaunch, CommandLimits, SandboxUnavailable, unsandboxed_allowed
 from workflows.tool_specs import RunCommandArgs
-from workflows.types import ToolOutcome
+from workflows.types import ShellState, ToolOutcome
 
 INTERRUPTED = (
     "the worker running this command was killed before it finished; the command may have "
@@ -31,6 +32,8 @@ class _Ended:
     capture: OutputCapture
     timed_out_after_s: float | None
     returncode: int | None
+    shell: ShellState | None = None
+    """The persistent shell's state after the command."""
 
 
 class CommandRunner:
@@ -102,9 +105,7 @@ class CommandRunner:
             return self._record(call, ToolOutcome(ok=False, error=f"{INTERRUPTED} ({note})"))
         journal.ensure_room()
         try:
-            launch = CommandLaunch.prepare(
-                call.workspace.root, args.command, call.input.sandbox.network, call.input.env_allow, self._limits
-            )
+            launch = self._launch(call, args.command)
         except SandboxUnavailable as e:
             return self._record(call, ToolOutcome(ok=False, error=str(e)))
         try:
@@ -115,13 +116,63 @@ class CommandRunner:
             raise
         return launch
 
+    def _launch(self, call: ToolCallContext, command: str) -> CommandLaunch:
+        """In the run's sandbox for a persistent shell, else in a sandbox of its own (`shell: fresh`,
+        calls recorded before run folders, or an operator's unsandboxed commands)."""
+        input = call.input
+        if input.shell is not None and input.run_folder and not unsandboxed_allowed():
+            return ShellLaunch.prepare_shell(call.workspace.root, command, input.shell, input.env_allow, self._limits)
+        return CommandLaunch.prepare(call.workspace.root, command, input.sandbox.network, input.env_allow, self._limits)
+
     async def _execute(self, call: ToolCallContext, args: RunCommandArgs, launch: CommandLaunch) -> _Ended:
         timeout_s = args.timeout_s or self._command_timeout_s
         with call.capture() as capture:
             async with OutputPipe(capture, self._kill_grace_s) as output:
+                if isinstance(launch, ShellLaunch):
+                    return await self._in_run_sandbox(call, args.command, launch, output, timeout_s, capture)
                 process = await _spawn(call, launch, output)
                 timed_out = await self._supervise(call, args.command, process, output, timeout_s)
         return _Ended(capture, timeout_s if timed_out else None, process.returncode)
+
+    async def _in_run_sandbox(
+        self,
+        call: ToolCallContext,
+        command: str,
+        launch: ShellLaunch,
+        output: OutputPipe,
+        timeout_s: float,
+        capture: OutputCapture,
+    ) -> _Ended:
+        """Run the command in the run's sandbox; like `_supervise`, its process group never outlives the call."""
+        input = call.input
+        key = (input.workspace, input.run_folder, input.sandbox.network)
+        sandbox = await RUN_SANDBOXES.acquire(key, call.workspace.root)
+        try:
+            try:
+                running = sandbox.start_command(launch, output.write_fd)  # type: ignore[arg-type]
+            except SandboxGone:
+                await asyncio.to_thread(call.journal.forget_start, input.idempotency_key)  # nothing ran
+                raise
+            finally:
+                output.close_write_end()
+            # The sandbox's group: after a crash of this worker, a later attempt finds it gone or ends it.
+            record = _group_record(sandbox.process.pid, command)
+            await asyncio.to_thread(call.journal.start, input.idempotency_key, record, False)
+            returncode, state, timed_out = -signal.SIGKILL, None, False
+            try:
+                async with asyncio.timeout(timeout_s):
+                    returncode, state = await running.exited()
+                await output.drained(self._kill_grace_s)  # background children may still be writing
+            except TimeoutError:
+                timed_out = True
+            except SandboxGone:
+                pass  # its PID 1 gone, every process of the sandbox went with it
+            finally:
+                await running.end(self._kill_grace_s)
+        finally:
+            RUN_SANDBOXES.release(key, sandbox)
+        after = launch.state_after(state, input.shell or ShellState())
+        return _Ended(capture, timeout_s if timed_out else None, returncode, after)
 
     def _finish(self, call: ToolCallContext, launch: CommandLaunch, ended: _Ended | None) -> ToolOutcome:
         """Close the launch and record the outcome (None: the call was cancelled)."""
@@ -143,7 +194,7 @@ class CommandRunner:
             )
         else:
             outcome = capture.outcome(f"{_exit_text(ended.returncode)}\n")
-        return self._record(call, outcome)
+        return self._record(call, outcome.model_copy(update={"shell": ended.shell}))
 
     @staticmethod
     def _record(call: ToolCallContext, outcome: ToolOutcome) -> ToolOutcome:

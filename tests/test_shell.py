@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import signal
 import uuid
 from pathlib import Path
@@ -21,10 +22,20 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.tools import ToolActivities
 from activities.tools.run_sandbox import RUN_SANDBOXES
+from activities.tools.sandbox import CGROUP_PREFIX, CommandLimits
 from durable_agent.model_server import ModelServer
 from tests.helpers import host_processes_named, start
 from tests.scripts import Script, answer, tools
-from tests.test_sandbox import WORKER_ENV, Attacked, attack, attacked, command, nobody_worker, small_worker
+from tests.test_sandbox import (
+    WORKER_ENV,
+    Attacked,
+    attack,
+    attacked,
+    cgroups_available,
+    command,
+    nobody_worker,
+    small_worker,
+)
 from workflows.types import ShellState, ToolCallInput, ToolOutcome
 
 
@@ -202,3 +213,26 @@ async def test_one_sandbox_serves_all_of_a_runs_commands(workspace: Path) -> Non
     third = await run_in_shell(activities, shell_call(workspace, run, "cat /tmp/first 2>&1"))
     assert "No such file" in third.output  # a new sandbox after the run's was ended
     await RUN_SANDBOXES.end_run(str(workspace), run)
+
+
+async def test_a_command_in_the_runs_sandbox_runs_under_its_limits_and_its_own_cgroup(workspace: Path) -> None:
+    limits = CommandLimits(cpu_s=77, address_space_bytes=3 * 2**30, processes=99, file_bytes=5 * 2**20, open_files=123)
+    run = f"run-{uuid.uuid4().hex[:8]}"
+    activities = ToolActivities(command_limits=limits)
+    try:
+        outcome = await run_in_shell(activities, shell_call(workspace, run, "cat /proc/self/limits /proc/self/cgroup"))
+        again = await run_in_shell(activities, shell_call(workspace, run, "cat /proc/self/cgroup"))
+    finally:
+        await RUN_SANDBOXES.end_run(str(workspace), run)
+    assert outcome.ok, outcome
+    limit = {line[:26].strip(): line[26:].split()[:2] for line in outcome.output.splitlines()}
+    assert limit["Max cpu time"] == ["77", "77"]
+    assert limit["Max address space"] == [str(3 * 2**30)] * 2
+    assert limit["Max file size"] == [str(5 * 2**20)] * 2
+    assert limit["Max open files"] == ["123", "123"]
+    assert limit["Max core file size"] == ["0", "0"]
+    _, worker_hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    assert limit["Max processes"] == [str(99 if worker_hard == resource.RLIM_INFINITY else min(99, worker_hard))] * 2
+    if cgroups_available():  # each command its own cgroup: a pids line naming a command cgroup, another each time
+        groups = [next(line for line in o.output.splitlines() if ":pids:" in line) for o in (outcome, again)]
+        assert all(CGROUP_PREFIX in line for line in groups) and groups[0] != groups[1], groups

@@ -63,12 +63,17 @@ SHELL_SCRIPT = r"""if [ -n "$1" ] && ! cd -- "$1" 2>/dev/null; then
   echo "durable-agent: the shell's directory $1 is gone; the command runs in the workspace" >&2
 fi
 __durable_agent_state=$2; __durable_agent_command=$3; set --
-trap '__durable_agent_status=$?; { printf "%s\0" "$PWD"; env -0; } > "$__durable_agent_state" 2>/dev/null
+trap '__durable_agent_status=$?; set +euC
+builtin compgen -e > "$__durable_agent_state.names" 2>/dev/null
+{ builtin printf "%s\0" "$PWD"; while IFS= builtin read -r __durable_agent_name; do
+  builtin printf "%s=%s\0" "$__durable_agent_name" "${!__durable_agent_name}"; done < "$__durable_agent_state.names"
+} > "$__durable_agent_state" 2>/dev/null
 exit $__durable_agent_status' EXIT
 eval "$__durable_agent_command"
 """
 """The command, in the shell's directory; at its exit (an `exit` in the command included), its
-directory and environment, NUL-separated, to the state file."""
+directory and exported variables, NUL-separated, to the state file. Builtins only: `env`
+would cost a process per command."""
 SHELL_OWN = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
 """Variables bash itself sets: not part of the recorded state."""
 MAX_STATE_CHARS = 32_000

@@ -152,9 +152,14 @@ def read_state(path):
     try:
         with open(path, encoding="utf-8", errors="surrogateescape") as f:
             text = f.read(1 << 20)
-        os.unlink(path)
     except OSError:
         return None
+    finally:
+        for leftover in (path, path + ".names"):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
     return text
 
 

@@ -108,6 +108,8 @@ class CommandRunner:
             launch = self._launch(call, args.command)
         except SandboxUnavailable as e:
             return self._record(call, ToolOutcome(ok=False, error=str(e)))
+        if isinstance(launch, ShellLaunch):
+            return launch  # its start record, whole at once, once its sandbox is known (`_in_run_sandbox`)
         try:
             # Recorded before the launch: a crash in between must not lead to a silent second run.
             journal.start(key, {"command": args.command})
@@ -148,6 +150,10 @@ class CommandRunner:
         key = (input.workspace, input.run_folder, input.sandbox.network)
         sandbox = await RUN_SANDBOXES.acquire(key, call.workspace.root)
         try:
+            # Durable before the launch, and whole: the sandbox's group is what a later attempt
+            # after a crash of this worker finds gone or ends (one write where a fresh sandbox needs two).
+            record = _group_record(sandbox.process.pid, command)
+            await asyncio.to_thread(call.journal.start, input.idempotency_key, record)
             try:
                 running = sandbox.start_command(launch, output.write_fd)  # type: ignore[arg-type]
             except SandboxGone:
@@ -155,9 +161,6 @@ class CommandRunner:
                 raise
             finally:
                 output.close_write_end()
-            # The sandbox's group: after a crash of this worker, a later attempt finds it gone or ends it.
-            record = _group_record(sandbox.process.pid, command)
-            await asyncio.to_thread(call.journal.start, input.idempotency_key, record, False)
             returncode, state, timed_out = -signal.SIGKILL, None, False
             try:
                 async with asyncio.timeout(timeout_s):

@@ -20,6 +20,7 @@ COMMANDS = {
     "tools": ("bench.tool_calls", "a call of the user's own @tool against the built-in write_file"),
     "snapshots": ("bench.snapshots", "workspace snapshot cost per step: own store against git's objects"),
     "clients": ("bench.clients", "CPU per model call with many in flight: one connection pool or several"),
+    "eager": ("bench.eager", "eager activity execution on and off, on two servers side by side"),
 }
 
 

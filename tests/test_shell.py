@@ -21,7 +21,7 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 from activities.tools import ToolActivities
-from activities.tools.run_sandbox import RUN_SANDBOXES
+from activities.tools.run_sandbox import RUN_SANDBOXES, RunSandboxes
 from activities.tools.sandbox import CGROUP_PREFIX, CommandLimits
 from durable_agent.model_server import ModelServer
 from tests.helpers import host_processes_named, start
@@ -236,3 +236,16 @@ async def test_a_command_in_the_runs_sandbox_runs_under_its_limits_and_its_own_c
     if cgroups_available():  # each command its own cgroup: a pids line naming a command cgroup, another each time
         groups = [next(line for line in o.output.splitlines() if ":pids:" in line) for o in (outcome, again)]
         assert all(CGROUP_PREFIX in line for line in groups) and groups[0] != groups[1], groups
+
+
+async def test_a_runs_sandbox_ends_after_its_idle_timeout(workspace: Path) -> None:
+    sandboxes = RunSandboxes(idle_s=0.5)
+    key = (str(workspace), "idle-run", False)
+    sandbox = await sandboxes.acquire(key, str(workspace))
+    sandboxes.release(key, sandbox)
+    await asyncio.wait_for(sandbox.process.wait(), timeout=30)  # ended by the idle timer, nothing else
+    assert len(sandboxes) == 0
+    again = await sandboxes.acquire(key, str(workspace))  # the next command gets a new one
+    assert again is not sandbox and again.alive()
+    sandboxes.release(key, again)
+    assert await sandboxes.end_run(str(workspace), "idle-run") == 1

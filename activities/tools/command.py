@@ -13,7 +13,7 @@ from typing import Any
 from activities.host import boot_id, proc_stat
 from activities.tools.base import OpenCall, ToolCallContext
 from activities.tools.output import OutputCapture, OutputPipe
-from activities.tools.run_sandbox import RUN_SANDBOXES, SandboxGone, ShellLaunch
+from activities.tools.run_sandbox import RUN_SANDBOXES, RunKey, RunningCommand, RunSandbox, SandboxGone, ShellLaunch
 from activities.tools.sandbox import CommandLaunch, CommandLimits, SandboxUnavailable, unsandboxed_allowed
 from workflows.tool_specs import RunCommandArgs
 from workflows.types import ShellState, ToolOutcome
@@ -136,6 +136,34 @@ class CommandRunner:
                 timed_out = await self._supervise(call, args.command, process, output, timeout_s)
         return _Ended(capture, timeout_s if timed_out else None, process.returncode)
 
+    async def _start_in_run_sandbox(
+        self, call: ToolCallContext, key: RunKey, command: str, launch: ShellLaunch, output: OutputPipe
+    ) -> tuple[RunSandbox, RunningCommand]:
+        """The command started in the run's sandbox, in a new one if the last has just ended
+        (killed from outside, its exit not seen yet); counted as in use until released."""
+        input = call.input
+        attempts = 0
+        try:
+            while True:
+                attempts += 1
+                sandbox = await RUN_SANDBOXES.acquire(key, call.workspace.root)
+                try:
+                    # Durable before the launch, and whole: the sandbox's group is what a later attempt after
+                    # a crash of this worker finds gone or ends (one write where a fresh sandbox needs two).
+                    record = _group_record(sandbox.process.pid, command)
+                    await asyncio.to_thread(call.journal.start, input.idempotency_key, record)
+                    return sandbox, sandbox.start_command(launch, output.write_fd)  # type: ignore[arg-type]
+                except SandboxGone:
+                    RUN_SANDBOXES.release(key, sandbox)
+                    if attempts == 2:
+                        await asyncio.to_thread(call.journal.forget_start, input.idempotency_key)  # nothing ran
+                        raise
+                except BaseException:
+                    RUN_SANDBOXES.release(key, sandbox)
+                    raise
+        finally:
+            output.close_write_end()
+
     async def _in_run_sandbox(
         self,
         call: ToolCallContext,
@@ -148,19 +176,8 @@ class CommandRunner:
         """Run the command in the run's sandbox; like `_supervise`, its process group never outlives the call."""
         input = call.input
         key = (input.workspace, input.run_folder, input.sandbox.network)
-        sandbox = await RUN_SANDBOXES.acquire(key, call.workspace.root)
+        sandbox, running = await self._start_in_run_sandbox(call, key, command, launch, output)
         try:
-            # Durable before the launch, and whole: the sandbox's group is what a later attempt
-            # after a crash of this worker finds gone or ends (one write where a fresh sandbox needs two).
-            record = _group_record(sandbox.process.pid, command)
-            await asyncio.to_thread(call.journal.start, input.idempotency_key, record)
-            try:
-                running = sandbox.start_command(launch, output.write_fd)  # type: ignore[arg-type]
-            except SandboxGone:
-                await asyncio.to_thread(call.journal.forget_start, input.idempotency_key)  # nothing ran
-                raise
-            finally:
-                output.close_write_end()
             returncode, state, timed_out = -signal.SIGKILL, None, False
             try:
                 async with asyncio.timeout(timeout_s):

@@ -196,6 +196,7 @@ class RunSandbox:
         self._control = control
         self.running = 0
         self.last_used = time.monotonic()
+        self._gone = False
 
     @classmethod
     async def start(cls, workspace_root: str, network: bool) -> RunSandbox:
@@ -230,7 +231,7 @@ class RunSandbox:
         return cls(process, control)
 
     def alive(self) -> bool:
-        return self.process.returncode is None
+        return self.process.returncode is None and not self._gone
 
     def start_command(self, launch: ShellLaunch, output_fd: int) -> RunningCommand:
         """Send the command to the helper; raises SandboxGone if the sandbox has ended."""
@@ -240,6 +241,7 @@ class RunSandbox:
             socket.send_fds(self._control, [launch.request()], [theirs.fileno(), output_fd, *procs])
         except OSError as e:
             mine.close()
+            self._gone = True  # the next acquire starts another
             raise SandboxGone(f"the run's sandbox has ended ({e})") from None
         finally:
             theirs.close()
@@ -280,6 +282,8 @@ class RunSandboxes:
         async with lock:
             sandbox = self._sandboxes.get(key)
             if sandbox is None or not sandbox.alive():
+                if sandbox is not None:
+                    _end_in_background(sandbox)  # its socket closed, its process reaped
                 sandbox = await RunSandbox.start(workspace_root, key[2])
                 self._sandboxes[key] = sandbox
             sandbox.running += 1

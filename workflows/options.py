@@ -203,7 +203,18 @@ SNAPSHOT_PATCH = "workspace-snapshots"
 BASELINE_2_PATCH = "baseline-2"
 """Baseline 1's patches and the two added since; runs started on this code record only it."""
 BASELINE_2_PATCHES = BASELINE_PATCHES | {SNAPSHOT_PATCH, LIVELOCK_ACROSS_STEPS_PATCH}
-BASELINES = ((BASELINE_2_PATCH, BASELINE_2_PATCHES), (BASELINE_PATCH, BASELINE_PATCHES))
+SHELL_PATCH = "cheap-durable-shell"
+"""`workflow.patched` id: runs recorded before the durable shell send commands without a
+shell state and describe run_command as they did (workflows/shell.py)."""
+BASELINE_3_PATCH = "baseline-3"
+"""Baseline 2's patches and the durable shell's; runs started on this code record only it
+(one TemporalChangeVersion write per run, not one per patch)."""
+BASELINE_3_PATCHES = BASELINE_2_PATCHES | {SHELL_PATCH}
+BASELINES = (
+    (BASELINE_3_PATCH, BASELINE_3_PATCHES),
+    (BASELINE_2_PATCH, BASELINE_2_PATCHES),
+    (BASELINE_PATCH, BASELINE_PATCHES),
+)
 """Newest first: a run takes the newest baseline its history has (a new run: the newest)."""
 
 

@@ -15,12 +15,10 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from workflows.options import SHELL_PATCH
     from workflows.state import Carry
     from workflows.tool_specs import FRESH_RUN_COMMAND, function_schema
     from workflows.types import AgentInput, ShellState, ToolCallInput, ToolOutcome
-
-SHELL_PATCH = "cheap-durable-shell"
-"""`workflow.patched` id: runs recorded before the durable shell send commands without a shell state."""
 
 
 Patched = Callable[[str], bool]

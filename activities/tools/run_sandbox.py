@@ -216,7 +216,7 @@ class RunSandbox:
                 env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.DEVNULL,
-                stderr=None if os.environ.get("CHEAP_DEBUG") else asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
                 pass_fds=(theirs.fileno(),),
             )

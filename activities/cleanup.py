@@ -1,5 +1,6 @@
 """`clean_up_run`: when a run chain closes, its journal goes; its outputs and archive stay.
 
+The run's sandbox on this worker (`shell: persistent`) ends with it, and every process left in it.
 The journal only lets a retried tool call report its first outcome; once the chain is
 closed no call of it can be retried. Saved outputs stay for the people who read the
 transcript, until `durable-agent gc` removes them (by default 7 days after the close);
@@ -18,6 +19,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import run_files
 from activities.run_files import HostileLayout
+from activities.tools.run_sandbox import RUN_SANDBOXES
 from activities.workspace import Workspace, WorkspaceError, workspace_roots
 from workflows.types import RunFilesCleaned, RunFilesCleanup
 
@@ -65,6 +67,8 @@ class CleanupActivities:
 
     @activity.defn(name="clean_up_run")
     async def clean_up_run(self, request: RunFilesCleanup) -> RunFilesCleaned:
+        # The run's sandbox, if this worker holds it (another worker's ends after its idle timeout).
+        await RUN_SANDBOXES.end_run(request.workspace, request.run_folder)
         try:
             return await asyncio.to_thread(clean_up, request, self._roots)
         except (WorkspaceError, HostileLayout) as e:

@@ -187,13 +187,8 @@ class Journal:
         fd = os.open(self.workspace_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             for part in self.folder.relative_to(self.workspace_root).parts:
-                if create:
-                    try:
-                        os.mkdir(part, dir_fd=fd)
-                    except FileExistsError:
-                        pass
                 try:
-                    below = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    below = _open_level(part, fd, create)
                 except OSError as e:
                     if e.errno not in (errno.ELOOP, errno.ENOTDIR):
                         raise
@@ -309,6 +304,22 @@ def write_at(folder_fd: int, name: str, data: bytes, mode: int, durable: bool = 
         raise
     if durable:
         os.fsync(folder_fd)  # the rename is durable only once the folder entry is on disk
+
+
+def _open_level(part: str, fd: int, create: bool) -> int:
+    """One level of the journal's folder; made first only when missing (`create`): most writes
+    find every level there, and a mkdir per level per write was most of a record's system calls."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        return os.open(part, flags, dir_fd=fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+    try:
+        os.mkdir(part, dir_fd=fd)
+    except FileExistsError:
+        pass
+    return os.open(part, flags, dir_fd=fd)
 
 
 def _unlink_at(folder_fd: int, name: str) -> None:

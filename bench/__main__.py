@@ -23,6 +23,7 @@ COMMANDS = {
     "snapshots": ("bench.snapshots", "workspace snapshot cost per step: own store against git's objects"),
     "clients": ("bench.clients", "CPU per model call with many in flight: one connection pool or several"),
     "redaction": ("bench.redaction", "what redaction costs per KiB of tool output, ordinary and hex-like"),
+    "eager": ("bench.eager", "eager activity execution on and off, on two servers side by side"),
 }
 
 

@@ -5,7 +5,11 @@ see the same machine load:
 * launch: the process alone, `bash -c true` against bubblewrap with the worker's
   arguments, rlimits and cgroup (`CommandLaunch`), started and awaited as run_command does;
 * tool: the whole `run_command` activity (journal, output capture, process-group checks),
-  with the sandbox and with `DURABLE_AGENT_UNSANDBOXED_COMMANDS=i-understand`.
+  with the sandbox and with `DURABLE_AGENT_UNSANDBOXED_COMMANDS=i-understand`;
+* shell: the whole activity in a run's sandbox (`shell: persistent`, started by the first
+  call), against the same unsandboxed activity.
+Then CPU per command (this process and its children, each variant as one block of n calls; the
+run's sandbox ended inside its block so its helper's CPU is counted).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import resource
 import statistics
 import tempfile
 import time
@@ -21,8 +26,9 @@ import uuid
 from temporalio.testing import ActivityEnvironment
 
 from activities.tools import ToolActivities
+from activities.tools.run_sandbox import RUN_SANDBOXES
 from activities.tools.sandbox import UNSANDBOXED_CONSENT, UNSANDBOXED_ENV, CommandLaunch, CommandLimits
-from workflows.types import ToolCallInput
+from workflows.types import ShellState, ToolCallInput
 
 
 async def launch_once(workspace: str, unsandboxed: bool) -> float:
@@ -42,17 +48,34 @@ async def launch_once(workspace: str, unsandboxed: bool) -> float:
     return time.perf_counter() - started
 
 
-async def tool_once(tools: ToolActivities, workspace: str, unsandboxed: bool) -> float:
+async def tool_once(tools: ToolActivities, workspace: str, unsandboxed: bool, shell: bool = False) -> float:
     os.environ.pop(UNSANDBOXED_ENV, None)
     if unsandboxed:
         os.environ[UNSANDBOXED_ENV] = UNSANDBOXED_CONSENT
+    run = {"run_folder": RUN, "shell": ShellState()} if shell else {}
     call = ToolCallInput(
-        call_id="c", idempotency_key=uuid.uuid4().hex, workspace=workspace, arguments={"command": "true"}
+        call_id="c", idempotency_key=uuid.uuid4().hex, workspace=workspace, arguments={"command": "true"}, **run
     )
     started = time.perf_counter()
     outcome = await ActivityEnvironment().run(tools.run_command, call)
     assert outcome.ok, outcome.error
     return time.perf_counter() - started
+
+
+RUN = "bench-run"
+
+
+def cpu_s() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+async def cpu_per_command(tools: ToolActivities, workspace: str, n: int, variant: str) -> float:
+    before = cpu_s()
+    for _ in range(n):
+        await tool_once(tools, workspace, variant == "unsandboxed", shell=variant == "shell")
+    await RUN_SANDBOXES.end_run(workspace, RUN)
+    return (cpu_s() - before) / n
 
 
 def summary(name: str, sandboxed: list[float], plain: list[float]) -> str:
@@ -65,15 +88,24 @@ async def measure(n: int) -> None:
     with tempfile.TemporaryDirectory() as workspace:
         workspace = os.path.realpath(workspace)
         await launch_once(workspace, False)  # the first call probes bubblewrap once per worker
-        times: dict[tuple[str, bool], list[float]] = {(k, u): [] for k in ("launch", "tool") for u in (False, True)}
+        kinds = ("launch", "tool", "shell")
+        times: dict[tuple[str, bool], list[float]] = {(k, u): [] for k in kinds for u in (False, True)}
+        load = os.getloadavg()[0]
         for _ in range(n):
             for unsandboxed in (False, True):
                 times["launch", unsandboxed].append(await launch_once(workspace, unsandboxed))
                 times["tool", unsandboxed].append(await tool_once(tools, workspace, unsandboxed))
+                times["shell", unsandboxed].append(await tool_once(tools, workspace, unsandboxed, shell=True))
+        await RUN_SANDBOXES.end_run(workspace, RUN)
+        cpu = {variant: await cpu_per_command(tools, workspace, n, variant) for variant in CPU_VARIANTS}
     os.environ.pop(UNSANDBOXED_ENV, None)
-    print(f"{n} runs of `true` each, alternating; load average {os.getloadavg()[0]:.2f}")
-    for kind in ("launch", "tool"):
+    print(f"{n} runs of `true` each, alternating; load average {load:.2f} before, {os.getloadavg()[0]:.2f} after")
+    for kind in kinds:
         print(summary(kind, times[kind, False], times[kind, True]))
+    print("CPU per run_command (worker + children): " + ", ".join(f"{v} {cpu[v] * 1000:.1f} ms" for v in cpu))
+
+
+CPU_VARIANTS = ("sandbox per command", "shell", "unsandboxed")
 
 
 def main() -> None:

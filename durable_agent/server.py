@@ -38,6 +38,10 @@ DYNAMIC_CONFIG = {
     # 1 s, each short timer of a crash recovery (the heartbeat timeout re-armed from the
     # last beat, then the retry back-off) fires up to a second late.
     "history.timerProcessorMaxTimeShift": "50ms",
+    # A workflow task that schedules an activity on its own worker's queue (the model call,
+    # run_command) gets the activity task back in the same response: the worker starts it at
+    # once instead of the task going through matching to its next poll (`python -m bench eager`).
+    "system.enableActivityEagerExecution": True,
 }
 """The figures behind these settings are in docs/recovery.md."""
 

@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.plan_steps import PlanSteps
     from workflows.quota_steps import QuotaSteps
     from workflows.run_metrics import RunMetrics
+    from workflows.shell import shell_schemas
     from workflows.skills import (
         CATALOG_KIND,
         SkillCatalog,
@@ -576,7 +577,8 @@ class AgentWorkflow(
 
     def _tool_schemas(self, tools: list[str]) -> list[dict[str, Any]]:
         specs = self._catalog_specs()
-        return [specs[name].schema() for name in tools if name in specs]
+        catalog = [specs[name].schema() for name in tools if name in specs]
+        return catalog + shell_schemas(tools, self._agent, self._patched)
 
     def _record_reply(self, reply: ModelReply) -> None:
         self._charge(reply)

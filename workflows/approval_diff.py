@@ -19,9 +19,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.hosts import HOST_FIRST_PROBE
     from workflows.visible import one_line, visible
 
-APPROVAL_DIFF_PATCH = "left2-approval-diff"
-"""`workflow.patched` id: runs recorded before the diff existed ask for approval without it."""
-
 DIFFED_TOOLS = ("write_file", "edit_file")
 
 SHOWN_DIFF_CHARS = 4_000

@@ -26,10 +26,6 @@ with workflow.unsafe.imports_passed_through():
     from workflows.failures import ACTIVITY_FAILED, failure_message, raise_if_cancelled
     from workflows.types import ToolCallInput, ToolOutcome
 
-DONE_PATCH = "done-checks"
-"""`workflow.patched` id, asked only by runs with criteria: a run recorded before checks existed
-took its first answer."""
-
 
 class DoneSteps:
     """The definition of done, as `AgentWorkflow` checks it."""
@@ -39,7 +35,7 @@ class DoneSteps:
         (the result then lists what is unmet). Otherwise the model is told what is unmet."""
         agent = self._agent
         statements = statements_of(agent.success_criteria)
-        if not (statements or agent.check_command) or not self._patched(DONE_PATCH):
+        if not (statements or agent.check_command) or not self._patched(options.DONE_PATCH):
             return True
         check = self._carry.done_checks + 1
         if (budget := self._hard_stop()) not in (None, "hard_step_limit"):  # a check is not a step

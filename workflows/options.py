@@ -218,25 +218,48 @@ LIMITS_PATCH = "limits-time-cap-outages"
 calls not clipped to the time left, no waits for a failing model endpoint (workflows/outages.py),
 and the server counts every attempt of a model call."""
 BASELINE_3_PATCH = "baseline-3"
-"""Baseline 2's patches and the limits patch; runs started on this code record only it."""
+"""Baseline 2's patches and the limits patch (runs recorded in tests/histories have it)."""
 BASELINE_3_PATCHES = BASELINE_2_PATCHES | {LIMITS_PATCH}
+SHELL_PATCH = "cheap-durable-shell"
+"""`workflow.patched` id: runs recorded before the durable shell send commands without a
+shell state and describe run_command as they did (workflows/shell.py)."""
+DONE_PATCH = "done-checks"
+"""`workflow.patched` id, asked only by runs with criteria: a run recorded before checks existed
+took its first answer."""
+QUOTA_LEVELS_PATCH = "quota-compaction-levels"
+"""`workflow.patched` id, asked only when a compaction would run at a level above 0: it keeps
+fewer steps, which changes what a compaction folds (and so its commands)."""
+APPROVAL_DIFF_PATCH = "left2-approval-diff"
+"""`workflow.patched` id: runs recorded before the diff existed ask for approval without it."""
+ACTIVITY_TOOL_REDACTION_PATCH = "left1-activity-tool-redaction"
+"""`workflow.patched` id: runs recorded before it took an activity tool's answer as it came
+(capped, token shapes redacted); since, the answer also goes through a local activity that
+redacts the worker's own secrets before the run records it (its marker is a new command)."""
+LOCAL_PYTHON_TOOLS_PATCH = "left1-local-python-tools"
+"""`workflow.patched` id: runs recorded before it called every Python tool as a regular
+activity on its tool's queue; since, a tool with a short `timeout_s` (`LOCAL_TOOL_MAX_S`) runs
+as a local activity of the worker running the run (`run_tool_here`) when that worker has it."""
+BASELINE_4_PATCH = "baseline-4"
+"""Baseline 3's patches and the six added beside it; runs started on this code record only it
+(one TemporalChangeVersion write per run, not one per patch)."""
+BASELINE_4_PATCHES = BASELINE_3_PATCHES | {
+    SHELL_PATCH,
+    DONE_PATCH,
+    QUOTA_LEVELS_PATCH,
+    APPROVAL_DIFF_PATCH,
+    ACTIVITY_TOOL_REDACTION_PATCH,
+    LOCAL_PYTHON_TOOLS_PATCH,
+}
 BASELINES = (
+    (BASELINE_4_PATCH, BASELINE_4_PATCHES),
     (BASELINE_3_PATCH, BASELINE_3_PATCHES),
     (BASELINE_2_PATCH, BASELINE_2_PATCHES),
     (BASELINE_PATCH, BASELINE_PATCHES),
 )
 """Newest first: a run takes the newest baseline its history has (a new run: the newest)."""
 
-ACTIVITY_TOOL_REDACTION_PATCH = "left1-activity-tool-redaction"
-"""`workflow.patched` id: runs recorded before it took an activity tool's answer as it came
-(capped, token shapes redacted); since, the answer also goes through a local activity that
-redacts the worker's own secrets before the run records it (its marker is a new command)."""
 REDACTION_TIMEOUT = timedelta(seconds=10)
 
-LOCAL_PYTHON_TOOLS_PATCH = "left1-local-python-tools"
-"""`workflow.patched` id: runs recorded before it called every Python tool as a regular
-activity on its tool's queue; since, a tool with a short `timeout_s` (`LOCAL_TOOL_MAX_S`) runs
-as a local activity of the worker running the run (`run_tool_here`) when that worker has it."""
 LOCAL_TOOL_MAX_S = 5.0
 """A local activity runs inside the run's workflow task: only calls this short may hold one.
 Longer tools (and tools without `timeout_s`, 120 s) keep their own queue."""

@@ -9,11 +9,7 @@ from __future__ import annotations
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from workflows import quota
-
-QUOTA_LEVELS_PATCH = "quota-compaction-levels"
-"""`workflow.patched` id, asked only when a compaction would run at a level above 0: it keeps
-fewer steps, which changes what a compaction folds (and so its commands)."""
+    from workflows import options, quota
 
 
 class QuotaSteps:
@@ -29,4 +25,4 @@ class QuotaSteps:
     def _compaction_level(self) -> int:
         """The level a compaction runs at now (0 in runs recorded before levels existed)."""
         level = self._carry.quota.compaction_level
-        return level if level and self._patched(QUOTA_LEVELS_PATCH) else 0
+        return level if level and self._patched(options.QUOTA_LEVELS_PATCH) else 0

@@ -26,7 +26,17 @@ from workflows.plan import PlanItem
 from workflows.quota import Quota
 from workflows.summary import StructuredSummary
 from workflows.tool_catalog import ToolSpec
-from workflows.types import AgentInput, AgentStatus, Degradation, Message, Price, Usage, pack_messages, unpack_messages
+from workflows.types import (
+    AgentInput,
+    AgentStatus,
+    Degradation,
+    Message,
+    Price,
+    ShellState,
+    Usage,
+    pack_messages,
+    unpack_messages,
+)
 
 SESSION_KINDS = frozenset({"system_prompt", "goal", "skills", "skill"})
 """Messages of the session layer, never folded: the skills listed at the start ("skills")
@@ -176,6 +186,8 @@ class Carry(BaseModel):
     """The run's task list (the `plan` tool, workflows/plan.py)."""
     quota: Quota = Field(default_factory=Quota)
     """The per-step token quota and the compaction level, with their changes (workflows/quota.py)."""
+    shell: ShellState | None = None
+    """The durable shell's state after the run's last command (workflows/shell.py)."""
 
     @model_validator(mode="before")
     @classmethod

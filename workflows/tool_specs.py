@@ -133,7 +133,9 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
     "edit_file": "Replace exact text in a workspace file.",
     "list_files": "List files under a workspace folder, optionally filtered by a glob.",
     "search_files": "Search workspace files for a regular expression; returns path:line: text.",
-    "run_command": "Run a shell command in the workspace; returns exit code, stdout and stderr.",
+    "run_command": "Run a shell command in the workspace; returns exit code, stdout and stderr. The shell "
+    "persists between calls, like a terminal: the working directory (`cd`) and exported variables carry over to "
+    "the next command. Processes a command leaves running are stopped when it ends.",
     "recall": "Return earlier steps that were folded out of your context, verbatim: by step range or by search.",
     "load_skill": "Load a skill's instructions (see the listed skills) into your context for the rest of the run.",
     "delegate": "Hand a self-contained sub-task to a sub-agent with its own context; returns its summary and "
@@ -141,6 +143,12 @@ TOOL_DESCRIPTIONS: dict[str, str] = {
     "plan": "Keep your task list: send all items (each required or optional, with its status) to replace it, "
     "or no items to read it. Optional items are dropped first when budgets run low.",
 }
+
+FRESH_RUN_COMMAND = (
+    "Run a shell command in the workspace; returns exit code, stdout and stderr. Every command starts afresh in "
+    "the workspace folder: `cd` and exported variables do not carry over to the next command."
+)
+"""run_command's description in a run whose shell is fresh (workflows/shell.py)."""
 
 if not set(TOOL_ARGS) == set(ALL_TOOLS) == set(TOOL_DESCRIPTIONS):
     raise RuntimeError("every tool in ALL_TOOLS needs an argument model and a description")

@@ -18,7 +18,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.redaction import Redactor
     from workflows import limits, options
     from workflows.approval import approval_reason, approval_view
-    from workflows.approval_diff import APPROVAL_DIFF_PATCH, DIFFED_TOOLS, approval_diff_lines
+    from workflows.approval_diff import DIFFED_TOOLS, approval_diff_lines
     from workflows.delegation import WAIT_ACTIONS, ParentSide
     from workflows.failures import (
         ACTIVITY_FAILED,
@@ -31,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.hosts import workspace_queue
     from workflows.interrupts import rerun_note
     from workflows.livelock import LIVELOCK_REPEATS, call_key
+    from workflows.shell import remember_shell, with_shell
     from workflows.skills import (
         already_loaded,
         take_loaded_skill,
@@ -329,6 +330,7 @@ class ToolSteps:
             while outcome.interrupted and await self._run_again(call, args, outcome, reruns):
                 retry, reruns = retry + 1, reruns + 1
                 outcome = await self._execute_tool(call, args, retry)
+            remember_shell(self._carry, outcome)
             if reruns:
                 outcome = rerun_note(outcome, reruns, asked=self._agent.commands.on_interrupt == "ask")
             # Identical calls of one reply ran side by side: only a repeat in a later step counts.
@@ -370,6 +372,7 @@ class ToolSteps:
             request = request.model_copy(
                 update={"sandbox": self._agent.sandbox, "env_allow": self._agent.env_allow, "arguments": args}
             )
+            request = with_shell(request, self._agent, self._carry, self._patched)
         if (spec := self._catalog_specs().get(call.name)) is not None:
             update = {"step": self._carry.step, "mcp": spec.mcp} if spec.mcp else {"step": self._carry.step}
             return await self._call_catalog_tool(spec, request.model_copy(update=update), args)
@@ -442,7 +445,7 @@ class ToolSteps:
             return None
         approval_id = f"{self._carry.step}:{call.id}"
         shown = approval_view(call.name, args)
-        if call.name in DIFFED_TOOLS and self._patched(APPROVAL_DIFF_PATCH):
+        if call.name in DIFFED_TOOLS and self._patched(options.APPROVAL_DIFF_PATCH):
             shown = "\n".join(
                 [
                     shown,

@@ -257,6 +257,19 @@ class SandboxSettings(_Strict):
     """Let commands reach the network (and with it any service the worker's host can reach)."""
 
 
+class ShellState(BaseModel):
+    """The durable shell of a run's commands (`shell: persistent`): where the next command
+    starts and the exported variables it has beyond the sandbox's own environment. Each
+    `run_command` outcome records the state its command left; the next call carries it, so a
+    new sandbox (another worker, a crash, an idle timeout) starts from it."""
+
+    cwd: str = ""
+    """The directory the last command ended in (a path inside the sandbox); empty: the workspace."""
+    env: dict[str, str | None] = Field(default_factory=dict)
+    """Variables set (a value) or unset (None) against the sandbox's environment. A value holding
+    a secret of the worker is never recorded (activities/tools/run_sandbox.py)."""
+
+
 AGENT_NAME = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 """An agent's name is its file's name without `.md`: lowercase letters, digits, `.`, `_`, `-`."""
 
@@ -329,6 +342,10 @@ class AgentInput(_Strict):
     env_allow: list[str] = Field(default_factory=list)
     """Names of worker environment variables that commands may see, besides PATH, the locale,
     TERM, HOME and TMPDIR (which are the sandbox's own)."""
+    shell: Literal["persistent", "fresh"] = "persistent"
+    """persistent: the run's commands share one sandbox and a shell's working directory and
+    exported variables, recorded per command (ShellState); fresh: each command in a sandbox
+    of its own, from the workspace, with the sandbox's environment."""
     agent: str | None = Field(default=None, pattern=AGENT_NAME)
     """An agent file's name (`agents/<name>.md`, workflows/agents.py): its fields fill in what
     this input does not give. The run's first activity reads it; the run then carries the result."""
@@ -562,6 +579,9 @@ class ToolCallInput(BaseModel):
     sandbox: SandboxSettings = Field(default_factory=SandboxSettings)
     """run_command only, like `env_allow`: copied from the run's input."""
     env_allow: list[str] = Field(default_factory=list)
+    shell: ShellState | None = None
+    """run_command only: the shell state the command starts from, in the run's own sandbox;
+    None: a sandbox of its own, from the workspace (`shell: fresh`, and runs recorded before)."""
     run_folder: str = Field(default="", pattern=RUN_FOLDER_CHARS)
     """The chain's folder name under `.durable-agent/journal/` and `outputs/`; empty (calls
     recorded before per-chain folders): the journal and outputs lie directly in those folders."""
@@ -590,6 +610,8 @@ class ToolOutcome(BaseModel):
     full_output_ref: str | None = None
     """Workspace-relative path of the whole output when `output` was truncated."""
     output_bytes: int = 0
+    shell: ShellState | None = None
+    """run_command in a persistent shell: the state its command left (ShellState)."""
     cached_from: str | None = None
     """A read tool's cached answer: when it was fetched (ISO time). The run records a degradation."""
     interrupted: bool = False

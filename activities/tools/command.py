@@ -15,9 +15,10 @@ from temporalio import activity
 from activities.host import boot_id, proc_stat
 from activities.tools.base import OpenCall, ToolCallContext
 from activities.tools.output import OutputCapture, OutputPipe
-from activities.tools.sandbox import CommandLaunch, CommandLimits, SandboxUnavailable
+from activities.tools.run_sandbox import RUN_SANDBOXES, RunKey, RunningCommand, RunSandbox, SandboxGone, ShellLaunch
+from activities.tools.sandbox import CommandLaunch, CommandLimits, SandboxUnavailable, unsandboxed_allowed
 from workflows.tool_specs import RunCommandArgs
-from workflows.types import ToolOutcome
+from workflows.types import ShellState, ToolOutcome
 
 INTERRUPTED = (
     "the worker running this command was killed before it finished; the command may have "
@@ -36,6 +37,8 @@ class _Ended:
     capture: OutputCapture
     timed_out_after_s: float | None
     returncode: int | None
+    shell: ShellState | None = None
+    """The persistent shell's state after the command."""
 
 
 class CommandRunner:
@@ -117,11 +120,11 @@ class CommandRunner:
             return self._record(call, interrupted)
         journal.ensure_room()
         try:
-            launch = CommandLaunch.prepare(
-                call.workspace.root, args.command, call.input.sandbox.network, call.input.env_allow, self._limits
-            )
+            launch = self._launch(call, args.command)
         except SandboxUnavailable as e:
             return self._record(call, ToolOutcome(ok=False, error=str(e)))
+        if isinstance(launch, ShellLaunch):
+            return launch  # its start record, whole at once, once its sandbox is known (`_in_run_sandbox`)
         try:
             # Recorded before the launch: a crash in between must not lead to a silent second run.
             journal.start(key, {"command": args.command})
@@ -130,6 +133,14 @@ class CommandRunner:
             raise
         return launch
 
+    def _launch(self, call: ToolCallContext, command: str) -> CommandLaunch:
+        """In the run's sandbox for a persistent shell, else in a sandbox of its own (`shell: fresh`,
+        calls recorded before run folders, or an operator's unsandboxed commands)."""
+        input = call.input
+        if input.shell is not None and input.run_folder and not unsandboxed_allowed():
+            return ShellLaunch.prepare_shell(call.workspace.root, command, input.shell, input.env_allow, self._limits)
+        return CommandLaunch.prepare(call.workspace.root, command, input.sandbox.network, input.env_allow, self._limits)
+
     async def _execute(self, call: ToolCallContext, args: RunCommandArgs, launch: CommandLaunch) -> _Ended:
         timeout_s = args.timeout_s or self._command_timeout_s
         key = call.input.idempotency_key
@@ -137,11 +148,71 @@ class CommandRunner:
             self._running[key] = capture
             try:
                 async with OutputPipe(capture, self._kill_grace_s) as output:
+                    if isinstance(launch, ShellLaunch):
+                        return await self._in_run_sandbox(call, args.command, launch, output, timeout_s, capture)
                     process = await _spawn(call, launch, output)
                     timed_out = await self._supervise(call, args.command, process, output, timeout_s)
             finally:
                 self._running.pop(key, None)
         return _Ended(capture, timeout_s if timed_out else None, process.returncode)
+
+    async def _start_in_run_sandbox(
+        self, call: ToolCallContext, key: RunKey, command: str, launch: ShellLaunch, output: OutputPipe
+    ) -> tuple[RunSandbox, RunningCommand]:
+        """The command started in the run's sandbox, in a new one if the last has just ended
+        (killed from outside, its exit not seen yet); counted as in use until released."""
+        input = call.input
+        attempts = 0
+        try:
+            while True:
+                attempts += 1
+                sandbox = await RUN_SANDBOXES.acquire(key, call.workspace.root)
+                try:
+                    # Durable before the launch, and whole: the sandbox's group is what a later attempt after
+                    # a crash of this worker finds gone or ends (one write where a fresh sandbox needs two).
+                    record = _group_record(sandbox.process.pid, command)
+                    await asyncio.to_thread(call.journal.start, input.idempotency_key, record)
+                    return sandbox, sandbox.start_command(launch, output.write_fd)  # type: ignore[arg-type]
+                except SandboxGone:
+                    RUN_SANDBOXES.release(key, sandbox)
+                    if attempts == 2:
+                        await asyncio.to_thread(call.journal.forget_start, input.idempotency_key)  # nothing ran
+                        raise
+                except BaseException:
+                    RUN_SANDBOXES.release(key, sandbox)
+                    raise
+        finally:
+            output.close_write_end()
+
+    async def _in_run_sandbox(
+        self,
+        call: ToolCallContext,
+        command: str,
+        launch: ShellLaunch,
+        output: OutputPipe,
+        timeout_s: float,
+        capture: OutputCapture,
+    ) -> _Ended:
+        """Run the command in the run's sandbox; like `_supervise`, its process group never outlives the call."""
+        input = call.input
+        key = (input.workspace, input.run_folder, input.sandbox.network)
+        sandbox, running = await self._start_in_run_sandbox(call, key, command, launch, output)
+        try:
+            returncode, state, timed_out = -signal.SIGKILL, None, False
+            try:
+                async with asyncio.timeout(timeout_s):
+                    returncode, state = await running.exited()
+                await output.drained(self._kill_grace_s)  # background children may still be writing
+            except TimeoutError:
+                timed_out = True
+            except SandboxGone:
+                pass  # its PID 1 gone, every process of the sandbox went with it
+            finally:
+                await running.end(self._kill_grace_s)
+        finally:
+            RUN_SANDBOXES.release(key, sandbox)
+        after = launch.state_after(state, input.shell or ShellState())
+        return _Ended(capture, timeout_s if timed_out else None, returncode, after)
 
     def _finish(self, call: ToolCallContext, launch: CommandLaunch, ended: _Ended | None) -> ToolOutcome:
         """Close the launch and record the outcome (None: the call was cancelled)."""
@@ -163,7 +234,7 @@ class CommandRunner:
             )
         else:
             outcome = capture.outcome(f"{_exit_text(ended.returncode)}\n")
-        return self._record(call, outcome)
+        return self._record(call, outcome.model_copy(update={"shell": ended.shell}))
 
     @staticmethod
     def _record(call: ToolCallContext, outcome: ToolOutcome) -> ToolOutcome:

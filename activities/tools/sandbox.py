@@ -123,6 +123,11 @@ def command_env(env_allow: list[str], home: str, tmp: str) -> dict[str, str]:
 def bwrap_argv(bwrap: str, workspace_root: str, network: bool) -> list[str]:
     """bubblewrap's arguments, up to the command (see the module docstring). The seccomp
     filter is read from descriptor SECCOMP_FD, which the launcher opens."""
+    return [*bwrap_options(bwrap, workspace_root, network), "--", "bash", "-c"]
+
+
+def bwrap_options(bwrap: str, workspace_root: str, network: bool) -> list[str]:
+    """bubblewrap and its options, without the program it runs (a run's sandbox adds its own)."""
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", *CONFINED]
     if network:
         argv.append("--share-net")
@@ -139,8 +144,7 @@ def bwrap_argv(bwrap: str, workspace_root: str, network: bool) -> list[str]:
     reserved = os.path.join(workspace_root, RESERVED_DIR)
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", SANDBOX_TMP, "--dir", SANDBOX_HOME]
     argv += ["--bind", workspace_root, workspace_root, "--tmpfs", reserved, "--remount-ro", reserved]
-    argv += ["--chdir", workspace_root]
-    return [*argv, "--", "bash", "-c"]
+    return [*argv, "--chdir", workspace_root]
 
 
 LAUNCHER = """set +o posix
@@ -407,6 +411,9 @@ class CommandLaunch:
         procs = cgroup.procs_files() if cgroup is not None else []
         argv = launcher_argv(limits, procs, [*bwrap_argv(bwrap, workspace_root, network), command], filter_file())
         return cls(argv, command_env(env_allow, SANDBOX_HOME, SANDBOX_TMP), cgroup=cgroup)
+
+    def procs_files(self) -> list[str]:
+        return self.cgroup.procs_files() if self.cgroup is not None else []
 
     def over_memory(self) -> bool:
         return self.cgroup is not None and self.cgroup.oom_killed()

@@ -1,0 +1,329 @@
+"""One sandbox per run (`shell: persistent`): set up once, each command started inside it.
+
+A run's first command on a worker starts the run's sandbox: the same bubblewrap namespaces,
+uid, capabilities and seccomp filter as a command's own sandbox (`sandbox.py`), whose PID 1
+is a small helper (`shell_helper.py`). Each command is then one message to the helper,
+which forks it into a session (process group) of its own, puts it in its own cgroup (the
+worker creates the cgroup and hands the helper its opened `cgroup.procs` files) and sets its
+rlimits before it execs: the per-command protections are those of `CommandLaunch`, the
+namespace set-up is paid once per run instead of once per command.
+
+The sandbox ends when the run closes (`clean_up_run` calls `end_run_sandboxes`), after
+SANDBOX_IDLE_S without a command, or with the worker (bubblewrap dies with its parent); its
+PID namespace ends with its PID 1, taking every process left in it along. Whatever a command
+leaves running is killed when it ends, as before (its process group, then its cgroup).
+
+The durable shell: a command runs behind SHELL_SCRIPT, which starts it in the recorded
+working directory and writes the directory and exported variables it ends with to a file the
+helper returns; `ShellLaunch.state_after` turns them into the ShellState the outcome records
+(the difference from the sandbox's environment, values holding the worker's secrets left out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+from activities.redaction import worker_redactor
+from activities.tools.sandbox import (
+    SANDBOX_HOME,
+    SANDBOX_TMP,
+    CommandCgroup,
+    CommandLaunch,
+    CommandLimits,
+    SandboxUnavailable,
+    _capped,
+    bwrap_binary,
+    bwrap_options,
+    command_env,
+    refusal,
+)
+from activities.tools.seccomp import filter_file
+from activities.workspace import RESERVED_DIR
+from workflows.types import ShellState
+
+SANDBOX_IDLE_S = 600.0
+"""A run's sandbox without a command this long ends (the next command starts another, from
+the recorded shell state): a run waiting for a person holds no processes meanwhile."""
+SANDBOX_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3", "/bin/python3")
+"""Where the helper's interpreter may lie: only the host's system folders are in the sandbox."""
+HELPER = (Path(__file__).parent / "shell_helper.py").read_text()
+HELPER_LOADER = "import sys; exec(sys.stdin.read())"
+"""The helper's source comes on its stdin: its command line (which commands see in /proc) stays short."""
+SHELL = "/bin/bash"
+SHELL_SCRIPT = r"""if [ -n "$1" ] && ! cd -- "$1" 2>/dev/null; then
+  echo "durable-agent: the shell's directory $1 is gone; the command runs in the workspace" >&2
+fi
+__durable_agent_state=$2; __durable_agent_command=$3; set --
+trap '__durable_agent_status=$?; set +euC
+builtin compgen -e > "$__durable_agent_state.names" 2>/dev/null
+{ builtin printf "%s\0" "$PWD"; while IFS= builtin read -r __durable_agent_name; do
+  builtin printf "%s=%s\0" "$__durable_agent_name" "${!__durable_agent_name}"; done < "$__durable_agent_state.names"
+} > "$__durable_agent_state" 2>/dev/null
+exit $__durable_agent_status' EXIT
+eval "$__durable_agent_command"
+"""
+"""The command, in the shell's directory; at its exit (an `exit` in the command included), its
+directory and exported variables, NUL-separated, to the state file. Builtins only: `env`
+would cost a process per command."""
+SHELL_OWN = frozenset({"PWD", "OLDPWD", "SHLVL", "_"})
+"""Variables bash itself sets: not part of the recorded state."""
+MAX_STATE_CHARS = 32_000
+"""A recorded shell state larger than this keeps the directory and drops the variables: it goes to history."""
+END_WAIT_S = 10.0
+"""How long ending a command's process group may take beyond its grace before the sandbox is presumed dead."""
+
+
+@cache
+def sandbox_python() -> str:
+    for path in SANDBOX_PYTHONS:
+        real = os.path.realpath(path)
+        if os.access(real, os.X_OK) and real.startswith(("/usr/", "/bin/", "/lib")):
+            return path
+    raise SandboxUnavailable(f"a persistent shell needs python3 in the host's system folders ({SANDBOX_PYTHONS})")
+
+
+@dataclass
+class ShellLaunch(CommandLaunch):
+    """One command of a persistent shell: its request to the run's sandbox and its cgroup."""
+
+    base_env: dict[str, str] = field(default_factory=dict)
+    state_file: str = ""
+    limits: list[tuple[int, int]] = field(default_factory=list)
+
+    @classmethod
+    def prepare_shell(
+        cls, workspace_root: str, command: str, shell: ShellState, env_allow: list[str], limits: CommandLimits
+    ) -> ShellLaunch:
+        """Raises SandboxUnavailable when no sandbox can start here."""
+        try:
+            bwrap_binary()
+            sandbox_python()
+        except SandboxUnavailable as e:
+            raise SandboxUnavailable(refusal(e)) from None
+        os.makedirs(os.path.join(workspace_root, RESERVED_DIR), exist_ok=True)
+        base = command_env(env_allow, SANDBOX_HOME, SANDBOX_TMP)
+        env = dict(base)
+        for name, value in shell.env.items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+        state_file = f"{SANDBOX_TMP}/.durable-agent-shell-{uuid.uuid4().hex}"
+        argv = [SHELL, "-c", SHELL_SCRIPT, "durable-agent", shell.cwd, state_file, command]
+        rlimits = [
+            (resource.RLIMIT_CPU, _capped(resource.RLIMIT_CPU, limits.cpu_s)),
+            (resource.RLIMIT_AS, _capped(resource.RLIMIT_AS, limits.address_space_bytes)),
+            (resource.RLIMIT_FSIZE, _capped(resource.RLIMIT_FSIZE, limits.file_bytes)),
+            (resource.RLIMIT_NPROC, _capped(resource.RLIMIT_NPROC, limits.processes)),
+            (resource.RLIMIT_NOFILE, _capped(resource.RLIMIT_NOFILE, limits.open_files)),
+            (resource.RLIMIT_CORE, 0),
+        ]
+        cgroup = CommandCgroup.create(limits)
+        return cls(argv, env, cgroup=cgroup, base_env=base, state_file=state_file, limits=rlimits)
+
+    def request(self) -> bytes:
+        return json.dumps(
+            {"argv": self.argv, "env": self.env, "limits": self.limits, "state_file": self.state_file}
+        ).encode()
+
+    def state_after(self, text: str | None, before: ShellState) -> ShellState:
+        """The shell state the command left (`before` if it left none: killed, or exec'd away)."""
+        if not text:
+            return before
+        cwd, *pairs = text.rstrip("\0").split("\0")
+        env = dict(pair.split("=", 1) for pair in pairs if "=" in pair)
+        redactor = worker_redactor()
+        delta: dict[str, str | None] = {
+            name: value
+            for name, value in env.items()
+            if name not in SHELL_OWN and self.base_env.get(name) != value and redactor.text(value) == value
+        }
+        delta.update({name: None for name in self.base_env if name not in env})
+        state = ShellState(cwd=cwd, env=delta)
+        if len(state.model_dump_json()) > MAX_STATE_CHARS:
+            return ShellState(cwd=cwd)
+        return state
+
+
+class SandboxGone(Exception):
+    """The run's sandbox ended while a command ran in it (its helper exited or was killed)."""
+
+
+class RunningCommand:
+    """A command started in a run's sandbox, seen through its own socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+
+    async def exited(self) -> tuple[int, str | None]:
+        """The command's exit code (negative: a signal) and the shell state it wrote."""
+        message = await self._receive()
+        return message["exit"], message.get("state")
+
+    async def end(self, grace_s: float) -> None:
+        """End whatever is left of the command's process group: SIGTERM, SIGKILL after `grace_s`."""
+        try:
+            self._sock.send(json.dumps({"end": grace_s}).encode())
+            async with asyncio.timeout(grace_s + END_WAIT_S):
+                while "ended" not in await self._receive():
+                    pass
+        except (OSError, SandboxGone, TimeoutError):
+            pass  # the sandbox is gone, and its processes with it (or its cgroup's removal ends them)
+        finally:
+            self._sock.close()
+
+    async def _receive(self) -> dict[str, object]:
+        data = await asyncio.get_running_loop().sock_recv(self._sock, 1 << 21)
+        if not data:
+            raise SandboxGone("the run's sandbox ended while the command ran")
+        return json.loads(data)
+
+
+class RunSandbox:
+    """A run's sandbox on this worker: bubblewrap with the helper as its PID 1."""
+
+    def __init__(self, process: asyncio.subprocess.Process, control: socket.socket) -> None:
+        self.process = process
+        self._control = control
+        self.running = 0
+        self.last_used = time.monotonic()
+        self._gone = False
+
+    @classmethod
+    async def start(cls, workspace_root: str, network: bool) -> RunSandbox:
+        control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            if theirs.fileno() == 3:  # 3 is where bubblewrap reads the seccomp filter
+                theirs = socket.socket(fileno=os.dup(theirs.detach()))
+            argv = [
+                *bwrap_options(bwrap_binary(), workspace_root, network),
+                "--as-pid-1",
+                "--",
+                *(sandbox_python(), "-I", "-S", "-c", HELPER_LOADER, str(theirs.fileno())),
+            ]
+            process = await asyncio.create_subprocess_exec(
+                *("bash", "-c", 'exec "$@" 3<"$0"', filter_file(), *argv),
+                cwd=workspace_root,
+                env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+                pass_fds=(theirs.fileno(),),
+            )
+        except BaseException:
+            control.close()
+            raise
+        finally:
+            theirs.close()
+        assert process.stdin is not None
+        process.stdin.write(HELPER.encode())
+        process.stdin.close()
+        return cls(process, control)
+
+    def alive(self) -> bool:
+        return self.process.returncode is None and not self._gone
+
+    def start_command(self, launch: ShellLaunch, output_fd: int) -> RunningCommand:
+        """Send the command to the helper; raises SandboxGone if the sandbox has ended."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        procs = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in launch.procs_files()]
+        try:
+            socket.send_fds(self._control, [launch.request()], [theirs.fileno(), output_fd, *procs])
+        except OSError as e:
+            mine.close()
+            self._gone = True  # the next acquire starts another
+            raise SandboxGone(f"the run's sandbox has ended ({e})") from None
+        finally:
+            theirs.close()
+            for fd in procs:
+                os.close(fd)
+        mine.setblocking(False)
+        return RunningCommand(mine)
+
+    async def end(self) -> None:
+        """Close the helper's socket: it exits, and the kernel ends every process of the sandbox."""
+        self._control.close()
+        try:
+            async with asyncio.timeout(5):
+                await self.process.wait()
+        except TimeoutError:
+            try:
+                os.killpg(self.process.pid, 9)
+            except ProcessLookupError:
+                pass
+            await self.process.wait()
+
+
+RunKey = tuple[str, str, bool]
+"""The run's workspace (as its input names it), its run folder (one per chain) and its network setting."""
+
+
+class RunSandboxes:
+    """The run sandboxes of this worker, by run; each ends after SANDBOX_IDLE_S unused."""
+
+    def __init__(self, idle_s: float = SANDBOX_IDLE_S) -> None:
+        self._sandboxes: dict[RunKey, RunSandbox] = {}
+        self._starting: dict[RunKey, asyncio.Lock] = {}
+        self._idle_s = idle_s
+
+    async def acquire(self, key: RunKey, workspace_root: str) -> RunSandbox:
+        """The run's sandbox, started if it has none (or its last one ended); counted as in use until `release`."""
+        lock = self._starting.setdefault(key, asyncio.Lock())
+        async with lock:
+            sandbox = self._sandboxes.get(key)
+            if sandbox is None or not sandbox.alive():
+                if sandbox is not None:
+                    _end_in_background(sandbox)  # its socket closed, its process reaped
+                sandbox = await RunSandbox.start(workspace_root, key[2])
+                self._sandboxes[key] = sandbox
+            sandbox.running += 1
+            return sandbox
+
+    def release(self, key: RunKey, sandbox: RunSandbox) -> None:
+        sandbox.running -= 1
+        sandbox.last_used = time.monotonic()
+        asyncio.get_running_loop().call_later(self._idle_s, self._end_if_idle, key, sandbox)
+
+    def _end_if_idle(self, key: RunKey, sandbox: RunSandbox) -> None:
+        if sandbox.running == 0 and time.monotonic() - sandbox.last_used >= self._idle_s * 0.99:
+            self._forget(key, sandbox)
+            _end_in_background(sandbox)
+
+    async def end_run(self, workspace: str, run_folder: str) -> int:
+        """End the run's sandboxes on this worker (at its close); how many there were."""
+        ending = [(key, box) for key, box in self._sandboxes.items() if key[:2] == (workspace, run_folder)]
+        for key, sandbox in ending:
+            self._forget(key, sandbox)
+            await sandbox.end()
+        return len(ending)
+
+    def _forget(self, key: RunKey, sandbox: RunSandbox) -> None:
+        if self._sandboxes.get(key) is sandbox:
+            del self._sandboxes[key]
+            self._starting.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._sandboxes)
+
+
+_ENDING: set[asyncio.Task[None]] = set()
+
+
+def _end_in_background(sandbox: RunSandbox) -> None:
+    task = asyncio.ensure_future(sandbox.end())
+    _ENDING.add(task)
+    task.add_done_callback(_ENDING.discard)
+
+
+RUN_SANDBOXES = RunSandboxes()
+"""This worker's: `run_command` starts them, `clean_up_run` ends them."""

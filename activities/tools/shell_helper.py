@@ -1,0 +1,207 @@
+"""PID 1 of a run's sandbox (`run_sandbox.py`): starts each command the worker asks for.
+
+Run by the sandbox's own `python3 -I -S`, so it uses the standard library only and imports
+nothing of the project (the project is not mounted in the sandbox). It is PID 1 of the
+sandbox's PID namespace, which gives it two properties the design relies on: the commands
+cannot signal it (the kernel drops signals to a namespace's init that it does not handle,
+SIGKILL included), and when it exits the kernel kills every process left in the sandbox.
+It is also not dumpable, so a command of the same uid cannot open its descriptors through
+/proc/1/fd.
+
+Protocol, over the SOCK_SEQPACKET socket on the descriptor its first argument names: each message is a JSON
+request with descriptors attached: a socket of the command's own, the write end of its
+output pipe, then the `cgroup.procs` files of its cgroups, opened by the worker. The command
+runs `argv` with `env` in a new session (process group) of its own, after joining those
+cgroups and setting `limits` (`[resource, value]` pairs, soft and hard); on its leader's exit
+the helper sends `{"exit": code, "state": text}` on the command's socket (`state`: what the
+shell wrote to `state_file`, or null). A message `{"end": grace_s}` on that socket, or the
+socket closing, ends the command's process group: SIGTERM, SIGKILL after the grace, then
+`{"ended": true}`. The control socket closing ends the sandbox.
+"""
+
+import ctypes
+import json
+import os
+import resource
+import select
+import signal
+import socket
+import sys
+import time
+
+PR_SET_DUMPABLE = 4
+
+
+class Command:
+    def __init__(self, pid, sock, state_file):
+        self.pid = pid
+        self.sock = sock
+        self.state_file = state_file
+        self.exited = False
+        self.kill_at = None
+        self.killed = False
+
+
+def main():
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # PID 1: a default disposition drops it
+    wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    control = socket.socket(fileno=int(sys.argv[1]))
+    poller = select.poll()
+    poller.register(control, select.POLLIN)
+    poller.register(wake_read, select.POLLIN)
+    commands = {}  # pid -> Command
+    by_fd = {}  # the command socket's descriptor -> Command
+    while True:
+        ending = [c for c in commands.values() if c.kill_at is not None]
+        for fd, _ in poller.poll(20 if ending else None):
+            if fd == control.fileno():
+                if not start(control, commands, by_fd, poller):
+                    return  # the worker closed the sandbox: exiting kills everything in it
+            elif fd == wake_read:
+                drain(wake_read)
+            elif fd in by_fd:
+                ask_end(by_fd, fd, poller)
+        reap(commands)
+        for command in [c for c in commands.values() if c.kill_at is not None]:
+            if finish_end(command):
+                if by_fd.pop(command.sock.fileno(), None) is not None:
+                    poller.unregister(command.sock)
+                del commands[command.pid]
+                command.sock.close()
+
+
+def start(control, commands, by_fd, poller):
+    try:
+        message, fds, _, _ = socket.recv_fds(control, 1 << 20, 64)
+    except OSError:
+        return False
+    if not message:
+        return False
+    request = json.loads(message)
+    sock = socket.socket(fileno=fds[0])
+    output, cgroups = fds[1], fds[2:]
+    pid = os.fork()
+    if pid == 0:
+        run_child(request, output, cgroups)
+    os.close(output)
+    for fd in cgroups:
+        os.close(fd)
+    command = Command(pid, sock, request.get("state_file"))
+    commands[pid] = command
+    by_fd[sock.fileno()] = command
+    poller.register(sock, select.POLLIN)
+    return True
+
+
+def run_child(request, output, cgroups):
+    """In the forked child: never returns. Fails closed: nothing of the command runs if a step fails."""
+    try:
+        os.setsid()
+        step = "put the command in its cgroup"
+        for fd in cgroups:
+            os.write(fd, b"0")  # 0: the writing process itself
+            os.close(fd)
+        step = "set the command's resource limits"
+        for which, value in request["limits"]:
+            resource.setrlimit(which, (value, value))
+        step = "start the command"
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        devnull = os.open("/dev/null", os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.closerange(3, 65536)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGPIPE, signal.SIGCHLD, signal.SIGINT, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+        os.execve(request["argv"][0], request["argv"], request["env"])
+    except BaseException as e:
+        try:
+            os.write(output if step != "start the command" else 2, f"durable-agent: could not {step}: {e}\n".encode())
+        finally:
+            os._exit(125)
+
+
+def drain(fd):
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def reap(commands):
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        command = commands.get(pid)
+        if command is not None and not command.exited:
+            command.exited = True
+            send(command.sock, {"exit": os.waitstatus_to_exitcode(status), "state": read_state(command.state_file)})
+
+
+def read_state(path):
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read(1 << 20)
+    except OSError:
+        return None
+    finally:
+        for leftover in (path, path + ".names"):
+            try:
+                os.unlink(leftover)
+            except OSError:
+                pass
+    return text
+
+
+def ask_end(by_fd, fd, poller):
+    command = by_fd[fd]
+    try:
+        message = command.sock.recv(65536)
+    except OSError:
+        message = b""
+    grace = json.loads(message).get("end", 0) if message else 0
+    if command.kill_at is None:
+        command.kill_at = time.monotonic() + grace
+        signal_group(command.pid, signal.SIGTERM if grace else signal.SIGKILL)
+    if not message:  # the worker is gone: only the group is left to end
+        poller.unregister(fd)
+        del by_fd[fd]
+
+
+def finish_end(command):
+    """Whether the command's process group is gone (and its end reported); kills it after the grace."""
+    if not signal_group(command.pid, 0) and command.exited:
+        send(command.sock, {"ended": True})
+        return True
+    if not command.killed and time.monotonic() >= command.kill_at:
+        command.killed = True
+        signal_group(command.pid, signal.SIGKILL)
+    return False
+
+
+def signal_group(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def send(sock, message):
+    try:
+        sock.send(json.dumps(message).encode())
+    except OSError:
+        pass  # the worker stopped listening
+
+
+main()

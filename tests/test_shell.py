@@ -1,0 +1,251 @@
+"""One sandbox per run and the durable shell (issue 28): `shell: persistent`, the default.
+
+Judged by effects: files the commands write, host processes, what a command of one run sees
+of another's, and the run's history. The security tests of the sandbox itself (which now run
+their commands in the run's sandbox) are in tests/test_sandbox.py, unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import signal
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
+
+from activities.tools import ToolActivities
+from activities.tools.run_sandbox import RUN_SANDBOXES, RunSandboxes
+from activities.tools.sandbox import CGROUP_PREFIX, CommandLimits
+from durable_agent.model_server import ModelServer
+from tests.helpers import host_processes_named, start
+from tests.scripts import Script, answer, tools
+from tests.test_sandbox import (
+    WORKER_ENV,
+    Attacked,
+    attack,
+    attacked,
+    cgroups_available,
+    command,
+    nobody_worker,
+    small_worker,
+)
+from workflows.types import ShellState, ToolCallInput, ToolOutcome
+
+
+def shell_call(workspace: Path, run_folder: str, text: str, shell: ShellState | None = None) -> ToolCallInput:
+    return ToolCallInput(
+        call_id="c",
+        idempotency_key=uuid.uuid4().hex,
+        workspace=str(workspace),
+        arguments={"command": text},
+        run_folder=run_folder,
+        shell=shell or ShellState(),
+    )
+
+
+async def run_in_shell(tools_: ToolActivities, call: ToolCallInput) -> ToolOutcome:
+    return await ActivityEnvironment().run(tools_.run_command, call)
+
+
+def kill_run_sandboxes(workspace: Path) -> int:
+    """SIGKILL this worker's sandboxes of runs in `workspace`, as a crash would end them."""
+    killed = 0
+    for key, sandbox in list(RUN_SANDBOXES._sandboxes.items()):
+        if key[0] == str(workspace):
+            os.killpg(sandbox.process.pid, signal.SIGKILL)
+            killed += 1
+    return killed
+
+
+__all__ = ["attacked", "nobody_worker", "small_worker"]  # fixtures of tests/test_sandbox.py used here
+
+
+@pytest.mark.usefixtures("worker")
+async def test_cd_and_export_carry_over_to_the_next_command(
+    client: Client, task_queue: str, workspace: Path, model_server: ModelServer
+) -> None:
+    model_server.responder = Script(
+        [
+            tools(command("mkdir -p src && cd src && export STAGE=built && unset LANG && echo in $PWD")),
+            tools(command('pwd > where.txt; echo "$STAGE ${LANG-unset}" > stage.txt')),
+            answer("done"),
+        ]
+    )
+    handle = await start(client, task_queue, goal="shell", workspace=str(workspace))
+    result = await asyncio.wait_for(handle.result(), timeout=120)
+    assert result.state == "completed"
+    assert (workspace / "src" / "where.txt").read_text() == f"{workspace}/src\n"
+    assert (workspace / "src" / "stage.txt").read_text() == "built unset\n"
+    # Recorded per command in the run's history: the directory and the variables set and unset.
+    states = [state for state in await recorded_shell_states(handle) if state is not None]
+    assert states[0] == {"cwd": f"{workspace}/src", "env": {"STAGE": "built", "LANG": None}}
+
+
+@pytest.mark.usefixtures("worker")
+async def test_a_fresh_shell_starts_every_command_in_the_workspace(
+    client: Client, task_queue: str, workspace: Path, model_server: ModelServer
+) -> None:
+    model_server.responder = Script(
+        [
+            tools(command("mkdir -p src && cd src && export STAGE=built")),
+            tools(command('pwd > where.txt; echo "${STAGE-unset}" > stage.txt')),
+            answer("done"),
+        ]
+    )
+    handle = await start(client, task_queue, goal="shell", workspace=str(workspace), shell="fresh")
+    assert (await asyncio.wait_for(handle.result(), timeout=120)).state == "completed"
+    assert (workspace / "where.txt").read_text() == f"{workspace}\n"
+    assert (workspace / "stage.txt").read_text() == "unset\n"
+    tools_sent = model_server.requests[0]["tools"]
+    description = next(t["function"]["description"] for t in tools_sent if t["function"]["name"] == "run_command")
+    assert "starts afresh" in description
+
+
+@pytest.mark.usefixtures("worker")
+async def test_a_new_sandbox_starts_from_the_recorded_shell(
+    client: Client, task_queue: str, workspace: Path, model_server: ModelServer
+) -> None:
+    def crash_then_command(request: dict[str, Any]) -> Any:
+        # The sandbox the first command ran in ends before the second, as with a worker's crash.
+        assert kill_run_sandboxes(workspace) == 1
+        return tools(command('pwd > where.txt; echo "$STAGE" > stage.txt'))
+
+    model_server.responder = Script(
+        [tools(command("mkdir -p src && cd src && export STAGE=built")), crash_then_command, answer("done")]
+    )
+    handle = await start(client, task_queue, goal="shell", workspace=str(workspace))
+    assert (await asyncio.wait_for(handle.result(), timeout=120)).state == "completed"
+    assert (workspace / "src" / "where.txt").read_text() == f"{workspace}/src\n"
+    assert (workspace / "src" / "stage.txt").read_text() == "built\n"
+
+
+@pytest.mark.usefixtures("worker")
+async def test_a_secret_exported_by_a_command_is_never_recorded(
+    client: Client, task_queue: str, workspace: Path, model_server: ModelServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in WORKER_ENV.items():
+        monkeypatch.setenv(name, value)
+    secret = WORKER_ENV["SOME_API_TOKEN"]
+    model_server.responder = Script(
+        [
+            tools(command("export COPY=$SOME_API_TOKEN PLAIN=kept")),
+            tools(command('echo "${COPY-unset} $PLAIN" > seen.txt')),
+            answer("done"),
+        ]
+    )
+    handle = await start(client, task_queue, goal="s", workspace=str(workspace), env_allow=["SOME_API_TOKEN"])
+    assert (await asyncio.wait_for(handle.result(), timeout=120)).state == "completed"
+    states = [state for state in await recorded_shell_states(handle) if state is not None]
+    assert states[0]["env"] == {"PLAIN": "kept"}  # COPY left out, not recorded redacted
+    assert (workspace / "seen.txt").read_text() == "unset kept\n"
+    history = json.dumps((await handle.fetch_history()).to_json_dict())
+    assert secret not in history
+
+
+async def recorded_shell_states(handle: Any) -> list[dict[str, Any] | None]:
+    """The `shell` of every run_command outcome in the run's history, in order."""
+    states = []
+    async for event in handle.fetch_history_events():
+        if event.HasField("activity_task_completed_event_attributes"):
+            for payload in event.activity_task_completed_event_attributes.result.payloads:
+                outcome = json.loads(payload.data)
+                if isinstance(outcome, dict) and "shell" in outcome:
+                    states.append(outcome["shell"])
+    return states
+
+
+async def test_a_process_left_running_cannot_outlive_the_run(client: Client, attacked: Attacked) -> None:
+    marker = f"left-{uuid.uuid4().hex[:12]}"
+    result, outputs = await attack(
+        client,
+        attacked,
+        # Out of the command's process group, and (where it could) out of its cgroup's reach by time.
+        command(f"setsid nohup bash -c 'exec -a {marker} sleep 300' > /dev/null 2>&1 & sleep 0.3; echo left"),
+        command(f"pgrep -f {marker} > /dev/null && echo still-here || echo gone"),
+    )
+    assert result.state == "completed"
+    assert host_processes_named(marker) == []
+
+
+async def test_a_command_cannot_see_or_signal_another_runs_sandbox(workspace: Path) -> None:
+    other_run = f"run-{uuid.uuid4().hex[:8]}"
+    marker = f"other-{uuid.uuid4().hex[:12]}"
+    activities = ToolActivities()
+    other = asyncio.ensure_future(
+        run_in_shell(activities, shell_call(workspace, other_run, f"bash -c 'exec -a {marker} sleep 5'; echo lived"))
+    )
+    try:
+        async with asyncio.timeout(30):
+            while not (pids := host_processes_named(marker)):
+                await asyncio.sleep(0.05)
+        attack_ = (
+            f"ps -eo pid,args > ps.txt; ls /proc > proc.txt; kill -KILL {' '.join(map(str, pids))} 2>&1; "
+            "kill -KILL -1; for p in /proc/[0-9]*; do kill -KILL ${p#/proc/} 2>/dev/null; done; echo tried"
+        )
+        await run_in_shell(activities, shell_call(workspace, f"run-{uuid.uuid4().hex[:8]}", attack_))
+        assert marker not in (workspace / "ps.txt").read_text()
+        assert all(str(pid) not in (workspace / "proc.txt").read_text().split() for pid in pids)
+        assert host_processes_named(marker) == pids  # untouched
+        outcome = await other
+        assert outcome.ok and outcome.output.startswith("exit code: 0") and "lived" in outcome.output, outcome
+    finally:
+        other.cancel()
+        await RUN_SANDBOXES.end_run(str(workspace), other_run)
+
+
+async def test_one_sandbox_serves_all_of_a_runs_commands(workspace: Path) -> None:
+    activities = ToolActivities()
+    run = f"run-{uuid.uuid4().hex[:8]}"
+    first = await run_in_shell(activities, shell_call(workspace, run, "sleep 30 > /dev/null & echo $$ > /tmp/first"))
+    assert first.ok, first
+    second = await run_in_shell(activities, shell_call(workspace, run, "cat /tmp/first; ps -eo pid= | wc -l"))
+    # Same /tmp (one sandbox), and the first command's background sleep is gone (PID 1, this shell, ps, wc).
+    lines = second.output.splitlines()
+    assert lines[0] == "exit code: 0" and lines[1].isdigit() and int(lines[2]) == 4, second
+    assert await RUN_SANDBOXES.end_run(str(workspace), run) == 1
+    third = await run_in_shell(activities, shell_call(workspace, run, "cat /tmp/first 2>&1"))
+    assert "No such file" in third.output  # a new sandbox after the run's was ended
+    await RUN_SANDBOXES.end_run(str(workspace), run)
+
+
+async def test_a_command_in_the_runs_sandbox_runs_under_its_limits_and_its_own_cgroup(workspace: Path) -> None:
+    limits = CommandLimits(cpu_s=77, address_space_bytes=3 * 2**30, processes=99, file_bytes=5 * 2**20, open_files=123)
+    run = f"run-{uuid.uuid4().hex[:8]}"
+    activities = ToolActivities(command_limits=limits)
+    try:
+        outcome = await run_in_shell(activities, shell_call(workspace, run, "cat /proc/self/limits /proc/self/cgroup"))
+        again = await run_in_shell(activities, shell_call(workspace, run, "cat /proc/self/cgroup"))
+    finally:
+        await RUN_SANDBOXES.end_run(str(workspace), run)
+    assert outcome.ok, outcome
+    limit = {line[:26].strip(): line[26:].split()[:2] for line in outcome.output.splitlines()}
+    assert limit["Max cpu time"] == ["77", "77"]
+    assert limit["Max address space"] == [str(3 * 2**30)] * 2
+    assert limit["Max file size"] == [str(5 * 2**20)] * 2
+    assert limit["Max open files"] == ["123", "123"]
+    assert limit["Max core file size"] == ["0", "0"]
+    _, worker_hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    assert limit["Max processes"] == [str(99 if worker_hard == resource.RLIM_INFINITY else min(99, worker_hard))] * 2
+    if cgroups_available():  # each command its own cgroup: a pids line naming a command cgroup, another each time
+        groups = [next(line for line in o.output.splitlines() if ":pids:" in line) for o in (outcome, again)]
+        assert all(CGROUP_PREFIX in line for line in groups) and groups[0] != groups[1], groups
+
+
+async def test_a_runs_sandbox_ends_after_its_idle_timeout(workspace: Path) -> None:
+    sandboxes = RunSandboxes(idle_s=0.5)
+    key = (str(workspace), "idle-run", False)
+    sandbox = await sandboxes.acquire(key, str(workspace))
+    sandboxes.release(key, sandbox)
+    await asyncio.wait_for(sandbox.process.wait(), timeout=30)  # ended by the idle timer, nothing else
+    assert len(sandboxes) == 0
+    again = await sandboxes.acquire(key, str(workspace))  # the next command gets a new one
+    assert again is not sandbox and again.alive()
+    sandboxes.release(key, again)
+    assert await sandboxes.end_run(str(workspace), "idle-run") == 1

@@ -22,9 +22,11 @@ from workflows.types import AgentStatus
 BUGGY = "def add(a, b):\n    return a - b\n"
 FIXED = "def add(a, b):\n    return a + b\n"
 TEST = "from calc import add\n\n\ndef test_add():\n    assert add(2, 2) == 4\n"
-PYTEST = "PYTHONPATH=.pylib python3 -m pytest -q -p no:cacheprovider"
+PYTEST = "PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=.pylib python3 -m pytest -q -p no:cacheprovider"
 """`pytest -q` in the command sandbox, which shows the system's Python but not the tests' venv:
-the venv's pytest (pure Python) is copied into the workspace's `.pylib` (`with_pytest`)."""
+the venv's pytest (pure Python) is copied into the workspace's `.pylib` (`with_pytest`). No
+bytecode: the fix has the buggy file's size, and written within the second of the first check
+it would leave that check's `calc.pyc` looking current (Python compares mtime in seconds and size)."""
 PYTEST_MODULES = ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "py.py")
 
 

@@ -10,6 +10,7 @@ test runs 2 x 3 (CI's 2 cores).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -36,6 +37,7 @@ HOSTS = ("alpha", "beta")
 RUNS_PER_HOST = 3
 DURABLE_AGENT = str(Path(sys.executable).parent / "durable-agent")
 TOOLS = [*ALL_TOOLS, "host_note"]
+MCP_FIXTURE = Path(__file__).parent / "mcp_fixture_server.py"
 """The built-in tools and a user's tool declared workspace-bound (tests/host_tools.py)."""
 
 
@@ -149,8 +151,10 @@ async def where_activities_ran(handle: WorkflowHandle) -> list[tuple[str, str, i
             name, queue = scheduled[attributes.scheduled_event_id]
             ran.append((name, queue, int(attributes.identity.split("@")[0])))
         elif event.marker_recorded_event_attributes.marker_name == "core_local_activity":
-            # The only local activity of a pinned run reads no workspace: the tool catalog.
-            assert b"tool_catalog:" in event.user_metadata.summary.data, "a workspace-bound local activity ran"
+            # The only local activity of a pinned run reads no workspace: the tool catalog (of
+            # tools only: one that lists MCP servers runs where they start, on the host).
+            summary = event.user_metadata.summary.data
+            assert b"tool_catalog:" in summary and b"fx" not in summary, "a workspace-bound local activity ran"
     return ran
 
 
@@ -323,3 +327,40 @@ async def test_run_on_a_machine_with_a_host_name_pins_the_run_to_it(
     status = await wait_for(handle, lambda s: s.host is not None)
     assert status.host == "this-machine"
     await handle.cancel()
+
+
+async def test_a_pinned_runs_mcp_server_runs_on_its_host(
+    namespaces: None,
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    tmp_path: Path,
+) -> None:
+    """An MCP stdio server starts in the run's workspace: on the run's host, for its tool list,
+    its calls and its close, never on the other host (which cannot see the workspace)."""
+    config = tmp_path / "mcp.json"
+    server = {"command": sys.executable, "args": [str(MCP_FIXTURE)], "approve": "never"}
+    config.write_text(json.dumps({"mcpServers": {"fx": server}}))
+    env = {**worker_env(temporal_server, model_server, task_queue), "DURABLE_AGENT_MCP_CONFIG": str(config)}
+    hosts = Fleet(env, tmp_path / "hosts", tmp_path / "logs")
+    model_server.responder = Script([tools(("mcp__fx__append_line", {"path": "mcp.txt", "line": "x"}))], final="done")
+    try:
+        for host in HOSTS:
+            hosts.spawn(host)
+        runs = {}
+        for host in HOSTS:
+            workspace = hosts.folder(host) / "ws"
+            workspace.mkdir()
+            runs[host] = await start(
+                client, task_queue, goal=f"{host} mcp", workspace=str(workspace), host=host, mcp_servers=["fx"]
+            )
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in runs.values())), timeout=120)
+    finally:
+        hosts.stop()
+    assert [r.state for r in results] == ["completed", "completed"], results
+    for host, handle in runs.items():
+        assert (hosts.folder(host) / "ws" / "mcp.txt").read_text() == "x\n"  # written by its host's server
+        ran = {(name, queue, hosts.pids.get(pid)) for name, queue, pid in await where_activities_ran(handle)}
+        for name in ("tool_catalog", "mcp_call", "mcp_close"):
+            assert (name, host_queue(task_queue, host), host) in ran, (name, ran)

@@ -130,14 +130,25 @@ class ToolSteps:
         waiting_since: str | None = None
         timeout = options.MCP_CATALOG_TIMEOUT if request.mcp_servers else options.CATALOG_TIMEOUT
         while True:
+            summary = f"tool_catalog: {', '.join([*request.names, *request.mcp_servers])}"[:120]
             try:
+                if request.mcp_servers:  # the servers start in the workspace: on the run's host if pinned
+                    return await self._on_host_or_local(
+                        "tool_catalog",
+                        request,
+                        result_type=ToolCatalog,
+                        start_to_close_timeout=timeout,
+                        retry_policy=options.TOOL_RETRY,
+                        local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
+                        summary=summary,
+                    )
                 return await workflow.execute_local_activity(
                     "tool_catalog",
                     request,
                     result_type=ToolCatalog,
                     start_to_close_timeout=timeout,
                     retry_policy=options.TOOL_RETRY,
-                    summary=f"tool_catalog: {', '.join([*request.names, *request.mcp_servers])}"[:120],
+                    summary=summary,
                 )
             except ACTIVITY_FAILED as e:
                 raise_if_cancelled(e)
@@ -157,11 +168,12 @@ class ToolSteps:
         if not self._agent.mcp_servers or self._carry.catalog is None:
             return
         try:
+            close, summary = McpClose(run_folder=self._run_folder()), f"mcp_close: {', '.join(self._agent.mcp_servers)}"
+            if self._agent.host is not None:  # where its servers run; a gone host's end with their worker
+                await self._on_host("mcp_close", close, None, options.MCP_CLOSE_TIMEOUT, summary[:120], patient=False)
+                return
             await workflow.execute_local_activity(
-                "mcp_close",
-                McpClose(run_folder=self._run_folder()),
-                start_to_close_timeout=options.MCP_CLOSE_TIMEOUT,
-                summary=f"mcp_close: {', '.join(self._agent.mcp_servers)}"[:120],
+                "mcp_close", close, start_to_close_timeout=options.MCP_CLOSE_TIMEOUT, summary=summary[:120]
             )
         except ACTIVITY_FAILED as e:
             raise_if_cancelled(e)
@@ -178,7 +190,7 @@ class ToolSteps:
         waiting_since: str | None = None
         while True:
             try:
-                if spec.workspace and self._agent.host is not None:
+                if (spec.workspace or spec.mcp is not None) and self._agent.host is not None:
                     return self._received(spec, await self._call_on_host(spec, request, args), args)
                 raw = await workflow.execute_activity(
                     spec.activity_type(),

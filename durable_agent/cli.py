@@ -13,10 +13,9 @@ import os
 import signal
 import sys
 import threading
-import time
 import typing
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,7 +32,17 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.redaction import worker_redactor
-from durable_agent import cli_agents, cli_hosts, cli_mcp, cli_resolve, demo_model, render, telemetry
+from durable_agent import cli_agents, cli_control, cli_gc, cli_hosts, cli_mcp, demo_model, render, telemetry
+from durable_agent.cli_base import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_PIPE_CLOSED,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    CliError,
+    command,
+    run_handle,
+)
 from durable_agent.cli_history import add_history_commands
 from durable_agent.codec_server import TOKEN_ENV, CodecServer, ui_origins
 from durable_agent.codecs import CodecError, EncryptionKeys, PayloadCodecChain
@@ -77,18 +86,13 @@ from workflows.types import (
     WORKFLOW_TYPE,
     AgentInput,
     AgentResult,
-    ApprovalDecision,
     Limits,
     LimitsPatch,
-    PauseRequest,
-    Resolution,
     RunState,
-    UserMessage,
     WatchRequest,
 )
 from workflows.validation_text import validation_text
 
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE_CLOSED = 0, 1, 2, 130, 141
 CANCEL_WAIT_S = 30.0
 """How long `cancel` waits for the run to close: a worker takes the cancel at its next workflow task."""
 
@@ -98,15 +102,6 @@ CLOSED_STATES = {"failed": "Failed", "timed_out": "TimedOut"}
 LIST_STATES = (*typing.get_args(RunState), *CLOSED_STATES)
 
 T = TypeVar("T")
-Handler = Callable[[argparse.Namespace, Console], Coroutine[Any, Any, int]]
-
-
-class CliError(Exception):
-    """A failure the user can act on: printed as one line, no traceback."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
 
 
 # --- entry point -----------------------------------------------------------------------
@@ -265,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--cors-origin", action="append", default=[], metavar="ORIGIN", help="another origin browsers may call from"
     )
 
-    worker = _command(commands, "worker", work, "run a worker for the task queue until Ctrl-C or SIGTERM")
+    worker = command(commands, "worker", work, "run a worker for the task queue until Ctrl-C or SIGTERM")
     worker.add_argument("--tools", action="append", default=[], metavar="MODULE", help="load @tool functions of MODULE")
     worker.add_argument(
         "--connect-timeout", type=float, metavar="S", help="give up after S s without a server (default: wait)"
@@ -280,28 +275,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--port", type=int, default=DEMO_MODEL_PORT, help=f"port (default {DEMO_MODEL_PORT})")
     _add_run_parser(commands)
 
-    _command(commands, "status", status, "show a run's state, usage, limits and pending decisions", with_id=True)
-    watching = _command(commands, "watch", watch, "follow a run live (Ctrl-C stops watching the run)", with_id=True)
+    command(commands, "status", status, "show a run's state, usage, limits and pending decisions", with_id=True)
+    watching = command(commands, "watch", watch, "follow a run live (Ctrl-C stops watching the run)", with_id=True)
     watching.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     watching.add_argument("--no-worker", action="store_true", help="never start a worker, even when the run's died")
-    pause = _command(commands, "pause", pause_run, "pause a run before its next step", with_id=True)
-    pause.add_argument("--reason", help="why (shown by status)")
-    _command(commands, "resume", resume_run, "resume a paused run", with_id=True)
-    message = _command(commands, "message", message_run, "add a user message before the next model call", with_id=True)
-    message.add_argument("text")
-    approve = _command(commands, "approve", approve_call, "approve (or --deny) a pending tool call", with_id=True)
-    approve.add_argument("call_id", help="the call id status shows, e.g. 4:call_3_0")
-    approve.add_argument("--deny", action="store_true", help="deny it: the model is told")
-    approve.add_argument("--note", help="a note the model sees with the decision")
-    resolve = _command(commands, "resolve", resolve_run, "decide how a run that needs attention goes on")
-    resolve.add_argument("id", nargs="?", help="the run's workflow id (or --all)")
-    cli_resolve.add_options(resolve)
-    resolve.add_argument("action", choices=typing.get_args(Resolution.model_fields["action"].annotation))
-    resolve.add_argument("--note", help="a note the model sees with the decision")
-    resolve.add_argument(
-        "--call", help="the call to decide, as status shows it (e.g. 4:call_3_0); without it, every open report"
-    )
-    going_on = _command(
+    cli_control.add_parsers(commands)
+    going_on = command(
         commands, "continue", continue_conversation, "a completed or stopped run goes on (a next turn)", with_id=True
     )
     going_on.add_argument("--message", help="what comes next: a user message before its next model call")
@@ -309,64 +288,29 @@ def build_parser() -> argparse.ArgumentParser:
     going_on.add_argument("--no-worker", action="store_true", help="do not start a worker if none is polling")
     going_on.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     _add_limit_options(going_on, with_defaults=False)
-    cancel = _command(commands, "cancel", cancel_run, "cancel a run: it stops cleanly, state cancelled", with_id=True)
+    cancel = command(commands, "cancel", cancel_run, "cancel a run: it stops cleanly, state cancelled", with_id=True)
     cancel.add_argument("--no-wait", action="store_true", help="return at once instead of waiting for it to close")
-    limits = _command(
+    limits = command(
         commands, "limits", raise_limits, "change a run's limits (any subset)", with_id=True, epilog=LIMITS_HELP
     )
     _add_limit_options(limits, with_defaults=False)
-    export = _command(
+    export = command(
         commands, "export", export_run, "write a run's transcript (JSONL) or a Markdown report", with_id=True
     )
     export.add_argument("-o", "--output", type=Path, help="file to write (default: stdout)")
     export.add_argument("--format", choices=("jsonl", "markdown"), default="jsonl", help="default jsonl")
-    _command(commands, "trace", trace_run, "emit a past run's spans from its history (OTEL_* exporter)", with_id=True)
-    listing = _command(commands, "list", list_runs, "list runs with their state, step, tokens and cost")
+    command(commands, "trace", trace_run, "emit a past run's spans from its history (OTEL_* exporter)", with_id=True)
+    listing = command(commands, "list", list_runs, "list runs with their state, step, tokens and cost")
     listing.add_argument("--state", choices=LIST_STATES, help="only runs in this state")
     listing.add_argument("--host", type=cli_hosts.host_name, help="only runs pinned to this host")
     listing.add_argument("--waiting-for-host", action="store_true", help="only runs waiting for their host")
     listing.add_argument("--limit", type=_positive_int, default=50, help="at most this many runs (default 50)")
-    _add_gc_parser(commands)
+    cli_gc.add_parser(commands)
     cli_agents.add_parser(commands)
     cli_hosts.add_parsers(commands)
     cli_mcp.add_parser(commands)
-    add_history_commands(commands, _command)
+    add_history_commands(commands, command)
     return parser
-
-
-GC_HELP = """what goes, per run (a chain of runs across continue-as-new):
-  journal        as soon as Temporal says the run is closed (a closing run removes its
-                 own; this catches runs terminated from outside or killed by a failure)
-  saved outputs  once the run has been closed longer than --outputs-older-than
-  archive        only with --archives --older-than AGE: it is the transcript `recall` and
-                 `export` read once Temporal's retention has dropped the run's history
-A run Temporal does not know (retention expired, another namespace) counts as closed
-when its newest file was written; its journal then waits for the outputs' age too.
-Symlinks, FIFOs and devices inside .durable-agent/ are refused (exit 1), never followed.
-"""
-
-
-def _add_gc_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    gc = _command(
-        commands,
-        "gc",
-        collect_garbage,
-        "remove the journals and saved outputs (and, asked, the archives) of closed runs",
-        epilog=GC_HELP,
-    )
-    gc.add_argument(
-        "paths",
-        nargs="*",
-        metavar="PATH",
-        help="workspaces, or folders holding them (default: the workspace roots, DURABLE_AGENT_WORKSPACE_ROOTS)",
-    )
-    gc.add_argument("--dry-run", action="store_true", help="print what would be removed; remove nothing")
-    gc.add_argument(
-        "--outputs-older-than", default="7d", metavar="AGE", help="saved outputs of runs closed this long ago (7d)"
-    )
-    gc.add_argument("--archives", action="store_true", help="remove archives too (needs --older-than)")
-    gc.add_argument("--snapshots-older-than", default="7d", metavar="AGE", help="workspace snapshots (7d)")
-    gc.add_argument("--older-than", metavar="AGE", help="with --archives: of runs closed this long ago, e.g. 30d")
 
 
 def _positive_int(text: str) -> int:
@@ -383,25 +327,8 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _command(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser],
-    name: str,
-    handler: Handler,
-    help: str,
-    with_id: bool = False,
-    epilog: str | None = None,
-) -> argparse.ArgumentParser:
-    parser = commands.add_parser(
-        name, help=help, description=help, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.set_defaults(handler=handler)
-    if with_id:
-        parser.add_argument("id", help="the run's workflow id")
-    return parser
-
-
 def _add_run_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    run = _command(commands, "run", run_agent, "start a run and follow it live (Ctrl-C detaches)", epilog=LIMITS_HELP)
+    run = command(commands, "run", run_agent, "start a run and follow it live (Ctrl-C detaches)", epilog=LIMITS_HELP)
     run.add_argument("goal", help="what the agent should do")
     run.add_argument("--workspace", required=True, help="folder the agent works in (its tools cannot leave it)")
     run.add_argument("--agent", help="run the agent file agents/NAME.md (see `durable-agent agents`)")
@@ -639,7 +566,7 @@ async def continue_conversation(args: argparse.Namespace, console: Console) -> i
 
     request = Continuation(workflow_id=args.id, message=args.message, limits=LimitsPatch(**_limit_values(args)))
     client, address = await connect_or_start_server(console)
-    await _handle(args.id)  # an unknown id is one line
+    await run_handle(args.id)  # an unknown id is one line
     if not args.no_worker:
         await ensure_worker(client, task_queue(), address, console)
     watch = {} if args.detach else {"start_signal": "watch", "start_signal_args": [WatchRequest(for_s=WATCH_LEASE_S)]}
@@ -784,7 +711,7 @@ async def _run_demo(
 
 
 async def watch(args: argparse.Namespace, console: Console) -> int:
-    handle, running = await _handle(args.id)
+    handle, running = await run_handle(args.id)
     if not running:
         lines, code = await _ended(handle)
         console.lines(lines)
@@ -812,7 +739,7 @@ async def watch(args: argparse.Namespace, console: Console) -> int:
 
 
 async def status(args: argparse.Namespace, console: Console) -> int:
-    handle, running = await _handle(args.id)
+    handle, running = await run_handle(args.id)
     if not running:
         # The result is in history: no worker needed (a query on a closed run needs one).
         console.lines((await _ended(handle))[0])
@@ -868,7 +795,7 @@ async def export_run(args: argparse.Namespace, console: Console) -> int:
     from durable_agent import export
     from durable_agent.history import HistoryError
 
-    handle, running = await _handle(args.id)
+    handle, running = await run_handle(args.id)
     try:
         if running:
             report = await export.running_report(handle, QUERY_TIMEOUT)
@@ -902,7 +829,7 @@ async def trace_run(args: argparse.Namespace, console: Console) -> int:
         raise CliError(
             "no trace exporter configured: set OTEL_TRACES_EXPORTER (otlp, console) or OTEL_EXPORTER_OTLP_ENDPOINT"
         )
-    await _handle(args.id)
+    await run_handle(args.id)
     try:
         chain = await replay_chain(await connect_client(), args.id)
     except HistoryError as e:
@@ -965,126 +892,11 @@ def _cost_text(tokens: int, cost: float | None) -> str:
 # --- gc --------------------------------------------------------------------------------
 
 
-async def collect_garbage(args: argparse.Namespace, console: Console) -> int:
-    from activities import run_files
-    from activities.run_files import HostileLayout
-    from activities.snapshots import Store
-    from durable_agent import gc, snapshot_gc
-
-    policy = _gc_policy(args)
-    paths = _gc_paths(args.paths)
-    client = await connect_client()
-    verb = "would remove" if args.dry_run else "removed"
-    files = size = kept = refused = 0
-    for path in paths:
-        for workspace in gc.find_workspaces(path):
-            try:
-                found = run_files.scan(workspace)
-            except (HostileLayout, OSError) as e:
-                console.line(f"refused       {workspace}: {e}")
-                refused += 1
-                continue
-            for chain in found:
-                verdict = gc.judge(chain, await gc.chain_state(client, chain), policy, time.time())
-                shown = chain.path if chain.chain else f"{chain.path} (loose files)"
-                if not verdict.remove:
-                    console.line(f"kept          {shown}: {verdict.state.text}, {verdict.reason}")
-                    kept += 1
-                    continue
-                try:
-                    removed = chain if args.dry_run else gc.remove(verdict)
-                except (HostileLayout, OSError) as e:
-                    console.line(f"refused       {shown}: {e}")
-                    refused += 1
-                    continue
-                console.line(
-                    f"{verb:13} {shown}: {removed.files} files, {removed.bytes:,} bytes "
-                    f"({verdict.state.text}, {verdict.reason})"
-                )
-                files, size = files + removed.files, size + removed.bytes
-    snapshots = await snapshot_gc.collect(client, Store(), gc.parse_age(args.snapshots_older_than), args.dry_run)
-    console.lines(snapshots.lines)
-    files, size = files + snapshots.files, size + snapshots.bytes
-    dry = " (dry run: nothing removed)" if args.dry_run else ""
-    console.line(f"total: {verb} {files} files, {size:,} bytes; kept {kept} folder(s); refused {refused}{dry}")
-    return EXIT_REFUSED if refused else EXIT_OK
-
-
-def _gc_policy(args: argparse.Namespace) -> Any:
-    from durable_agent.gc import GcPolicy, parse_age
-
-    if args.archives and not args.older_than:
-        raise CliError("--archives needs --older-than AGE (e.g. 30d): archives are a run's long-term transcript")
-    if args.older_than and not args.archives:
-        raise CliError("--older-than is the age of archives to remove: give --archives too")
-    try:
-        outputs = parse_age(args.outputs_older_than)
-        archives = parse_age(args.older_than) if args.archives else None
-        parse_age(args.snapshots_older_than)  # read again by collect_garbage: refused here, before any work
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    return GcPolicy(outputs_after_s=outputs, archives_after_s=archives)
-
-
-def _gc_paths(given: list[str]) -> list[str]:
-    from activities.workspace import workspace_roots
-
-    paths = [os.path.realpath(p) for p in given] or workspace_roots()
-    missing = [p for p, real in zip(given, paths, strict=False) if not os.path.isdir(real)]
-    if missing:
-        raise CliError(f"not a folder: {missing[0]}")
-    return paths
-
-
 # --- control ---------------------------------------------------------------------------
 
 
-async def pause_run(args: argparse.Namespace, console: Console) -> int:
-    handle, _ = await _handle(args.id, running=True)
-    await handle.signal("pause", PauseRequest(reason=args.reason))
-    console.line(
-        f"pause sent to {args.id}: it stops before its next step (resume with `durable-agent resume {args.id}`)"
-    )
-    return EXIT_OK
-
-
-async def resume_run(args: argparse.Namespace, console: Console) -> int:
-    handle, _ = await _handle(args.id, running=True)
-    await handle.signal("resume")
-    console.line(f"resume sent to {args.id}")
-    return EXIT_OK
-
-
-async def message_run(args: argparse.Namespace, console: Console) -> int:
-    text = UserMessage(text=args.text)
-    handle, _ = await _handle(args.id, running=True)
-    await handle.signal("add_message", text)
-    console.line(f"message sent to {args.id}: the model sees it before its next call")
-    return EXIT_OK
-
-
-async def approve_call(args: argparse.Namespace, console: Console) -> int:
-    decision = ApprovalDecision(call_id=args.call_id, approved=not args.deny, note=args.note)
-    handle, _ = await _handle(args.id, running=True)
-    outcome = await handle.execute_update("approve", decision, result_type=str)
-    console.line(f"{args.id}: {outcome}")
-    return EXIT_OK
-
-
-async def resolve_run(args: argparse.Namespace, console: Console) -> int:
-    if args.all != (args.id is None):
-        raise CliError("resolve takes either a run's ID or --all")
-    if args.all:
-        return await cli_resolve.resolve_all(args, console)
-    resolution = Resolution(action=args.action, note=args.note, call_id=args.call)
-    handle, _ = await _handle(args.id, running=True)
-    outcome = await handle.execute_update("resolve", resolution, result_type=str)
-    console.line(f"{args.id}: {outcome}")
-    return EXIT_OK
-
-
 async def cancel_run(args: argparse.Namespace, console: Console) -> int:
-    handle, _ = await _handle(args.id, running=True)
+    handle, _ = await run_handle(args.id, running=True)
     await handle.cancel()
     console.line(f"cancel sent to {args.id}: it stops cleanly with state cancelled")
     if args.no_wait:
@@ -1102,27 +914,10 @@ async def raise_limits(args: argparse.Namespace, console: Console) -> int:
     given = _limit_values(args)
     if not given:
         raise CliError("give at least one limit, e.g. --hard-steps 80 (see `durable-agent limits --help`)")
-    handle, _ = await _handle(args.id, running=True)
+    handle, _ = await run_handle(args.id, running=True)
     limits = await handle.execute_update("raise_limits", LimitsPatch(**given), result_type=Limits)
     console.line(f"{args.id}: limits now {render.limits_text(limits)}")
     return EXIT_OK
-
-
-async def _handle(run_id: str, running: bool = False) -> tuple[WorkflowHandle[Any, AgentResult], bool]:
-    """The run's handle and whether it is still running; `running=True` insists that it is."""
-    client = await connect_client()
-    handle = client.get_workflow_handle(run_id, result_type=AgentResult)
-    try:
-        description = await handle.describe()
-    except RPCError as e:
-        if e.status == RPCStatusCode.NOT_FOUND:
-            raise CliError(f"no run with id {run_id!r}") from None
-        raise
-    is_running = description.status == WorkflowExecutionStatus.RUNNING
-    if running and not is_running:
-        state = description.status.name.lower() if description.status else "closed"
-        raise CliError(f"run {run_id} has already ended ({state})", EXIT_REFUSED)
-    return handle, is_running
 
 
 if __name__ == "__main__":

@@ -120,10 +120,11 @@ class HostSteps:
         retry_policy: RetryPolicy,
         local_retry_threshold: timedelta,
         summary: str,
+        bound: bool = True,
     ) -> Any:
         """A workspace-bound local activity: on the run's host if it has one, else local as
-        before (in the workflow task, on whichever worker runs it)."""
-        if self._agent.host is not None:
+        before (in the workflow task, on whichever worker runs it). Not `bound` this time: local."""
+        if bound and self._agent.host is not None:
             return await self._on_host(name, arg, result_type, start_to_close_timeout, summary, retry_policy)
         return await workflow.execute_local_activity(
             name,

@@ -132,23 +132,15 @@ class ToolSteps:
         while True:
             summary = f"tool_catalog: {', '.join([*request.names, *request.mcp_servers])}"[:120]
             try:
-                if request.mcp_servers:  # the servers start in the workspace: on the run's host if pinned
-                    return await self._on_host_or_local(
-                        "tool_catalog",
-                        request,
-                        result_type=ToolCatalog,
-                        start_to_close_timeout=timeout,
-                        retry_policy=options.TOOL_RETRY,
-                        local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
-                        summary=summary,
-                    )
-                return await workflow.execute_local_activity(
+                return await self._on_host_or_local(
                     "tool_catalog",
                     request,
                     result_type=ToolCatalog,
                     start_to_close_timeout=timeout,
                     retry_policy=options.TOOL_RETRY,
+                    local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
                     summary=summary,
+                    bound=bool(request.mcp_servers),  # servers start in the workspace: on the run's host
                 )
             except ACTIVITY_FAILED as e:
                 raise_if_cancelled(e)

@@ -187,12 +187,7 @@ class Approval(_Strict):
     @field_validator("commands")
     @classmethod
     def _regexes_compile(cls, patterns: list[str]) -> list[str]:
-        for pattern in patterns:
-            try:
-                re.compile(pattern)
-            except re.error as e:
-                raise ValueError(f"approval.commands: {pattern!r} is not a valid regex: {e}") from e
-        return patterns
+        return _compiled("approval.commands", patterns)
 
 
 class CommandSettings(_Strict):
@@ -209,12 +204,17 @@ class CommandSettings(_Strict):
     @field_validator("rerun_patterns")
     @classmethod
     def _regexes_compile(cls, patterns: list[str]) -> list[str]:
-        for pattern in patterns:
-            try:
-                re.compile(pattern)
-            except re.error as e:
-                raise ValueError(f"commands.rerun_patterns: {pattern!r} is not a valid regex: {e}") from e
-        return patterns
+        return _compiled("commands.rerun_patterns", patterns)
+
+
+def _compiled(field: str, patterns: list[str]) -> list[str]:
+    """`patterns`, each a valid regex, or a ValueError naming the first that is not."""
+    for pattern in patterns:
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ValueError(f"{field}: {pattern!r} is not a valid regex: {e}") from e
+    return patterns
 
 
 class ContextSettings(_Strict):

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from typing import Any
 
 from activities.mcp_config import McpServer
 from activities.mcp_sessions import McpSession
+from bench.tool_calls import print_medians
 from durable_agent.connection import connect
 from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
 from durable_agent.server import free_port, start_server
@@ -118,8 +118,4 @@ def main() -> None:
     load = os.getloadavg()[0]
     figures = asyncio.run(measure(args.steps, args.rounds))
     print(f"{args.steps} steps x {args.rounds} rounds, medians per step (per call for direct); load {load:.1f}:")
-    print(f"{'tool':<12} {'wall ms':>8} {'CPU ms':>8}")
-    for mode, runs in figures.items():
-        wall = statistics.median(w for w, _ in runs)
-        cpu = statistics.median(c for _, c in runs)
-        print(f"{mode:<12} {wall:>8.1f} {cpu:>8.1f}")
+    print_medians(figures)

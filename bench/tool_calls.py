@@ -83,6 +83,11 @@ def main() -> None:
     args = parser.parse_args()
     figures = asyncio.run(measure(args.steps, args.rounds))
     print(f"{args.steps} steps x {args.rounds} rounds, medians per step:")
+    print_medians(figures)
+
+
+def print_medians(figures: dict[str, list[tuple[float, float]]]) -> None:
+    """One row per mode: the median wall and CPU ms of its runs."""
     print(f"{'tool':<12} {'wall ms':>8} {'CPU ms':>8}")
     for mode, runs in figures.items():
         wall = statistics.median(w for w, _ in runs)

@@ -57,12 +57,15 @@ class DoneSteps:
         return False
 
     async def _run_check_command(self, command: str, check: int) -> CriterionResult:
+        """The command as `run_command` runs (same activity path, host and time cap), in a
+        sandbox of its own: no shell state, so it starts in the workspace."""
         info = workflow.info()
+        args = self._clip_command({"command": command}, options.DEFAULT_COMMAND_TIMEOUT_S)
         request = ToolCallInput(
             call_id=f"done-check-{check}",
             idempotency_key=f"{info.workflow_id}/{self._carry.first_run_id}/{self._carry.step}/done-check-{check}",
             workspace=self._agent.workspace,
-            arguments={"command": command},
+            arguments=args,
             output_chars=self._carry.quota.output_chars(self._agent.context.tool_output_chars),
             sandbox=self._agent.sandbox,
             env_allow=self._agent.env_allow,
@@ -71,29 +74,7 @@ class DoneSteps:
         )
         self._carry.usage.tool_calls += 1
         try:
-            summary = f"done check {check}: {command}"[:120]
-            timeout = options.tool_start_to_close("run_command", None)
-            if self._agent.host is not None:  # run where the workspace is
-                outcome = await self._on_host(
-                    "run_command",
-                    request,
-                    ToolOutcome,
-                    timeout,
-                    summary,
-                    heartbeat=options.HEARTBEAT_TIMEOUT,
-                    cancellation=options.TOOL_CANCELLATION,
-                )
-            else:
-                outcome = await workflow.execute_activity(
-                    "run_command",
-                    request,
-                    result_type=ToolOutcome,
-                    start_to_close_timeout=timeout,
-                    heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
-                    retry_policy=options.TOOL_RETRY,
-                    cancellation_type=options.TOOL_CANCELLATION,
-                    summary=summary,
-                )
+            outcome = await self._builtin_activity("run_command", request, args, f"done check {check}: {command}"[:120])
         except ACTIVITY_FAILED as e:
             raise_if_cancelled(e)
             outcome = ToolOutcome(ok=False, error=f"run_command failed: {failure_message(e)}")

@@ -385,39 +385,47 @@ class ToolSteps:
                 return await self._recall(RecallArgs.model_validate(args))
             if call.name == "plan":
                 return self._plan_tool(args)
-            if self._agent.host is not None:
-                return await self._on_host(
-                    call.name,
-                    request,
-                    ToolOutcome,
-                    options.tool_start_to_close(call.name, args.get("timeout_s")),
-                    call_summary(call.name, args),
-                    heartbeat=options.HEARTBEAT_TIMEOUT,
-                    cancellation=options.TOOL_CANCELLATION,
-                )
-            if call.name in options.LOCAL_TOOLS and self._patched(options.LOCAL_TOOLS_PATCH):
-                return await workflow.execute_local_activity(
-                    call.name,
-                    request,
-                    result_type=ToolOutcome,
-                    start_to_close_timeout=options.TOOL_START_TO_CLOSE,
-                    retry_policy=options.TOOL_RETRY,
-                    local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
-                    summary=call_summary(call.name, args),
-                )
-            return await workflow.execute_activity(
-                call.name,
-                request,
-                result_type=ToolOutcome,
-                start_to_close_timeout=options.tool_start_to_close(call.name, args.get("timeout_s")),
-                heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
-                retry_policy=options.TOOL_RETRY,
-                cancellation_type=options.TOOL_CANCELLATION,
-                summary=call_summary(call.name, args),
-            )
+            return await self._builtin_activity(call.name, request, args, call_summary(call.name, args))
         except ACTIVITY_FAILED as e:
             raise_if_cancelled(e)
             return ToolOutcome(ok=False, error=f"{call.name} failed: {failure_message(e)}")
+
+    async def _builtin_activity(
+        self, name: str, request: ToolCallInput, args: dict[str, Any], summary: str
+    ) -> ToolOutcome:
+        """A built-in tool's activity: on the run's host if it has one, the fast file tools as
+        local activities, the rest (commands) as regular ones that heartbeat."""
+        timeout = options.tool_start_to_close(name, args.get("timeout_s"))
+        if self._agent.host is not None:
+            return await self._on_host(
+                name,
+                request,
+                ToolOutcome,
+                timeout,
+                summary,
+                heartbeat=options.HEARTBEAT_TIMEOUT,
+                cancellation=options.TOOL_CANCELLATION,
+            )
+        if name in options.LOCAL_TOOLS and self._patched(options.LOCAL_TOOLS_PATCH):
+            return await workflow.execute_local_activity(
+                name,
+                request,
+                result_type=ToolOutcome,
+                start_to_close_timeout=options.TOOL_START_TO_CLOSE,
+                retry_policy=options.TOOL_RETRY,
+                local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
+                summary=summary,
+            )
+        return await workflow.execute_activity(
+            name,
+            request,
+            result_type=ToolOutcome,
+            start_to_close_timeout=timeout,
+            heartbeat_timeout=options.HEARTBEAT_TIMEOUT,
+            retry_policy=options.TOOL_RETRY,
+            cancellation_type=options.TOOL_CANCELLATION,
+            summary=summary,
+        )
 
     async def _delegate(self, call_id: str, key: str, args: dict[str, Any]) -> ToolOutcome:
         """A child run for a sub-task (workflows/delegation.py); its spend is charged here.

@@ -16,6 +16,7 @@ import pytest
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.service import RPCError, RPCStatusCode
 
 from durable_agent.runs import chain_histories, start_agent
 from durable_agent.server import temporal_binary
@@ -32,12 +33,28 @@ async def wait_for(
 ) -> AgentStatus:
     async def poll() -> AgentStatus:
         while True:
-            status = await handle.query("status", result_type=AgentStatus)
-            if predicate(status):
+            status = await query_status(handle)
+            if status is not None and predicate(status):
                 return status
             await asyncio.sleep(0.1)
 
     return await asyncio.wait_for(poll(), timeout=timeout_s)
+
+
+QUERY_GAVE_UP = frozenset({RPCStatusCode.CANCELLED, RPCStatusCode.DEADLINE_EXCEEDED, RPCStatusCode.UNAVAILABLE})
+"""How a query ends when no worker answers it in time: right after the run's worker was killed,
+the server hands it to the dead worker's sticky queue first ("Timeout expired", "context
+canceled"); a poller asks again, as `durable-agent status` does."""
+
+
+async def query_status(handle: WorkflowHandle) -> AgentStatus | None:
+    """The run's status, or None when no worker answered this time."""
+    try:
+        return await handle.query("status", result_type=AgentStatus)
+    except RPCError as err:
+        if err.status not in QUERY_GAVE_UP:
+            raise
+        return None
 
 
 async def tasks_run_again(handle: WorkflowHandle) -> int:

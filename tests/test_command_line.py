@@ -340,7 +340,7 @@ async def test_run_replaces_a_worker_sigkilled_while_it_follows(
 ) -> None:
     """#23 item 2: the README says a SIGKILLed worker is replaced at once; `run` used to print
     "no worker answered within 5 s" and wait for a person to start one."""
-    slow = SlowTurn(tools(("write_file", {"path": "b.txt", "content": "b"})), delay_s=2)
+    slow = SlowTurn(tools(("write_file", {"path": "b.txt", "content": "b"})), delay_s=120)
     model_server.responder = Script([tools(("write_file", {"path": "a.txt", "content": "a"})), slow], final="made")
     env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue, DURABLE_AGENT_HOME=str(tmp_path / "home"))
     workspace = tmp_path / "ws"
@@ -360,6 +360,7 @@ async def test_run_replaces_a_worker_sigkilled_while_it_follows(
             workers += [int(pid) for pid in re.findall(r"background worker .*\(pid (\d+),", line)]
         await until(slow.asked.is_set)  # step 2's model call is in flight on that worker
         os.kill(workers[0], signal.SIGKILL)
+        slow.release()
         rest = (await asyncio.wait_for(run.stdout.read(), 90)).decode()
         workers += [int(pid) for pid in re.findall(r"background worker .*\(pid (\d+),", rest)]
         assert await run.wait() == 0, seen + rest
@@ -367,6 +368,7 @@ async def test_run_replaces_a_worker_sigkilled_while_it_follows(
         assert "completed (final_answer) after 3 steps" in rest
         assert (workspace / "a.txt").read_text() == "a" and (workspace / "b.txt").read_text() == "b"
     finally:
+        slow.release()
         if run.returncode is None:
             run.kill()
         for pid in workers[1:]:
@@ -378,7 +380,7 @@ async def test_watch_replaces_a_worker_sigkilled_while_it_follows(
 ) -> None:
     """#23: `watch` replaces a dead worker as `run` does. Its environment names another task queue
     and no workspace roots: the worker it starts serves the run's queue and accepts its workspace."""
-    slow = SlowTurn(tools(("write_file", {"path": "b.txt", "content": "b"})), delay_s=2)
+    slow = SlowTurn(tools(("write_file", {"path": "b.txt", "content": "b"})), delay_s=120)
     model_server.responder = Script([tools(("write_file", {"path": "a.txt", "content": "a"})), slow], final="made")
     env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue, DURABLE_AGENT_HOME=str(tmp_path / "home"))
     workspace = tmp_path / "ws"
@@ -404,6 +406,7 @@ async def test_watch_replaces_a_worker_sigkilled_while_it_follows(
             seen += line
         await until(slow.asked.is_set)  # step 2's model call is in flight on the run's worker
         os.kill(workers[0], signal.SIGKILL)
+        slow.release()
         rest = (await asyncio.wait_for(watch.stdout.read(), 90)).decode()
         workers += [int(pid) for pid in re.findall(r"background worker .*\(pid (\d+),", rest)]
         assert await watch.wait() == 0, seen + rest
@@ -411,6 +414,7 @@ async def test_watch_replaces_a_worker_sigkilled_while_it_follows(
         assert "no worker answered" not in rest and "completed (final_answer) after 3 steps" in rest, seen + rest
         assert (workspace / "a.txt").read_text() == "a" and (workspace / "b.txt").read_text() == "b"
     finally:
+        slow.release()
         if watch.returncode is None:
             watch.kill()
         for pid in workers[1:]:

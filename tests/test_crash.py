@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,18 +21,24 @@ from tests.scripts import Script, answer, tool_results, tools
 
 
 class SlowTurn:
-    """A model turn that takes `delay_s` the first time it is asked, and says when it was asked."""
+    """A model turn held the first time it is asked, until `release()` or at most `delay_s`;
+    it says when it was asked. A test that must kill a worker during the call holds it
+    longer than a loaded machine could take to get there, and releases it after the kill."""
 
     def __init__(self, reply: Reply, delay_s: float) -> None:
         self.reply = reply
         self.delay_s = delay_s
         self.asked = threading.Event()
+        self.released = threading.Event()
 
     def __call__(self, request: dict[str, Any]) -> Reply:
         if not self.asked.is_set():
             self.asked.set()
-            time.sleep(self.delay_s)
+            self.released.wait(self.delay_s)
         return self.reply
+
+    def release(self) -> None:
+        self.released.set()
 
 
 def worker_env(server: EmbeddedServer, model: ModelServer, task_queue: str) -> dict[str, str]:
@@ -59,7 +64,7 @@ async def test_run_survives_worker_kills_at_three_points(
     tmp_path: Path,
 ) -> None:
     ledger = workspace / "ledger.txt"
-    slow_model = SlowTurn(tools(("run_command", {"command": "echo 3 >> ledger.txt"})), delay_s=3)
+    slow_model = SlowTurn(tools(("run_command", {"command": "echo 3 >> ledger.txt"})), delay_s=120)
     model_server.responder = Script(
         [
             # It waits for the test's go, which comes after the kill: the kill lands during it.
@@ -94,6 +99,7 @@ async def test_run_survives_worker_kills_at_three_points(
         await kill_and_replace()
         await until(slow_model.asked.is_set)  # during a model call
         await kill_and_replace()
+        slow_model.release()
         result = await asyncio.wait_for(handle.result(), timeout=90)
     finally:
         stop_gently(worker)

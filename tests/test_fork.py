@@ -244,7 +244,7 @@ async def test_a_fork_whose_worker_is_killed_during_its_first_step_finishes_it_o
 ) -> None:
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    slow = SlowTurn(tools(("run_command", {"command": "echo fork4 >> log.txt"})), delay_s=3)
+    slow = SlowTurn(tools(("run_command", {"command": "echo fork4 >> log.txt"})), delay_s=120)
 
     def responder(request: dict[str, Any]) -> Reply:
         if any(m.get("content") == RETRY for m in request["messages"]):
@@ -261,6 +261,7 @@ async def test_a_fork_whose_worker_is_killed_during_its_first_step_finishes_it_o
         fork = json.loads(forked.stdout)
         await until(slow.asked.is_set)  # the fork's first model call is under way
         kill_hard(workers[0])
+        slow.release()
         workers.append(spawn_worker(env, tmp_path / "w1.log"))
         result = await asyncio.wait_for(
             client.get_workflow_handle(fork["workflow_id"], result_type=AgentResult).result(), timeout=90

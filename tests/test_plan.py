@@ -42,7 +42,7 @@ async def test_the_plan_survives_a_kill_and_continue_as_new_and_the_skip_rung_dr
     workspace: Path,
     tmp_path: Path,
 ) -> None:
-    slow = SlowTurn(tools(("list_files", {})), delay_s=3)
+    slow = SlowTurn(tools(("list_files", {})), delay_s=120)
     # Step 1 writes the plan; the kill lands during step 2's model call; step 10 continues as
     # new; the skip rung (the wrap-up warning) comes before step 14, which answers.
     model_server.responder = Script(
@@ -62,6 +62,7 @@ async def test_the_plan_survives_a_kill_and_continue_as_new_and_the_skip_rung_dr
         await asyncio.get_running_loop().run_in_executor(None, slow.asked.wait, 60)
         before = await wait_for(handle, lambda s: len(s.plan) == 4)
         kill_hard(worker)
+        slow.release()
         worker = spawn_worker(env, tmp_path / "w1.log")
         after = await wait_for(handle, lambda s: s.step >= 3)  # a new worker, from history
         assert after.plan == before.plan

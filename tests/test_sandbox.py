@@ -777,6 +777,10 @@ SWAPPER = textwrap.dedent(
         try:
             os.symlink(outside, "d")
             swaps += 1
+            if swaps % 5 == 0:  # for the racer, which races on until enough swaps happened
+                with open("swaps.tmp", "w") as counted:
+                    counted.write(str(swaps))
+                os.replace("swaps.tmp", "swaps")
         except FileExistsError:
             pass  # write_file made a new folder `d` meanwhile
         while os.path.lexists("d-real"):
@@ -793,13 +797,22 @@ SWAPPER = textwrap.dedent(
 )
 """Swaps the folder `d` for a symlink to a folder outside the workspace and back, until told to stop."""
 
+
+def swapped(folder: str) -> int:
+    """How many swaps the swapper running in `folder` has counted so far (every fifth is written)."""
+    try:
+        return int(Path(folder, "swaps").read_text() or 0)
+    except FileNotFoundError:
+        return 0
+
+
 RACE = textwrap.dedent(
     """
     import asyncio, json, os, shlex, sys, uuid
     from temporalio.testing import ActivityEnvironment
     import activities.beneath
     from activities.tools import ToolActivities
-    from tests.test_sandbox import SWAPPER
+    from tests.test_sandbox import SWAPPER, swapped
     from workflows.types import ToolCallInput
 
     workspace, outside, calls, resolver = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
@@ -816,8 +829,9 @@ RACE = textwrap.dedent(
         racing = asyncio.ensure_future(ActivityEnvironment().run(tools.run_command, call(command=swapper)))
         while not os.path.exists(os.path.join(workspace, "racing")):
             await asyncio.sleep(0.02)
-        read, leaked = 0, 0
-        for i in range(calls):
+        read, leaked, i = 0, 0, 0
+        while (i < calls or swapped(workspace) < 20) and i < 20 * calls:  # loaded: the swapper gets less time
+            i += 1
             got = await ActivityEnvironment().run(tools.read_file, call(path="d/secret.txt"))
             wrote = await ActivityEnvironment().run(tools.write_file, call(path=f"d/new-{i}.txt", content="x"))
             read += "OUTSIDE-SECRET" in got.output
@@ -875,7 +889,7 @@ WALK_RACE = textwrap.dedent(
     import activities.beneath
     from activities.skills import SkillActivities
     from activities.tools import ToolActivities
-    from tests.test_sandbox import SWAPPER
+    from tests.test_sandbox import SWAPPER, swapped
     from workflows.skills import SkillCatalogRequest
     from workflows.types import ToolCallInput
 
@@ -883,7 +897,7 @@ WALK_RACE = textwrap.dedent(
     if resolver == "walk":  # as on a kernel without openat2
         activities.beneath.openat2_available = lambda: False
     tools, skills = ToolActivities(roots=[os.path.dirname(workspace)]), SkillActivities(skills_dir="")
-    swapped = os.path.join(workspace, "skills" if tool == "load_skill" else "")
+    swapped_dir = os.path.join(workspace, "skills" if tool == "load_skill" else "")
 
     def call(**arguments):
         key = uuid.uuid4().hex
@@ -900,16 +914,17 @@ WALK_RACE = textwrap.dedent(
         return [loaded, catalog]
 
     async def race():
-        swapper = f"cd {shlex.quote(swapped)} && python3 -c {shlex.quote(SWAPPER)} {shlex.quote(outside)}"
+        swapper = f"cd {shlex.quote(swapped_dir)} && python3 -c {shlex.quote(SWAPPER)} {shlex.quote(outside)}"
         racing = asyncio.ensure_future(ActivityEnvironment().run(tools.run_command, call(command=swapper)))
-        while not os.path.exists(os.path.join(swapped, "racing")):
+        while not os.path.exists(os.path.join(swapped_dir, "racing")):
             await asyncio.sleep(0.02)
-        escaped, leaked = 0, 0
-        for _ in range(calls):
+        escaped, leaked, done = 0, 0, 0
+        while (done < calls or swapped(swapped_dir) < 20) and done < 20 * calls:  # loaded: the swapper gets less time
+            done += 1
             seen = json.dumps([o.model_dump() for o in await one_call()])
             escaped += "OUTSIDE-" in seen
             leaked += outside in seen
-        open(os.path.join(swapped, "stop"), "w").close()
+        open(os.path.join(swapped_dir, "stop"), "w").close()
         swaps = (await racing).output.strip().splitlines()[-1]
         print(json.dumps({"escaped": escaped, "leaked": leaked, "swaps": swaps}))
 

@@ -81,7 +81,7 @@ async def test_a_killed_worker_and_its_replacement_emit_each_span_once(
     tmp_path: Path,
     collector: Collector,
 ) -> None:
-    slow = SlowTurn(tools(("write_file", {"path": "b.txt", "content": "b"})), delay_s=3)
+    slow = SlowTurn(tools(("write_file", {"path": "b.txt", "content": "b"})), delay_s=120)
     model_server.responder = Script(
         [tools(("write_file", {"path": "a.txt", "content": "a"}), ("list_files", {})), slow], final="done"
     )
@@ -98,6 +98,7 @@ async def test_a_killed_worker_and_its_replacement_emit_each_span_once(
         await until(lambda: sum(s.name.startswith("execute_tool") for s in collector.spans) == 2, within_s=30)
         await until(lambda: sum(s.name == "StartActivity:call_model" for s in collector.spans) == 2, within_s=30)
         kill_hard(worker)
+        slow.release()
         worker = spawn_worker(env, tmp_path / "w1.log")
         result = await handle.result()
     finally:

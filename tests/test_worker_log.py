@@ -45,7 +45,7 @@ async def test_a_refused_workspace_and_a_cancel_leave_no_traceback_in_the_worker
         await during_command.cancel()
         assert (await asyncio.wait_for(during_command.result(), 60)).state == "cancelled"
 
-        slow = SlowTurn(answer("late"), delay_s=5)
+        slow = SlowTurn(answer("late"), delay_s=120)
         answered = threading.Event()
 
         def respond(request: dict[str, Any]) -> Reply:
@@ -58,6 +58,7 @@ async def test_a_refused_workspace_and_a_cancel_leave_no_traceback_in_the_worker
         await until(slow.asked.is_set)
         await during_model_call.cancel()
         assert (await asyncio.wait_for(during_model_call.result(), 60)).state == "cancelled"
+        slow.release()
         await until(answered.is_set)  # the abandoned call has ended on the worker too
     finally:
         stop_gently(worker)

@@ -30,7 +30,7 @@ from durable_agent.server import EmbeddedServer
 from tests.helpers import rejected_update, skip_without, start, until, wait_for
 from tests.scripts import Script, answer, goal_of, tools
 from tests.test_crash import worker_env
-from workflows.hosts import host_queue
+from workflows.hosts import HOST_FIRST_PROBE, host_queue
 from workflows.types import ALL_TOOLS
 
 HOSTS = ("alpha", "beta")
@@ -286,8 +286,12 @@ async def test_a_host_no_worker_has_shows_at_once_and_needs_attention_after_its_
     handle = await start(
         client, task_queue, goal="typo", workspace=str(workspace), host="alhpa", limits={"host_wait_s": 20}
     )
-    status = await wait_for(handle, lambda s: s.host_wait is not None, timeout_s=30)  # the first probe: 10 s
+    status = await wait_for(handle, lambda s: s.host_wait is not None, timeout_s=30)
     assert status.state == "running" and status.host_wait.startswith("waiting for host alhpa since ")
+    # At once: the run's own probe (before its first call there) said so, not the call's first
+    # schedule-to-start timeout (HOST_FIRST_PROBE); the server's clock, not this test's, says when.
+    assert status.host_wait.endswith("(no worker has polled host alhpa)")
+    assert await seconds_to_know_the_host_is_unseen(handle) < HOST_FIRST_PROBE.total_seconds()
     # The Web UI's current details, and `durable-agent status`, say so.
     metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
     assert f"Now: {status.host_wait}" in metadata.current_details and "Host: alhpa" in metadata.current_details
@@ -302,6 +306,21 @@ async def test_a_host_no_worker_has_shows_at_once_and_needs_attention_after_its_
     await handle.execute_update("resolve", {"action": "terminate"})
     result = await asyncio.wait_for(handle.result(), timeout=30)
     assert result.state == "terminated"
+
+
+async def seconds_to_know_the_host_is_unseen(handle: WorkflowHandle) -> float:
+    """From the run's start to the end of the workflow task that recorded its host probe."""
+    started = completed = None
+    async for event in handle.fetch_history_events():
+        if started is None:
+            started = event.event_time.ToDatetime()
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            completed = event.event_time.ToDatetime()  # a task's markers follow its completion
+        summary = event.user_metadata.summary.data
+        if event.marker_recorded_event_attributes.marker_name == "core_local_activity" and b"host_pollers:" in summary:
+            assert started is not None and completed is not None
+            return (completed - started).total_seconds()
+    raise AssertionError("the run recorded no host probe")
 
 
 async def test_run_on_a_machine_with_a_host_name_pins_the_run_to_it(

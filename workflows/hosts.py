@@ -13,8 +13,11 @@ A host that is gone: its calls wait in its queue. Each is scheduled with a
 schedule-to-start timeout (`HOST_FIRST_PROBE`, then `HOST_PROBE`), which Temporal never
 retries: when it fires no worker of the host took the call, the run says "waiting for host
 X since T" (state still `running`, nothing repeated: the call was never started) and
-schedules it again. A call is taken the moment the host's worker polls again, whatever the
-probe. Past `limits.host_wait_s` the run needs attention (wait longer, terminate, or move).
+schedules it again. A host no worker has ever polled (a typo) shows at once: the run's first
+call there is preceded by one `host_pollers` local activity (DescribeTaskQueue), and an empty
+answer starts the wait, "(no worker has polled host X)", without waiting for the first probe.
+A call is taken the moment the host's worker polls again, whatever the probe. Past
+`limits.host_wait_s` the run needs attention (wait longer, terminate, or move).
 
 Moving (`durable-agent move ID --to-host Y`, the `move_host` update): before its next call
 on a host, the run restores its last step snapshot into the workspace on Y
@@ -48,6 +51,8 @@ HOST_FIRST_PROBE = timedelta(seconds=10)
 host that is gone, or a name no worker has (a typo), shows in `status` within this. A live but
 loaded host starts a call within ~4 s at worst (`python -m bench fleet`, 200 agents on one
 2-core worker); a probe that fires anyway costs one reschedule, never a repeated call."""
+HOST_POLLERS_TIMEOUT = timedelta(seconds=5)
+"""One DescribeTaskQueue; best effort (the first probe tells anyway), so one attempt."""
 HOST_PROBE = timedelta(seconds=60)
 """The probes after the first: a call is taken as soon as the host polls again whatever this
 is, so it only sets how many timeouts a long wait writes to history (three events each)."""
@@ -63,6 +68,12 @@ class HostMove(BaseModel):
     """Payload of `move_host`: the host the run goes on at."""
 
     host: str = Field(pattern=HOST_NAME)
+
+
+class HostPollers(BaseModel):
+    """Output of `host_pollers`: whether the server lists any poller of the host's queue."""
+
+    polled: bool
 
 
 class RestoreRequest(BaseModel):
@@ -98,6 +109,9 @@ class HostSteps:
 
     _host_since: datetime | None = None
     """Since when the run's calls wait for its host; None while the host takes them."""
+    _host_unseen = False
+    """The host's queue had no poller at all when the run first called there (a typo?)."""
+    _host_probed = False
     _move_to: str | None = None
     _moves: list[str] = []
 
@@ -108,7 +122,9 @@ class HostSteps:
     def _host_wait_text(self) -> str | None:
         if self._host_since is None or self._agent.host is None:
             return None
-        return f"waiting for host {self._agent.host} since {self._host_since.isoformat(timespec='seconds')}"
+        host = self._agent.host
+        text = f"waiting for host {host} since {self._host_since.isoformat(timespec='seconds')}"
+        return f"{text} (no worker has polled host {host})" if self._host_unseen else text
 
     async def _on_host_or_local(
         self,
@@ -154,6 +170,7 @@ class HostSteps:
         `patient`: the host's absence too, after the first probe. `base_queue`: the queue whose
         host queue it goes to (a user tool's own); default the run's."""
         probe = HOST_FIRST_PROBE
+        await self._probe_host_once()
         while True:
             await self._move_if_asked()
             scheduled = workflow.now()
@@ -184,9 +201,32 @@ class HostSteps:
                 probe = self._next_probe()
                 continue
             if self._host_since is not None:
-                self._host_since = None
+                self._host_since, self._host_unseen = None, False
                 self._publish()
             return result
+
+    async def _probe_host_once(self) -> None:
+        """Before the run's first call on its host: a host whose queue no worker has polled
+        starts the wait now (see the module docstring). A failed probe changes nothing."""
+        if self._host_probed or not self._patched(options.HOSTS_PROBE_PATCH):
+            return
+        self._host_probed = True
+        queue = workspace_queue(self._agent.host) or ""
+        try:
+            seen = await workflow.execute_local_activity(
+                "host_pollers",
+                queue,
+                result_type=HostPollers,
+                start_to_close_timeout=HOST_POLLERS_TIMEOUT,
+                retry_policy=RetryPolicy(maximum_attempts=1),
+                summary=f"host_pollers: {queue}"[:120],
+            )
+        except ACTIVITY_FAILED as e:
+            raise_if_cancelled(e)
+            return
+        if not seen.polled and self._host_since is None:
+            self._host_since, self._host_unseen = workflow.now(), True
+            self._publish()
 
     async def _done_or_moving(self, call: workflow.ActivityHandle[Any]) -> bool:
         """Whether the call is done; False when a move asked for while the host is gone comes
@@ -262,7 +302,7 @@ class HostSteps:
         self._input = self._agent.model_copy(update={"host": target})
         self._publish_host()
         self._move_to = None
-        self._host_since = None
+        self._host_since, self._host_unseen = None, False
         self._moves = [*self._moves, f"moved to {target} at step {self._carry.step}"]
         self._publish()
 

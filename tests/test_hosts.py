@@ -28,7 +28,7 @@ from durable_agent.model_server import ModelServer, count_assistant_turns
 from durable_agent.processes import WORKER_SCRIPT, kill_hard, stop_gently
 from durable_agent.server import EmbeddedServer
 from tests.helpers import rejected_update, skip_without, start, until, wait_for
-from tests.scripts import Script, answer, goal_of, tools
+from tests.scripts import ByGoal, Script, answer, goal_of, tools
 from tests.test_crash import worker_env
 from workflows.hosts import HOST_FIRST_PROBE, host_queue
 from workflows.types import ALL_TOOLS
@@ -151,10 +151,11 @@ async def where_activities_ran(handle: WorkflowHandle) -> list[tuple[str, str, i
             name, queue = scheduled[attributes.scheduled_event_id]
             ran.append((name, queue, int(attributes.identity.split("@")[0])))
         elif event.marker_recorded_event_attributes.marker_name == "core_local_activity":
-            # The only local activity of a pinned run reads no workspace: the tool catalog (of
-            # tools only: one that lists MCP servers runs where they start, on the host).
+            # The local activities of a pinned run read no workspace: the host probe and the tool
+            # catalog (of tools only: one that lists MCP servers runs where they start, on the host).
             summary = event.user_metadata.summary.data
-            assert b"tool_catalog:" in summary and b"fx" not in summary, "a workspace-bound local activity ran"
+            reads_no_workspace = b"host_pollers:" in summary or b"tool_catalog:" in summary
+            assert reads_no_workspace and b"fx" not in summary, f"a workspace-bound local activity ran: {summary}"
     return ran
 
 
@@ -306,6 +307,67 @@ async def test_a_host_no_worker_has_shows_at_once_and_needs_attention_after_its_
     await handle.execute_update("resolve", {"action": "terminate"})
     result = await asyncio.wait_for(handle.result(), timeout=30)
     assert result.state == "terminated"
+
+
+def child_script(host: str) -> Script:
+    return Script(
+        [
+            tools(
+                ("write_file", {"path": f"child-{host}.txt", "content": host}),
+                ("run_command", {"command": f"echo {host} >> ledger.txt"}),
+            )
+        ],
+        final=f"{host} child done",
+    )
+
+
+def seen_from(host_pid: int, path: Path) -> str | None:
+    """`path` as the process `host_pid` sees it, in its own mount namespace."""
+    shown = subprocess.run(["nsenter", "-t", str(host_pid), "-m", "cat", str(path)], capture_output=True)
+    return shown.stdout.decode() if shown.returncode == 0 else None
+
+
+async def test_a_delegate_that_names_another_host_runs_its_tools_there(
+    client: Client, fleet: Fleet, model_server: ModelServer, task_queue: str
+) -> None:
+    """A run on alpha delegates twice at once: one delegate inherits alpha, the other names
+    beta and works in the folder at the same path on beta (beta's own: alpha's is hidden there)."""
+    workspace = fleet.folder("alpha") / "ws"
+    workspace.mkdir()
+    beta_pid = fleet.workers["beta"].pid
+    mounts = Path(f"/proc/{beta_pid}/mountinfo")
+    await until(lambda: f" {fleet.folder('alpha')} " in mounts.read_text())  # beta hides alpha's folder
+    made = subprocess.run(["nsenter", "-t", str(beta_pid), "-m", "mkdir", "-p", str(workspace)], capture_output=True)
+    assert made.returncode == 0, made.stderr
+    delegates = tools(("delegate", {"goal": "on alpha"}), ("delegate", {"goal": "on beta", "host": "beta"}))
+    model_server.responder = ByGoal(
+        {
+            "parent": Script([delegates], final="both done"),
+            "on alpha": child_script("alpha"),
+            "on beta": child_script("beta"),
+        }
+    )
+    handle = await start(client, task_queue, goal="parent", workspace=str(workspace), host="alpha", tools=TOOLS)
+    result = await asyncio.wait_for(handle.result(), timeout=180)
+    assert result.state == "completed", result
+    assert ledger(workspace) == ["alpha"] and not (workspace / "child-beta.txt").exists()
+    assert (workspace / "child-alpha.txt").read_text() == "alpha"
+    assert seen_from(beta_pid, workspace / "ledger.txt") == "beta\n"
+    assert seen_from(beta_pid, workspace / "child-beta.txt") == "beta"
+    history = await handle.fetch_history()
+    children = {
+        e.start_child_workflow_execution_initiated_event_attributes.workflow_id
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+    }
+    on_host = {}
+    for child_id in children:
+        child = client.get_workflow_handle(child_id)
+        ran = await where_activities_ran(child)
+        hosts = {fleet.pids.get(pid) for name, _, pid in ran if name != "call_model"}
+        assert len(hosts) == 1, ran  # every tool call of a delegate on its one host
+        on_host[hosts.pop()] = child_id
+    assert set(on_host) == {"alpha", "beta"}
 
 
 async def seconds_to_know_the_host_is_unseen(handle: WorkflowHandle) -> float:

@@ -442,7 +442,14 @@ class ToolSteps:
             model=self._carry.model,
         )
         outcome = await self._delegates.run(
-            key, args["goal"], args.get("tools"), args.get("budget_share"), args.get("agent"), parent, wait_problem
+            key,
+            args["goal"],
+            args.get("tools"),
+            args.get("budget_share"),
+            args.get("agent"),
+            args.get("host"),
+            parent,
+            wait_problem,
         )
         self._publish()
         return outcome

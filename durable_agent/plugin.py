@@ -32,6 +32,7 @@ from activities.agents import AgentActivities
 from activities.approval_diff import ApprovalDiffActivities
 from activities.archive import ArchiveActivities
 from activities.cleanup import CleanupActivities
+from activities.host_check import HostCheckInterceptor
 from activities.host_pollers import host_pollers
 from activities.mcp_tools import McpActivities
 from activities.model import ModelActivities
@@ -117,7 +118,8 @@ class DurableAgentPlugin(SimplePlugin):
         ours_around = (
             interceptors(self._model_task_queue) if self._worker_interceptors is None else self._worker_interceptors
         )
-        config["interceptors"] = [*(config.get("interceptors") or []), *ours_around]
+        # The host check outermost, whatever the interceptors: a local try on the wrong host never runs.
+        config["interceptors"] = [HostCheckInterceptor(self.host), *(config.get("interceptors") or []), *ours_around]
         self._configured[queue] = config
         return config
 

@@ -24,6 +24,7 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
+from bench.hosts import ANYWHERE, LOCAL, WORKSPACE_FREE, activity_places
 from durable_agent.model_server import ModelServer, count_assistant_turns
 from durable_agent.processes import WORKER_SCRIPT, kill_hard, stop_gently
 from durable_agent.server import EmbeddedServer
@@ -139,23 +140,16 @@ async def start_runs(client: Client, task_queue: str, fleet: Fleet, released: bo
 
 
 async def where_activities_ran(handle: WorkflowHandle) -> list[tuple[str, str, int]]:
-    """(activity type, task queue, pid of the worker that started it) of every activity of the run."""
-    scheduled: dict[int, tuple[str, str]] = {}
-    ran: list[tuple[str, str, int]] = []
-    async for event in handle.fetch_history_events():
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            attributes = event.activity_task_scheduled_event_attributes
-            scheduled[event.event_id] = (attributes.activity_type.name, attributes.task_queue.name)
-        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            attributes = event.activity_task_started_event_attributes
-            name, queue = scheduled[attributes.scheduled_event_id]
-            ran.append((name, queue, int(attributes.identity.split("@")[0])))
-        elif event.marker_recorded_event_attributes.marker_name == "core_local_activity":
-            # The local activities of a pinned run read no workspace: the host probe and the tool
-            # catalog (of tools only: one that lists MCP servers runs where they start, on the host).
-            summary = event.user_metadata.summary.data
-            reads_no_workspace = b"host_pollers:" in summary or b"tool_catalog:" in summary
-            assert reads_no_workspace and b"fx" not in summary, f"a workspace-bound local activity ran: {summary}"
+    """(activity type, task queue or LOCAL, pid of the worker that ran it) of every activity of
+    the run that ran on its host or the shared queue (bench/hosts.py)."""
+    ran = []
+    for name, queue, pid, summary in await activity_places(handle):
+        if queue == ANYWHERE:
+            # Read no workspace: the host probe and the tool catalog (of tools only: one that
+            # lists MCP servers runs where they start, on the host).
+            assert name in WORKSPACE_FREE and b"fx" not in summary, f"a workspace-bound local activity ran: {summary}"
+        else:
+            ran.append((name, queue, pid))
     return ran
 
 
@@ -192,7 +186,7 @@ async def test_every_tool_call_runs_on_its_runs_host(
                     assert queue == host_queue(f"{task_queue}/tool/host_note", host)
                     assert fleet.pids.get(pid) == host
                 else:
-                    assert queue == host_queue(task_queue, host), name
+                    assert queue in (LOCAL, host_queue(task_queue, host)), name
                     assert fleet.pids.get(pid) == host, f"{name} of a run on {host} ran on {fleet.pids.get(pid)}"
 
 
@@ -443,5 +437,6 @@ async def test_a_pinned_runs_mcp_server_runs_on_its_host(
     for host, handle in runs.items():
         assert (hosts.folder(host) / "ws" / "mcp.txt").read_text() == "x\n"  # written by its host's server
         ran = {(name, queue, hosts.pids.get(pid)) for name, queue, pid in await where_activities_ran(handle)}
-        for name in ("tool_catalog", "mcp_call", "mcp_close"):
+        assert {("tool_catalog", LOCAL, host), ("tool_catalog", host_queue(task_queue, host), host)} & ran, ran
+        for name in ("mcp_call", "mcp_close"):
             assert (name, host_queue(task_queue, host), host) in ran, (name, ran)

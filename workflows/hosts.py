@@ -19,6 +19,16 @@ answer starts the wait, "(no worker has polled host X)", without waiting for the
 A call is taken the moment the host's worker polls again, whatever the probe. Past
 `limits.host_wait_s` the run needs attention (wait longer, terminate, or move).
 
+Where the run's workflow task runs on its host's own worker, its calls need no round trip: a
+call that a run without a host makes as a local activity (the file tools, the snapshots, the
+start-up reads, the cleanup) is first tried as a local activity whose id names the host
+(`local_activity_id`). Only that host's worker runs it (activities/host_check.py); any other
+worker refuses it at once (`ELSEWHERE`, recorded, never run), and the run makes the call on the
+host's queue as above, asking the host's worker to release the run's stickiness
+(`UNSTICK_SUFFIX`): the run's next workflow task goes to any worker, the host's own included,
+which then keeps it (sticky) for as long as it answers. A host that is gone loses its runs'
+workflow tasks to the other workers after the sticky timeout, and its calls wait as above.
+
 Moving (`durable-agent move ID --to-host Y`, the `move_host` update): before its next call
 on a host, the run restores its last step snapshot into the workspace on Y
 (`restore_snapshot`, on Y's queue; the snapshot store must be shared:
@@ -36,7 +46,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import is_cancelled_exception
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -56,6 +66,11 @@ HOST_POLLERS_TIMEOUT = timedelta(seconds=5)
 HOST_PROBE = timedelta(seconds=60)
 """The probes after the first: a call is taken as soon as the host polls again whatever this
 is, so it only sets how many timeouts a long wait writes to history (three events each)."""
+ELSEWHERE = "NotThisHost"
+"""The error type of a local activity refused by a worker that is not the run's host."""
+UNSTICK_SUFFIX = "+unstick"
+"""Ends the id of a call on a host's queue made after a refused local activity: the host's
+worker resets the run's stickiness before running it (activities/host_check.py)."""
 HOST_CALL_ID = "host"
 """The attention report's `call_id` when the host's wait is over."""
 RESTORE_ACTIVITY = "restore_snapshot"
@@ -99,6 +114,24 @@ def workspace_queue(host: str | None) -> str | None:
     return None if host is None else host_queue(workflow.info().task_queue, host)
 
 
+def local_activity_id(n: int, host: str) -> str:
+    """The id of a run's `n`-th local try on `host`: only a worker of that host runs it."""
+    return f"{n}{HOST_SEPARATOR}{host}"
+
+
+def host_of_local_activity(activity_id: str) -> str | None:
+    """The host a local activity's id names (`local_activity_id`); None: any worker runs it."""
+    n, separator, host = activity_id.partition(HOST_SEPARATOR)
+    return host if separator and n.isdigit() and re.fullmatch(HOST_NAME, host) else None
+
+
+def refused_elsewhere(error: BaseException) -> bool:
+    """A local try refused by a worker that is not the run's host (it never ran). A local
+    activity's error surfaces as itself or wrapped (workflows/failures.py)."""
+    cause = error.__cause__ if isinstance(error, ActivityError) else error
+    return isinstance(cause, ApplicationError) and cause.type == ELSEWHERE
+
+
 def is_host_queue(queue: str) -> bool:
     return HOST_SEPARATOR in queue and re.fullmatch(HOST_NAME, queue.rpartition(HOST_SEPARATOR)[2]) is not None
 
@@ -112,6 +145,10 @@ class HostSteps:
     _host_unseen = False
     """The host's queue had no poller at all when the run first called there (a typo?)."""
     _host_probed = False
+    _here_tries = 0
+    """Local tries on the host so far in this run: each one's id is unique."""
+    _host_elsewhere = False
+    """The last local try was refused: the run's workflow task ran on another worker."""
     _move_to: str | None = None
     _moves: list[str] = []
 
@@ -141,7 +178,7 @@ class HostSteps:
         """A workspace-bound local activity: on the run's host if it has one, else local as
         before (in the workflow task, on whichever worker runs it). Not `bound` this time: local."""
         if bound and self._agent.host is not None:
-            return await self._on_host(name, arg, result_type, start_to_close_timeout, summary, retry_policy)
+            return await self._here_or_on_host(name, arg, result_type, start_to_close_timeout, summary, retry_policy)
         return await workflow.execute_local_activity(
             name,
             arg,
@@ -151,6 +188,42 @@ class HostSteps:
             local_retry_threshold=local_retry_threshold,
             summary=summary,
         )
+
+    async def _here_or_on_host(
+        self,
+        name: str,
+        arg: Any,
+        result_type: type | None,
+        timeout: timedelta,
+        summary: str,
+        retry: RetryPolicy = options.TOOL_RETRY,
+        **on_host: Any,
+    ) -> Any:
+        """A short workspace-bound call of a run with a host: a local activity when this workflow
+        task runs on the host's worker, else on the host's queue (see the module docstring).
+        `on_host`: `_on_host`'s options for the call on the queue."""
+        if not self._patched(options.HOSTS_LOCAL_PATCH):
+            return await self._on_host(name, arg, result_type, timeout, summary, retry, **on_host)
+        await self._move_if_asked()
+        self._here_tries += 1
+        try:
+            result = await workflow.execute_local_activity(
+                name,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=timeout,
+                retry_policy=retry,
+                local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
+                summary=summary,
+                activity_id=local_activity_id(self._here_tries, self._agent.host or ""),
+            )
+        except ACTIVITY_FAILED as e:
+            if not refused_elsewhere(e):
+                raise
+            self._host_elsewhere = True
+            return await self._on_host(name, arg, result_type, timeout, summary, retry, **on_host)
+        self._host_elsewhere = False
+        return result
 
     async def _on_host(
         self,
@@ -174,6 +247,7 @@ class HostSteps:
         while True:
             await self._move_if_asked()
             scheduled = workflow.now()
+            self._here_tries += 1
             call = workflow.start_activity(
                 name,
                 arg,
@@ -185,6 +259,7 @@ class HostSteps:
                 retry_policy=retry,
                 cancellation_type=cancellation,
                 summary=summary,
+                activity_id=f"{self._here_tries}{UNSTICK_SUFFIX}" if self._host_elsewhere else None,
             )
             moved_off = not await self._done_or_moving(call)
             if moved_off:

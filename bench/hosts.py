@@ -162,6 +162,11 @@ async def run(runs: int, steps: int, latency_ms: int) -> dict[str, Any]:
                 for wrong in await misplaced_activities(handle, b.task_queue, host, workers[host].pid)
             ]
             calls = Counter(count for count in Counter(_goal(r) for r in b.model.requests).values())
+            places: Counter[str] = Counter()
+            for _, _, handle in started:
+                for name, on, _, _ in await activity_places(handle):
+                    if name not in ("call_model", *WORKSPACE_FREE):
+                        places["local" if on == LOCAL else "host queue"] += 1
         finally:
             for worker in workers.values():
                 stop_gently(worker)
@@ -180,6 +185,7 @@ async def run(runs: int, steps: int, latency_ms: int) -> dict[str, Any]:
         "ledgers_wrong": ledgers_wrong[:10],
         "misplaced_activities": misplaced[:10],
         "model_calls_per_run": {str(k): v for k, v in calls.items()},
+        "workspace_calls": dict(places),
         "wall_s": round(wall, 2),
         "run_time_s": {"median": round(statistics.median(times), 2), "max": round(times[-1], 2)},
         "passed": all(checks.values()),

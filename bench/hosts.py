@@ -7,11 +7,13 @@ benchmark agent (bench/harness.py: per step a `write_file` and a `run_command` a
 step to ledger.txt). A call that ran on the wrong host would write into its empty tmpfs:
 
 - every ledger is exact (1..steps, in the real folder of the run's host);
-- every activity but the model call ran on its run's host queue, started by that host's
-  worker (its identity in history);
+- every activity but the model call (and the host probe and tool catalog, which read no
+  workspace) ran on its run's host: on its queue, started by that host's worker, or locally in
+  a workflow task that worker completed (its identity in history);
 - model calls are exactly one per step plus the final answer.
 
-It prints the checks and the run times as JSON, and exits 1 when a check fails. tests/test_hosts.py
+It prints the checks, where the workspace calls ran (locally or through the host's queue) and
+the run times as JSON, and exits 1 when a check fails. tests/test_hosts.py
 runs 2 x 3 of the same (CI's 2 cores); this is the issue's 2 x 10.
 """
 

@@ -14,7 +14,7 @@ schedule-to-start timeout (`HOST_FIRST_PROBE`, then `HOST_PROBE`), which Tempora
 retries: when it fires no worker of the host took the call, the run says "waiting for host
 X since T" (state still `running`, nothing repeated: the call was never started) and
 schedules it again. A host no worker has ever polled (a typo) shows at once: the run's first
-call there is preceded by one `host_pollers` local activity (DescribeTaskQueue), and an empty
+call on the host's queue is preceded by one `host_pollers` local activity (DescribeTaskQueue), and an empty
 answer starts the wait, "(no worker has polled host X)", without waiting for the first probe.
 A call is taken the moment the host's worker polls again, whatever the probe. Past
 `limits.host_wait_s` the run needs attention (wait longer, terminate, or move).
@@ -146,7 +146,7 @@ class HostSteps:
     """The host's queue had no poller at all when the run first called there (a typo?)."""
     _host_probed = False
     _here_tries = 0
-    """Local tries on the host so far in this run: each one's id is unique."""
+    """Calls on the host so far in this run (local tries and calls on its queue): each id is unique."""
     _host_elsewhere = False
     """The last local try was refused: the run's workflow task ran on another worker."""
     _move_to: str | None = None
@@ -281,7 +281,7 @@ class HostSteps:
             return result
 
     async def _probe_host_once(self) -> None:
-        """Before the run's first call on its host: a host whose queue no worker has polled
+        """Before the run's first call on its host's queue: a host whose queue no worker has polled
         starts the wait now (see the module docstring). A failed probe changes nothing."""
         if self._host_probed or not self._patched(options.HOSTS_PROBE_PATCH):
             return

@@ -80,9 +80,13 @@ async def release_sticky_run() -> None:
     worker's queue, so the task this activity's completion schedules would wait out the
     sticky timeout there first. Resetting stickiness costs one replay on the next worker.
     """
+    if activity.info().attempt > 1:
+        await reset_stickiness()
+
+
+async def reset_stickiness() -> None:
+    """The run's next workflow task goes to its task queue, where any worker takes it."""
     info = activity.info()
-    if info.attempt <= 1:
-        return
     request = ResetStickyTaskQueueRequest(
         namespace=info.workflow_namespace,
         execution=WorkflowExecution(workflow_id=info.workflow_id, run_id=info.workflow_run_id),

@@ -18,7 +18,8 @@ process of the same options (bench/plain_temporal.py), in rotating order per rou
 With `--hosts N` (1 or 2), a fourth: durable-agent with its runs pinned in turn to N host
 workers (bench/hosts.py: `DURABLE_AGENT_HOST`, each in a mount namespace where the other's
 workspaces are hidden; root), on a task queue of their own; its CPU is all its workers'. Its
-ratio is against the one durable-agent worker without a host.
+ratio is against the one durable-agent worker without a host; with `--hosts 2`, also against
+a fifth contender, two durable-agent workers without a host (what two processes cost on their own).
 
 Per contender: run time of each run (from its start returning to its result), CPU of the
 worker process (with its `bash` children) and the server per model call, model calls
@@ -65,6 +66,7 @@ DURABLE = "durable-agent"
 PLAIN = "plain Temporal loop"
 PLAIN_PRODUCT_TOOLS = "plain Temporal loop with durable-agent's tools"
 ON_HOSTS = "durable-agent on hosts"
+SAME_WORKERS = "durable-agent, as many workers without a host"
 
 
 def log(message: str) -> None:
@@ -159,6 +161,14 @@ def on_hosts(b: Bench, count: int) -> Contender:
     return Contender(ON_HOSTS, first, start, others=tuple(rest))
 
 
+def same_workers(b: Bench, count: int) -> Contender:
+    """`count` workers without a host on a queue of their own: what the hosts' routing costs
+    apart from running `count` worker processes."""
+    queue = f"{b.task_queue}-workers"
+    first, *rest = [b.start_worker(DURABLE_AGENT_TASK_QUEUE=queue) for _ in range(count)]
+    return Contender(SAME_WORKERS, first, durable_start(b, queue), others=tuple(rest))
+
+
 def durable_start(b: Bench, queue: str) -> Any:
     async def durable(client: Client, index: int, steps: int) -> WorkflowHandle:
         agent = bench_input(goal_for(index, steps), b.workspace(), steps)
@@ -204,7 +214,7 @@ async def run(
     results: dict[str, list[dict[str, Any]]] = {}
     with bench(StepScript(steps)) as b:
         client = await connect(b.server.address)
-        every = slot_contenders(b, slots) if slots else contenders(b) + ([on_hosts(b, hosts)] if hosts else [])
+        every = slot_contenders(b, slots) if slots else contenders(b) + host_contenders(b, hosts)
         for c in every:  # warm up: worker start-up and first-run costs are in no figure
             await asyncio.gather(*(timed_run(client, c, i, steps) for i in range(2)))
         b.model.latency_s = latency_ms / 1000
@@ -239,11 +249,27 @@ async def run(
                 "ratio_cpu_per_model_call_hosts_to_1_worker": ratios(
                     results[ON_HOSTS], durable, "cpu_ms_per_model_call"
                 ),
+                **(
+                    {
+                        "ratio_run_time_median_hosts_to_same_workers": ratios(
+                            results[ON_HOSTS], results[SAME_WORKERS], "run_time_s"
+                        ),
+                    }
+                    if hosts > 1
+                    else {}
+                ),
             }
             if hosts
             else {}
         ),
     }
+
+
+def host_contenders(b: Bench, hosts: int) -> list[Contender]:
+    """With hosts: the runs pinned to them, and with two or more, as many workers without a host."""
+    if not hosts:
+        return []
+    return [on_hosts(b, hosts), *([same_workers(b, hosts)] if hosts > 1 else [])]
 
 
 def ratios(durable: list[dict[str, Any]], other: list[dict[str, Any]], figure: str) -> list[float]:

@@ -7,11 +7,13 @@ benchmark agent (bench/harness.py: per step a `write_file` and a `run_command` a
 step to ledger.txt). A call that ran on the wrong host would write into its empty tmpfs:
 
 - every ledger is exact (1..steps, in the real folder of the run's host);
-- every activity but the model call ran on its run's host queue, started by that host's
-  worker (its identity in history);
+- every activity but the model call (and the host probe and tool catalog, which read no
+  workspace) ran on its run's host: on its queue, started by that host's worker, or locally in
+  a workflow task that worker completed (its identity in history);
 - model calls are exactly one per step plus the final answer.
 
-It prints the checks and the run times as JSON, and exits 1 when a check fails. tests/test_hosts.py
+It prints the checks, where the workspace calls ran (locally or through the host's queue) and
+the run times as JSON, and exits 1 when a check fails. tests/test_hosts.py
 runs 2 x 3 of the same (CI's 2 cores); this is the issue's 2 x 10.
 """
 
@@ -39,7 +41,7 @@ from bench.task import goal_for
 from durable_agent.connection import connect
 from durable_agent.processes import WORKER_SCRIPT, stop_gently
 from durable_agent.runs import start_agent
-from workflows.hosts import host_queue
+from workflows.hosts import ELSEWHERE, host_of_local_activity, host_queue
 
 HOSTS = ("alpha", "beta")
 
@@ -74,23 +76,56 @@ def spawn_hosts(env: dict[str, str], home: Path, hosts: tuple[str, ...] = HOSTS)
     }
 
 
-async def misplaced_activities(handle: WorkflowHandle, queue: str, host: str, pid: int) -> list[str]:
-    """The run's activities that ran anywhere but where they belong: its host, or (the model
-    call) the shared queue."""
+LOCAL = "local"
+"""The queue `activity_places` gives a local try on the run's host that ran (in the run's workflow task)."""
+ANYWHERE = "local, any worker"
+"""... and a local activity that reads no workspace (the host probe, the tool catalog)."""
+WORKSPACE_FREE = ("host_pollers", "tool_catalog")
+
+
+async def activity_places(handle: WorkflowHandle) -> list[tuple[str, str, int, bytes]]:
+    """(type, task queue or LOCAL, pid of the worker that ran it, summary) of every activity of
+    the run that ran. A local activity ran in the workflow task before its marker, on the worker
+    that completed that task; one refused by a worker not its host (hosts.ELSEWHERE) never ran."""
     scheduled: dict[int, tuple[str, str]] = {}
-    wrong: list[str] = []
+    ran: list[tuple[str, str, int, bytes]] = []
+    task_by = 0
     async for event in handle.fetch_history_events():
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attributes = event.activity_task_scheduled_event_attributes
             scheduled[event.event_id] = (attributes.activity_type.name, attributes.task_queue.name)
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
             attributes = event.activity_task_started_event_attributes
-            name, on = scheduled[attributes.scheduled_event_id]
-            by = int(attributes.identity.split("@")[0])
-            if name == "call_model" and on != queue:
-                wrong.append(f"{name} on {on}")
-            elif name != "call_model" and (on != host_queue(queue, host) or by != pid):
-                wrong.append(f"{name} on {on} by pid {by}")
+            name, queue = scheduled[attributes.scheduled_event_id]
+            ran.append((name, queue, _pid(attributes.identity), b""))
+        elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            task_by = _pid(event.workflow_task_completed_event_attributes.identity)
+        elif event.marker_recorded_event_attributes.marker_name == "core_local_activity":
+            marker = event.marker_recorded_event_attributes
+            failure = marker.failure
+            if ELSEWHERE in (failure.application_failure_info.type, failure.cause.application_failure_info.type):
+                continue
+            data = json.loads(marker.details["data"].payloads[0].data)
+            where = LOCAL if host_of_local_activity(data["activity_id"]) else ANYWHERE
+            ran.append((data["activity_type"], where, task_by, event.user_metadata.summary.data))
+    return ran
+
+
+def _pid(identity: str) -> int:
+    return int(identity.split("@")[0])
+
+
+async def misplaced_activities(handle: WorkflowHandle, queue: str, host: str, pid: int) -> list[str]:
+    """The run's activities that ran anywhere but where they belong: its host (on its queue or
+    locally), the model call on the shared queue, what reads no workspace anywhere."""
+    wrong: list[str] = []
+    for name, on, by, _ in await activity_places(handle):
+        if name == "call_model" and on != queue:
+            wrong.append(f"{name} on {on}")
+        elif on == ANYWHERE and name not in WORKSPACE_FREE:
+            wrong.append(f"{name} locally on any worker")
+        elif name != "call_model" and on != ANYWHERE and (on not in (LOCAL, host_queue(queue, host)) or by != pid):
+            wrong.append(f"{name} on {on} by pid {by}")
     return wrong
 
 
@@ -129,6 +164,11 @@ async def run(runs: int, steps: int, latency_ms: int) -> dict[str, Any]:
                 for wrong in await misplaced_activities(handle, b.task_queue, host, workers[host].pid)
             ]
             calls = Counter(count for count in Counter(_goal(r) for r in b.model.requests).values())
+            places: Counter[str] = Counter()
+            for _, _, handle in started:
+                for name, on, _, _ in await activity_places(handle):
+                    if name not in ("call_model", *WORKSPACE_FREE):
+                        places["local" if on == LOCAL else "host queue"] += 1
         finally:
             for worker in workers.values():
                 stop_gently(worker)
@@ -147,6 +187,7 @@ async def run(runs: int, steps: int, latency_ms: int) -> dict[str, Any]:
         "ledgers_wrong": ledgers_wrong[:10],
         "misplaced_activities": misplaced[:10],
         "model_calls_per_run": {str(k): v for k, v in calls.items()},
+        "workspace_calls": dict(places),
         "wall_s": round(wall, 2),
         "run_time_s": {"median": round(statistics.median(times), 2), "max": round(times[-1], 2)},
         "passed": all(checks.values()),

@@ -32,6 +32,8 @@ from activities.agents import AgentActivities
 from activities.approval_diff import ApprovalDiffActivities
 from activities.archive import ArchiveActivities
 from activities.cleanup import CleanupActivities
+from activities.host_check import HostCheckInterceptor
+from activities.host_pollers import host_pollers
 from activities.mcp_tools import McpActivities
 from activities.model import ModelActivities
 from activities.redaction import RedactingInterceptor
@@ -116,7 +118,8 @@ class DurableAgentPlugin(SimplePlugin):
         ours_around = (
             interceptors(self._model_task_queue) if self._worker_interceptors is None else self._worker_interceptors
         )
-        config["interceptors"] = [*(config.get("interceptors") or []), *ours_around]
+        # The host check outermost, whatever the interceptors: a local try on the wrong host never runs.
+        config["interceptors"] = [HostCheckInterceptor(self.host), *(config.get("interceptors") or []), *ours_around]
         self._configured[queue] = config
         return config
 
@@ -177,8 +180,8 @@ def tool_worker(
 
 
 def workflow_activities() -> list[Callable[..., Any]]:
-    """The tools, the agent files, the archive, the skills, the run's cleanup and the workspace
-    snapshots: some run as local activities, which only the worker running the workflow can run."""
+    """The tools, the agent files, the archive, the skills, the run's cleanup, the workspace
+    snapshots and the host probe: some run as local activities, which only the worker running the workflow can run."""
     return [
         *ToolActivities().all(),
         *AgentActivities().all(),
@@ -188,6 +191,7 @@ def workflow_activities() -> list[Callable[..., Any]]:
         *SnapshotActivities().all(),
         *ApprovalDiffActivities().all(),
         redact_tool_outcome,
+        host_pollers,
     ]
 
 

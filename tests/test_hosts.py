@@ -24,13 +24,14 @@ from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
+from bench.hosts import ANYWHERE, LOCAL, WORKSPACE_FREE, activity_places
 from durable_agent.model_server import ModelServer, count_assistant_turns
 from durable_agent.processes import WORKER_SCRIPT, kill_hard, stop_gently
 from durable_agent.server import EmbeddedServer
 from tests.helpers import rejected_update, skip_without, start, until, wait_for
-from tests.scripts import Script, answer, goal_of, tools
+from tests.scripts import ByGoal, Script, answer, goal_of, tools
 from tests.test_crash import worker_env
-from workflows.hosts import host_queue
+from workflows.hosts import HOST_FIRST_PROBE, host_queue
 from workflows.types import ALL_TOOLS
 
 HOSTS = ("alpha", "beta")
@@ -139,22 +140,16 @@ async def start_runs(client: Client, task_queue: str, fleet: Fleet, released: bo
 
 
 async def where_activities_ran(handle: WorkflowHandle) -> list[tuple[str, str, int]]:
-    """(activity type, task queue, pid of the worker that started it) of every activity of the run."""
-    scheduled: dict[int, tuple[str, str]] = {}
-    ran: list[tuple[str, str, int]] = []
-    async for event in handle.fetch_history_events():
-        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-            attributes = event.activity_task_scheduled_event_attributes
-            scheduled[event.event_id] = (attributes.activity_type.name, attributes.task_queue.name)
-        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
-            attributes = event.activity_task_started_event_attributes
-            name, queue = scheduled[attributes.scheduled_event_id]
-            ran.append((name, queue, int(attributes.identity.split("@")[0])))
-        elif event.marker_recorded_event_attributes.marker_name == "core_local_activity":
-            # The only local activity of a pinned run reads no workspace: the tool catalog (of
-            # tools only: one that lists MCP servers runs where they start, on the host).
-            summary = event.user_metadata.summary.data
-            assert b"tool_catalog:" in summary and b"fx" not in summary, "a workspace-bound local activity ran"
+    """(activity type, task queue or LOCAL, pid of the worker that ran it) of every activity of
+    the run that ran on its host or the shared queue (bench/hosts.py)."""
+    ran = []
+    for name, queue, pid, summary in await activity_places(handle):
+        if queue == ANYWHERE:
+            # Read no workspace: the host probe and the tool catalog (of tools only: one that
+            # lists MCP servers runs where they start, on the host).
+            assert name in WORKSPACE_FREE and b"fx" not in summary, f"a workspace-bound local activity ran: {summary}"
+        else:
+            ran.append((name, queue, pid))
     return ran
 
 
@@ -177,6 +172,7 @@ async def test_every_tool_call_runs_on_its_runs_host(
     )
     assert [r.state for r in results] == ["completed"] * len(results)
     calls = model_calls_by_run(model_server)
+    local: Counter[str] = Counter()
     for host, handles in runs.items():
         for n, handle in enumerate(handles):
             folder = fleet.folder(host) / f"ws{n}"
@@ -191,8 +187,12 @@ async def test_every_tool_call_runs_on_its_runs_host(
                     assert queue == host_queue(f"{task_queue}/tool/host_note", host)
                     assert fleet.pids.get(pid) == host
                 else:
-                    assert queue == host_queue(task_queue, host), name
+                    assert queue in (LOCAL, host_queue(task_queue, host)), name
                     assert fleet.pids.get(pid) == host, f"{name} of a run on {host} ran on {fleet.pids.get(pid)}"
+                    local[host] += queue == LOCAL
+    # A run whose workflow task ran on its host's worker made its file calls there locally
+    # (a run keeps to its host once there; under load some tasks may land elsewhere).
+    assert all(local[host] > 0 for host in HOSTS), local
 
 
 async def test_runs_wait_for_a_killed_host_and_finish_when_it_comes_back(
@@ -286,8 +286,12 @@ async def test_a_host_no_worker_has_shows_at_once_and_needs_attention_after_its_
     handle = await start(
         client, task_queue, goal="typo", workspace=str(workspace), host="alhpa", limits={"host_wait_s": 20}
     )
-    status = await wait_for(handle, lambda s: s.host_wait is not None, timeout_s=30)  # the first probe: 10 s
+    status = await wait_for(handle, lambda s: s.host_wait is not None, timeout_s=30)
     assert status.state == "running" and status.host_wait.startswith("waiting for host alhpa since ")
+    # At once: the run's own probe (before its first call there) said so, not the call's first
+    # schedule-to-start timeout (HOST_FIRST_PROBE); the server's clock, not this test's, says when.
+    assert status.host_wait.endswith("(no worker has polled host alhpa)")
+    assert await seconds_to_know_the_host_is_unseen(handle) < HOST_FIRST_PROBE.total_seconds()
     # The Web UI's current details, and `durable-agent status`, say so.
     metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
     assert f"Now: {status.host_wait}" in metadata.current_details and "Host: alhpa" in metadata.current_details
@@ -302,6 +306,82 @@ async def test_a_host_no_worker_has_shows_at_once_and_needs_attention_after_its_
     await handle.execute_update("resolve", {"action": "terminate"})
     result = await asyncio.wait_for(handle.result(), timeout=30)
     assert result.state == "terminated"
+
+
+def child_script(host: str) -> Script:
+    return Script(
+        [
+            tools(
+                ("write_file", {"path": f"child-{host}.txt", "content": host}),
+                ("run_command", {"command": f"echo {host} >> ledger.txt"}),
+            )
+        ],
+        final=f"{host} child done",
+    )
+
+
+def seen_from(host_pid: int, path: Path) -> str | None:
+    """`path` as the process `host_pid` sees it, in its own mount namespace."""
+    shown = subprocess.run(["nsenter", "-t", str(host_pid), "-m", "cat", str(path)], capture_output=True)
+    return shown.stdout.decode() if shown.returncode == 0 else None
+
+
+async def test_a_delegate_that_names_another_host_runs_its_tools_there(
+    client: Client, fleet: Fleet, model_server: ModelServer, task_queue: str
+) -> None:
+    """A run on alpha delegates twice at once: one delegate inherits alpha, the other names
+    beta and works in the folder at the same path on beta (beta's own: alpha's is hidden there)."""
+    workspace = fleet.folder("alpha") / "ws"
+    workspace.mkdir()
+    beta_pid = fleet.workers["beta"].pid
+    mounts = Path(f"/proc/{beta_pid}/mountinfo")
+    await until(lambda: f" {fleet.folder('alpha')} " in mounts.read_text())  # beta hides alpha's folder
+    made = subprocess.run(["nsenter", "-t", str(beta_pid), "-m", "mkdir", "-p", str(workspace)], capture_output=True)
+    assert made.returncode == 0, made.stderr
+    delegates = tools(("delegate", {"goal": "on alpha"}), ("delegate", {"goal": "on beta", "host": "beta"}))
+    model_server.responder = ByGoal(
+        {
+            "parent": Script([delegates], final="both done"),
+            "on alpha": child_script("alpha"),
+            "on beta": child_script("beta"),
+        }
+    )
+    handle = await start(client, task_queue, goal="parent", workspace=str(workspace), host="alpha", tools=TOOLS)
+    result = await asyncio.wait_for(handle.result(), timeout=180)
+    assert result.state == "completed", result
+    assert ledger(workspace) == ["alpha"] and not (workspace / "child-beta.txt").exists()
+    assert (workspace / "child-alpha.txt").read_text() == "alpha"
+    assert seen_from(beta_pid, workspace / "ledger.txt") == "beta\n"
+    assert seen_from(beta_pid, workspace / "child-beta.txt") == "beta"
+    history = await handle.fetch_history()
+    children = {
+        e.start_child_workflow_execution_initiated_event_attributes.workflow_id
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_START_CHILD_WORKFLOW_EXECUTION_INITIATED
+    }
+    on_host = {}
+    for child_id in children:
+        child = client.get_workflow_handle(child_id)
+        ran = await where_activities_ran(child)
+        hosts = {fleet.pids.get(pid) for name, _, pid in ran if name != "call_model"}
+        assert len(hosts) == 1, ran  # every tool call of a delegate on its one host
+        on_host[hosts.pop()] = child_id
+    assert set(on_host) == {"alpha", "beta"}
+
+
+async def seconds_to_know_the_host_is_unseen(handle: WorkflowHandle) -> float:
+    """From the run's start to the end of the workflow task that recorded its host probe."""
+    started = completed = None
+    async for event in handle.fetch_history_events():
+        if started is None:
+            started = event.event_time.ToDatetime()
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            completed = event.event_time.ToDatetime()  # a task's markers follow its completion
+        summary = event.user_metadata.summary.data
+        if event.marker_recorded_event_attributes.marker_name == "core_local_activity" and b"host_pollers:" in summary:
+            assert started is not None and completed is not None
+            return (completed - started).total_seconds()
+    raise AssertionError("the run recorded no host probe")
 
 
 async def test_run_on_a_machine_with_a_host_name_pins_the_run_to_it(
@@ -362,5 +442,6 @@ async def test_a_pinned_runs_mcp_server_runs_on_its_host(
     for host, handle in runs.items():
         assert (hosts.folder(host) / "ws" / "mcp.txt").read_text() == "x\n"  # written by its host's server
         ran = {(name, queue, hosts.pids.get(pid)) for name, queue, pid in await where_activities_ran(handle)}
-        for name in ("tool_catalog", "mcp_call", "mcp_close"):
+        assert {("tool_catalog", LOCAL, host), ("tool_catalog", host_queue(task_queue, host), host)} & ran, ran
+        for name in ("mcp_call", "mcp_close"):
             assert (name, host_queue(task_queue, host), host) in ran, (name, ran)

@@ -38,6 +38,8 @@ async def test_committed_histories_replay(path: Path) -> None:
     # agent_run_done.json has the plan tool, a quota shrunk by a spike, the skip rung and a
     # check command that fails once (`python -m tests.record_history --done`);
     # agent_run_host_move.json, a run pinned to a host that waited for it and moved (tests/test_hosts.py);
+    # agent_run_host_local.json, the same on baseline-5: local tries run on its host and refused
+    # elsewhere, calls on the host's queue that reset stickiness, the host probe;
     # agent_run_time_cap_outage.json waits out a model endpoint outage (wait_for_model_endpoint)
     # and is stopped by its time cap mid-command (the timer, the command cancelled);
     # agent_run_wait_limit.json is paused until a lowered max_wait_s stops it (baseline-3).

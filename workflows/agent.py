@@ -313,7 +313,7 @@ class AgentWorkflow(
         task the run has anyway, or a regular one in runs recorded before `patch`; on the
         run's host if it has one (workflows/hosts.py)."""
         if self._agent.host is not None:
-            return await self._on_host(name, arg, result_type, timeout, summary, retry, patient=patient)
+            return await self._here_or_on_host(name, arg, result_type, timeout, summary, retry, patient=patient)
         if self._patched(patch):
             return await workflow.execute_local_activity(
                 name,

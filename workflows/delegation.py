@@ -108,9 +108,18 @@ def carve_limits(limits: Limits, usage: Usage, elapsed_s: float, reserved: list[
 
 
 def child_input(
-    parent: AgentInput, goal: str, tools: list[str], limits: Limits, model: str, link: ParentLink, agent: str | None
+    parent: AgentInput,
+    goal: str,
+    tools: list[str],
+    limits: Limits,
+    model: str,
+    link: ParentLink,
+    agent: str | None,
+    host: str | None = None,
 ) -> AgentInput:
-    """With `agent`, the child runs that agent file within these fields as bounds (workflows/agents.py)."""
+    """With `agent`, the child runs that agent file within these fields as bounds (workflows/agents.py).
+    The child is pinned to the parent's host unless it names another (`host`): its workspace is
+    then the folder at the same path on that host (workflows/hosts.py)."""
     return AgentInput(
         agent=agent,
         goal=goal,
@@ -124,7 +133,7 @@ def child_input(
         continue_as_new_every=parent.continue_as_new_every,
         delegation=parent.delegation,
         parent=link,
-        host=parent.host,
+        host=host or parent.host,
     )
 
 
@@ -211,6 +220,7 @@ class Delegates:
         tools: list[str] | None,
         budget_share: float | None,
         agent_name: str | None,
+        host: str | None,
         parent: ParentSide,
         on_wait_problem: AttentionHandler,
     ) -> ToolOutcome:
@@ -223,7 +233,7 @@ class Delegates:
             )
             depth = (agent.parent.depth if agent.parent else 0) + 1
             link = ParentLink(workflow_id=workflow.info().workflow_id, depth=depth)
-            child = child_input(agent, goal, child_tools(agent, tools), carved, parent.model, link, agent_name)
+            child = child_input(agent, goal, child_tools(agent, tools), carved, parent.model, link, agent_name, host)
         except DelegateRefused as e:
             return ToolOutcome(ok=False, error=str(e))
         child_id = child_workflow_id(key)

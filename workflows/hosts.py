@@ -13,8 +13,21 @@ A host that is gone: its calls wait in its queue. Each is scheduled with a
 schedule-to-start timeout (`HOST_FIRST_PROBE`, then `HOST_PROBE`), which Temporal never
 retries: when it fires no worker of the host took the call, the run says "waiting for host
 X since T" (state still `running`, nothing repeated: the call was never started) and
-schedules it again. A call is taken the moment the host's worker polls again, whatever the
-probe. Past `limits.host_wait_s` the run needs attention (wait longer, terminate, or move).
+schedules it again. A host no worker has ever polled (a typo) shows at once: the run's first
+call on the host's queue is preceded by one `host_pollers` local activity (DescribeTaskQueue), and an empty
+answer starts the wait, "(no worker has polled host X)", without waiting for the first probe.
+A call is taken the moment the host's worker polls again, whatever the probe. Past
+`limits.host_wait_s` the run needs attention (wait longer, terminate, or move).
+
+Where the run's workflow task runs on its host's own worker, its calls need no round trip: a
+call that a run without a host makes as a local activity (the file tools, the snapshots, the
+start-up reads, the cleanup) is first tried as a local activity whose id names the host
+(`local_activity_id`). Only that host's worker runs it (activities/host_check.py); any other
+worker refuses it at once (`ELSEWHERE`, recorded, never run), and the run makes the call on the
+host's queue as above, asking the host's worker to release the run's stickiness
+(`UNSTICK_SUFFIX`): the run's next workflow task goes to any worker, the host's own included,
+which then keeps it (sticky) for as long as it answers. A host that is gone loses its runs'
+workflow tasks to the other workers after the sticky timeout, and its calls wait as above.
 
 Moving (`durable-agent move ID --to-host Y`, the `move_host` update): before its next call
 on a host, the run restores its last step snapshot into the workspace on Y
@@ -33,7 +46,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import is_cancelled_exception
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 from temporalio.workflow import ActivityCancellationType
 
 with workflow.unsafe.imports_passed_through():
@@ -48,9 +61,16 @@ HOST_FIRST_PROBE = timedelta(seconds=10)
 host that is gone, or a name no worker has (a typo), shows in `status` within this. A live but
 loaded host starts a call within ~4 s at worst (`python -m bench fleet`, 200 agents on one
 2-core worker); a probe that fires anyway costs one reschedule, never a repeated call."""
+HOST_POLLERS_TIMEOUT = timedelta(seconds=5)
+"""One DescribeTaskQueue; best effort (the first probe tells anyway), so one attempt."""
 HOST_PROBE = timedelta(seconds=60)
 """The probes after the first: a call is taken as soon as the host polls again whatever this
 is, so it only sets how many timeouts a long wait writes to history (three events each)."""
+ELSEWHERE = "NotThisHost"
+"""The error type of a local activity refused by a worker that is not the run's host."""
+UNSTICK_SUFFIX = "+unstick"
+"""Ends the id of a call on a host's queue made after a refused local activity: the host's
+worker resets the run's stickiness before running it (activities/host_check.py)."""
 HOST_CALL_ID = "host"
 """The attention report's `call_id` when the host's wait is over."""
 RESTORE_ACTIVITY = "restore_snapshot"
@@ -63,6 +83,12 @@ class HostMove(BaseModel):
     """Payload of `move_host`: the host the run goes on at."""
 
     host: str = Field(pattern=HOST_NAME)
+
+
+class HostPollers(BaseModel):
+    """Output of `host_pollers`: whether the server lists any poller of the host's queue."""
+
+    polled: bool
 
 
 class RestoreRequest(BaseModel):
@@ -88,6 +114,24 @@ def workspace_queue(host: str | None) -> str | None:
     return None if host is None else host_queue(workflow.info().task_queue, host)
 
 
+def local_activity_id(n: int, host: str) -> str:
+    """The id of a run's `n`-th local try on `host`: only a worker of that host runs it."""
+    return f"{n}{HOST_SEPARATOR}{host}"
+
+
+def host_of_local_activity(activity_id: str) -> str | None:
+    """The host a local activity's id names (`local_activity_id`); None: any worker runs it."""
+    n, separator, host = activity_id.partition(HOST_SEPARATOR)
+    return host if separator and n.isdigit() and re.fullmatch(HOST_NAME, host) else None
+
+
+def refused_elsewhere(error: BaseException) -> bool:
+    """A local try refused by a worker that is not the run's host (it never ran). A local
+    activity's error surfaces as itself or wrapped (workflows/failures.py)."""
+    cause = error.__cause__ if isinstance(error, ActivityError) else error
+    return isinstance(cause, ApplicationError) and cause.type == ELSEWHERE
+
+
 def is_host_queue(queue: str) -> bool:
     return HOST_SEPARATOR in queue and re.fullmatch(HOST_NAME, queue.rpartition(HOST_SEPARATOR)[2]) is not None
 
@@ -98,6 +142,13 @@ class HostSteps:
 
     _host_since: datetime | None = None
     """Since when the run's calls wait for its host; None while the host takes them."""
+    _host_unseen = False
+    """The host's queue had no poller at all when the run first called there (a typo?)."""
+    _host_probed = False
+    _here_tries = 0
+    """Calls on the host so far in this run (local tries and calls on its queue): each id is unique."""
+    _host_elsewhere = False
+    """The last local try was refused: the run's workflow task ran on another worker."""
     _move_to: str | None = None
     _moves: list[str] = []
 
@@ -108,7 +159,9 @@ class HostSteps:
     def _host_wait_text(self) -> str | None:
         if self._host_since is None or self._agent.host is None:
             return None
-        return f"waiting for host {self._agent.host} since {self._host_since.isoformat(timespec='seconds')}"
+        host = self._agent.host
+        text = f"waiting for host {host} since {self._host_since.isoformat(timespec='seconds')}"
+        return f"{text} (no worker has polled host {host})" if self._host_unseen else text
 
     async def _on_host_or_local(
         self,
@@ -125,7 +178,7 @@ class HostSteps:
         """A workspace-bound local activity: on the run's host if it has one, else local as
         before (in the workflow task, on whichever worker runs it). Not `bound` this time: local."""
         if bound and self._agent.host is not None:
-            return await self._on_host(name, arg, result_type, start_to_close_timeout, summary, retry_policy)
+            return await self._here_or_on_host(name, arg, result_type, start_to_close_timeout, summary, retry_policy)
         return await workflow.execute_local_activity(
             name,
             arg,
@@ -135,6 +188,42 @@ class HostSteps:
             local_retry_threshold=local_retry_threshold,
             summary=summary,
         )
+
+    async def _here_or_on_host(
+        self,
+        name: str,
+        arg: Any,
+        result_type: type | None,
+        timeout: timedelta,
+        summary: str,
+        retry: RetryPolicy = options.TOOL_RETRY,
+        **on_host: Any,
+    ) -> Any:
+        """A short workspace-bound call of a run with a host: a local activity when this workflow
+        task runs on the host's worker, else on the host's queue (see the module docstring).
+        `on_host`: `_on_host`'s options for the call on the queue."""
+        if not self._patched(options.HOSTS_LOCAL_PATCH):
+            return await self._on_host(name, arg, result_type, timeout, summary, retry, **on_host)
+        await self._move_if_asked()
+        self._here_tries += 1
+        try:
+            result = await workflow.execute_local_activity(
+                name,
+                arg,
+                result_type=result_type,
+                start_to_close_timeout=timeout,
+                retry_policy=retry,
+                local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
+                summary=summary,
+                activity_id=local_activity_id(self._here_tries, self._agent.host or ""),
+            )
+        except ACTIVITY_FAILED as e:
+            if not refused_elsewhere(e):
+                raise
+            self._host_elsewhere = True
+            return await self._on_host(name, arg, result_type, timeout, summary, retry, **on_host)
+        self._host_elsewhere = False
+        return result
 
     async def _on_host(
         self,
@@ -154,9 +243,11 @@ class HostSteps:
         `patient`: the host's absence too, after the first probe. `base_queue`: the queue whose
         host queue it goes to (a user tool's own); default the run's."""
         probe = HOST_FIRST_PROBE
+        await self._probe_host_once()
         while True:
             await self._move_if_asked()
             scheduled = workflow.now()
+            self._here_tries += 1
             call = workflow.start_activity(
                 name,
                 arg,
@@ -168,6 +259,7 @@ class HostSteps:
                 retry_policy=retry,
                 cancellation_type=cancellation,
                 summary=summary,
+                activity_id=f"{self._here_tries}{UNSTICK_SUFFIX}" if self._host_elsewhere else None,
             )
             moved_off = not await self._done_or_moving(call)
             if moved_off:
@@ -184,9 +276,32 @@ class HostSteps:
                 probe = self._next_probe()
                 continue
             if self._host_since is not None:
-                self._host_since = None
+                self._host_since, self._host_unseen = None, False
                 self._publish()
             return result
+
+    async def _probe_host_once(self) -> None:
+        """Before the run's first call on its host's queue: a host whose queue no worker has polled
+        starts the wait now (see the module docstring). A failed probe changes nothing."""
+        if self._host_probed or not self._patched(options.HOSTS_PROBE_PATCH):
+            return
+        self._host_probed = True
+        queue = workspace_queue(self._agent.host) or ""
+        try:
+            seen = await workflow.execute_local_activity(
+                "host_pollers",
+                queue,
+                result_type=HostPollers,
+                start_to_close_timeout=HOST_POLLERS_TIMEOUT,
+                retry_policy=RetryPolicy(maximum_attempts=1),
+                summary=f"host_pollers: {queue}"[:120],
+            )
+        except ACTIVITY_FAILED as e:
+            raise_if_cancelled(e)
+            return
+        if not seen.polled and self._host_since is None:
+            self._host_since, self._host_unseen = workflow.now(), True
+            self._publish()
 
     async def _done_or_moving(self, call: workflow.ActivityHandle[Any]) -> bool:
         """Whether the call is done; False when a move asked for while the host is gone comes
@@ -262,7 +377,7 @@ class HostSteps:
         self._input = self._agent.model_copy(update={"host": target})
         self._publish_host()
         self._move_to = None
-        self._host_since = None
+        self._host_since, self._host_unseen = None, False
         self._moves = [*self._moves, f"moved to {target} at step {self._carry.step}"]
         self._publish()
 

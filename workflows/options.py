@@ -250,7 +250,19 @@ BASELINE_4_PATCHES = BASELINE_3_PATCHES | {
     ACTIVITY_TOOL_REDACTION_PATCH,
     LOCAL_PYTHON_TOOLS_PATCH,
 }
+HOSTS_PROBE_PATCH = "hosts-first-call-probe"
+"""`workflow.patched` id, asked only by runs pinned to a host: runs recorded before it made their
+first call there without asking whether any worker of the host had polled (workflows/hosts.py)."""
+HOSTS_LOCAL_PATCH = "hosts-local-on-host"
+"""`workflow.patched` id, asked only by runs pinned to a host: runs recorded before it called
+every workspace-bound activity on the host's queue; since, the ones a run without a host runs
+locally are first tried as local activities, which only the host's own worker serves
+(workflows/hosts.py, `_here_or_on_host`)."""
+BASELINE_5_PATCH = "baseline-5"
+"""Baseline 4's patches and those added since; runs started on this code record only it."""
+BASELINE_5_PATCHES = BASELINE_4_PATCHES | {HOSTS_PROBE_PATCH, HOSTS_LOCAL_PATCH}
 BASELINES = (
+    (BASELINE_5_PATCH, BASELINE_5_PATCHES),
     (BASELINE_4_PATCH, BASELINE_4_PATCHES),
     (BASELINE_3_PATCH, BASELINE_3_PATCHES),
     (BASELINE_2_PATCH, BASELINE_2_PATCHES),

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from workflows.plan import PlanArgs
-from workflows.types import AGENT_NAME, ALL_TOOLS, ToolCall
+from workflows.types import AGENT_NAME, ALL_TOOLS, HOST_NAME, ToolCall
 from workflows.visible import one_line
 
 
@@ -111,6 +111,11 @@ class DelegateArgs(_Args):
         default=None,
         pattern=AGENT_NAME,
         description="An agent definition (agents/<name>.md) for the delegate to run: its prompt, model and tools.",
+    )
+    host: str | None = Field(
+        default=None,
+        pattern=HOST_NAME,
+        description="The host its tools run on, in the folder at your workspace's path there; yours by default.",
     )
 
 

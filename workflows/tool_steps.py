@@ -396,8 +396,10 @@ class ToolSteps:
         """A built-in tool's activity: on the run's host if it has one, the fast file tools as
         local activities, the rest (commands) as regular ones that heartbeat."""
         timeout = options.tool_start_to_close(name, args.get("timeout_s"))
+        local = name in options.LOCAL_TOOLS and self._patched(options.LOCAL_TOOLS_PATCH)
         if self._agent.host is not None:
-            return await self._on_host(
+            on_host = self._here_or_on_host if local else self._on_host
+            return await on_host(
                 name,
                 request,
                 ToolOutcome,
@@ -406,7 +408,7 @@ class ToolSteps:
                 heartbeat=options.HEARTBEAT_TIMEOUT,
                 cancellation=options.TOOL_CANCELLATION,
             )
-        if name in options.LOCAL_TOOLS and self._patched(options.LOCAL_TOOLS_PATCH):
+        if local:
             return await workflow.execute_local_activity(
                 name,
                 request,
@@ -442,7 +444,14 @@ class ToolSteps:
             model=self._carry.model,
         )
         outcome = await self._delegates.run(
-            key, args["goal"], args.get("tools"), args.get("budget_share"), args.get("agent"), parent, wait_problem
+            key,
+            args["goal"],
+            args.get("tools"),
+            args.get("budget_share"),
+            args.get("agent"),
+            args.get("host"),
+            parent,
+            wait_problem,
         )
         self._publish()
         return outcome

@@ -20,7 +20,8 @@ from workflows.types import WORKFLOW_TYPE, Resolution
 
 EXIT_OK, EXIT_SOME_FAILED = 0, 1
 UPDATE_TIMEOUT_S = 30.0
-"""A run whose worker is gone cannot take the update: it is reported, the others go on."""
+"""The default of `--wait`: a run whose worker is gone cannot take the update; it is reported
+after this long, the others go on."""
 AT_ONCE = 20
 """Updates in flight at once: each waits for its run's worker to take it."""
 STATES = ("needs_attention",)
@@ -33,6 +34,20 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--query", help="with --all: a Temporal list filter the runs must also match, e.g. \"TaskQueue='team-a'\""
     )
+    parser.add_argument(
+        "--wait",
+        type=seconds,
+        default=UPDATE_TIMEOUT_S,
+        metavar="S",
+        help=f"with --all: how long each run's worker has to take the decision (default {UPDATE_TIMEOUT_S:g})",
+    )
+
+
+def seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return value
 
 
 async def resolve_all(args: argparse.Namespace, console: Console) -> int:
@@ -49,9 +64,9 @@ async def resolve_all(args: argparse.Namespace, console: Console) -> int:
             try:
                 handle = client.get_workflow_handle(run_id)
                 update = handle.execute_update("resolve", resolution, result_type=str)
-                outcome = await asyncio.wait_for(update, UPDATE_TIMEOUT_S)
+                outcome = await asyncio.wait_for(update, args.wait)
             except (WorkflowUpdateFailedError, WorkflowUpdateRPCTimeoutOrCancelledError, RPCError, TimeoutError) as e:
-                console.line(f"{run_id}: not resolved: {_reason(e)}")
+                console.line(f"{run_id}: not resolved: {_reason(e, args.wait)}")
                 return None
             console.line(f"{run_id}: {outcome}")
             return run_id
@@ -61,9 +76,9 @@ async def resolve_all(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK if len(done) == len(ids) else EXIT_SOME_FAILED
 
 
-def _reason(error: Exception) -> str:
+def _reason(error: Exception, wait_s: float) -> str:
     if isinstance(error, TimeoutError | WorkflowUpdateRPCTimeoutOrCancelledError):
-        return f"no worker took the decision within {UPDATE_TIMEOUT_S:g} s (is one running for its task queue?)"
+        return f"no worker took the decision within {wait_s:g} s (is one running for its task queue?)"
     return str(error.cause if isinstance(error, WorkflowUpdateFailedError) else error)
 
 

@@ -61,8 +61,15 @@ async def test_a_run_no_worker_takes_the_decision_for_is_reported_and_the_exit_c
         handle = await start(client, task_queue, goal="orphan", workspace=str(workspace))
         await wait_for(handle, lambda s: s.state == "needs_attention")
     # Its worker is gone: the update cannot be taken.
-    decided = await durable_agent("resolve", "--all", "skip", "--query", f"TaskQueue = '{task_queue}'")
+    decided = await durable_agent("resolve", "--all", "skip", "--wait", "3", "--query", f"TaskQueue = '{task_queue}'")
     assert decided.returncode == 1, decided
-    assert f"{handle.id}: not resolved: no worker took the decision within 30 s" in decided.stdout
+    assert f"{handle.id}: not resolved: no worker took the decision within 3 s" in decided.stdout
     assert "skip: 0 of 1 run(s) in needs_attention" in decided.stdout
     await handle.terminate()
+
+
+async def test_a_wait_that_is_not_a_number_of_seconds_is_a_usage_error() -> None:
+    for bad in ("0", "nan", "soon"):
+        refused = await durable_agent("resolve", "--all", "skip", "--wait", bad)
+        assert refused.returncode == 2, refused
+        assert "error: argument --wait: " in refused.stderr and "Traceback" not in refused.stderr, refused

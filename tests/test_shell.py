@@ -174,16 +174,28 @@ async def test_a_process_left_running_cannot_outlive_the_run(client: Client, att
     assert host_processes_named(marker) == []
 
 
+def processes_called(name: str) -> list[int]:
+    """Host processes whose argv[0] is `name` (`exec -a`)."""
+    return [pid for pid in host_processes_named(name) if _argv0(pid) == name]
+
+
+def _argv0(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode()
+    except OSError:
+        return None
+
+
 async def test_a_command_cannot_see_or_signal_another_runs_sandbox(workspace: Path) -> None:
     other_run = f"run-{uuid.uuid4().hex[:8]}"
     marker = f"other-{uuid.uuid4().hex[:12]}"
     activities = ToolActivities()
     other = asyncio.ensure_future(
-        run_in_shell(activities, shell_call(workspace, other_run, f"bash -c 'exec -a {marker} sleep 5'; echo lived"))
+        run_in_shell(activities, shell_call(workspace, other_run, f"bash -c 'exec -a {marker} sleep 120'; echo lived"))
     )
     try:
-        async with asyncio.timeout(30):
-            while not (pids := host_processes_named(marker)):
+        async with asyncio.timeout(60):
+            while not (pids := processes_called(marker)):  # the `sleep`, not the shells around it
                 await asyncio.sleep(0.05)
         attack_ = (
             f"ps -eo pid,args > ps.txt; ls /proc > proc.txt; kill -KILL {' '.join(map(str, pids))} 2>&1; "
@@ -192,7 +204,8 @@ async def test_a_command_cannot_see_or_signal_another_runs_sandbox(workspace: Pa
         await run_in_shell(activities, shell_call(workspace, f"run-{uuid.uuid4().hex[:8]}", attack_))
         assert marker not in (workspace / "ps.txt").read_text()
         assert all(str(pid) not in (workspace / "proc.txt").read_text().split() for pid in pids)
-        assert host_processes_named(marker) == pids  # untouched
+        assert processes_called(marker) == pids  # untouched
+        os.kill(pids[0], signal.SIGTERM)  # its shell goes on after it
         outcome = await other
         assert outcome.ok and outcome.output.startswith("exit code: 0") and "lived" in outcome.output, outcome
     finally:

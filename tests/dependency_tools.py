@@ -1,0 +1,26 @@
+"""Tools that depend on the payments service (tests/payments_service.py) and say when it is down."""
+
+from __future__ import annotations
+
+import httpx
+
+from durable_agent import DependencyUnavailable, tool, tool_context
+
+
+def _post(service: str, path: str, body: str) -> str:
+    try:
+        return httpx.post(f"{service}{path}", content=body, timeout=5).text
+    except httpx.ConnectError as e:  # refused: nothing was sent, so the call took no effect
+        raise DependencyUnavailable("payments-api", probe=f"{service}/health", message=str(e)) from e
+
+
+@tool(effect="write")
+def pay(service: str, amount: float) -> str:
+    """Pay `amount` through the payments service."""
+    return _post(service, "/pay", f"{amount} {tool_context().idempotency_key}")
+
+
+@tool(timeout_s=5)
+def balance(service: str) -> str:
+    """The account's balance (a short read: it runs as a local activity of the run's worker)."""
+    return _post(service, "/balance", "")

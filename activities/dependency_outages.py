@@ -27,6 +27,9 @@ from workflows.dependency_waits import DEPENDENCY_DOWN, DependencyDetails, Depen
 from workflows.outages import EndpointWaited
 
 PROBE_TIMEOUT_S = 10.0
+UNKNOWN_PROBE_PAUSE_S = 5.0
+"""A worker asked to wait for a dependency it has no probe for lets the run call again after
+this: the call (on a worker that has the probe, or that gets it from the tool) tells."""
 
 
 class DependencyOutages:
@@ -39,6 +42,10 @@ class DependencyOutages:
         self._needs: dict[str, str] = {}
         """By tool: the dependency it last raised for; its calls fail at once while that is down."""
         self._waiters: dict[str, int] = {}
+
+    def register(self, dependency: str, probe: Probe) -> None:
+        """A probe known before any tool raised (an HTTP MCP server of the worker's config)."""
+        self._probes[dependency] = probe
 
     def check(self, tool: str) -> None:
         """Before a call: `DependencyDown` at once while the tool's dependency is down here."""
@@ -69,12 +76,13 @@ class DependencyOutages:
     @activity.defn(name="wait_for_dependency")
     async def wait_for_dependency(self, input: DependencyWait) -> EndpointWaited:
         """Returns once the dependency answers this worker's probe; beats meanwhile. A worker
-        that has no probe for it (it never ran the tool) returns at once: the run calls the
-        tool again, and the tool gives its probe if the dependency is still down."""
+        that has no probe for it (it never ran the tool) returns after a pause: the run calls
+        the tool again, and the tool gives its probe if the dependency is still down."""
         name = input.dependency
         if input.probe is not None:
             self._probes.setdefault(name, input.probe)
         if name not in self._probes:
+            await asyncio.sleep(UNKNOWN_PROBE_PAUSE_S)
             return EndpointWaited(probes=self.gate.probes)
         details = {"phase": f"waiting for {name} since {input.since}", "last_error": input.error}
         self._count(name, +1)
@@ -103,7 +111,7 @@ class DependencyOutages:
         if probe is None:
             return False
         if isinstance(probe, str):
-            return await _http_probe(probe)
+            return await http_probe(probe)
         try:
             answer = probe() if inspect.iscoroutinefunction(probe) else await asyncio.to_thread(probe)
             return bool(await answer if inspect.isawaitable(answer) else answer)
@@ -111,11 +119,12 @@ class DependencyOutages:
             return False
 
 
-async def _http_probe(url: str) -> bool:
-    """One `GET url`: up when it answers with anything but a 5xx or a 429."""
+async def http_probe(url: str, headers: dict[str, str] | None = None) -> bool:
+    """One `GET url`: up when it answers with anything but a 5xx or a 429. Only the status
+    is read: an MCP endpoint may answer a GET with an endless event stream."""
     try:
-        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S) as client:
-            response = await client.get(url)
+        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=headers) as client:
+            async with client.stream("GET", url) as response:
+                return response.status_code < 500 and response.status_code != 429
     except httpx.HTTPError:
         return False
-    return response.status_code < 500 and response.status_code != 429

@@ -84,7 +84,7 @@ class UserToolActivities:
         self.agent_queue = agent_queue
         self.mcp = mcp
         self._caches = {t.name: ResultCache(t.spec.cache_ttl_s) for t in tools if t.spec.cache_ttl_s}
-        self.dependencies = DependencyOutages()
+        self.dependencies = mcp.dependencies if mcp is not None else DependencyOutages()
 
     def queues(self, host: str | None = None) -> dict[str, list[Callable[..., Any]]]:
         """Each tool's activity, by the task queue it is served on; with this machine's `host`,

@@ -7,7 +7,10 @@ import httpx
 from durable_agent import DependencyUnavailable, tool, tool_context
 
 
-def _post(service: str, path: str, body: str) -> str:
+def _post(service: str, path: str, body: str, tries: str | None = None) -> str:
+    if tries:  # the calls that really tried the service, up or down
+        with open(tries, "a") as f:
+            f.write(f"{path}\n")
     try:
         return httpx.post(f"{service}{path}", content=body, timeout=5).text
     except httpx.ConnectError as e:  # refused: nothing was sent, so the call took no effect
@@ -15,9 +18,9 @@ def _post(service: str, path: str, body: str) -> str:
 
 
 @tool(effect="write")
-def pay(service: str, amount: float) -> str:
+def pay(service: str, amount: float, tries: str | None = None) -> str:
     """Pay `amount` through the payments service."""
-    return _post(service, "/pay", f"{amount} {tool_context().idempotency_key}")
+    return _post(service, "/pay", f"{amount} {tool_context().idempotency_key}", tries)
 
 
 @tool(timeout_s=5)

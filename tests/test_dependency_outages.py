@@ -8,6 +8,7 @@ raise `DependencyUnavailable` when it refuses. The service's log is the record o
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
-from durable_agent.model_server import ModelServer
+from durable_agent.model_server import ModelServer, Reply
 from durable_agent.server import free_port
 from tests.helpers import start, until, wait_for
 from tests.scripts import Script, tool_results, tools
@@ -32,6 +33,7 @@ from workflows.types import AgentStatus
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = "tests.dependency_tools"
+MCP_FIXTURE = str(ROOT / "tests" / "mcp_fixture_server.py")
 
 
 class Service:
@@ -55,8 +57,12 @@ class Service:
             self._process.wait()
 
     def _listening(self) -> bool:
+        return self.listening(self.port)
+
+    @staticmethod
+    def listening(port: int) -> bool:
         with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", self.port)) == 0
+            return s.connect_ex(("127.0.0.1", port)) == 0
 
     def received(self, prefix: str) -> list[str]:
         lines = self.log.read_text().splitlines() if self.log.exists() else []
@@ -70,30 +76,44 @@ def service(tmp_path: Path) -> Iterator[Service]:
     service.down()
 
 
-async def test_a_run_waits_for_its_tools_dependency_and_pays_once_when_it_is_back(
-    client: Client, task_queue: str, model_server: ModelServer, workspace: Path, service: Service
+async def test_runs_wait_for_their_tools_dependency_and_pay_once_each_when_it_is_back(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path, service: Service, tmp_path: Path
 ) -> None:
-    model_server.responder = Script([tools(("pay", {"service": service.url, "amount": 5}))], final="paid")
+    tries = tmp_path / "tries"
+    call = ("pay", {"service": service.url, "amount": 5, "tries": str(tries)})
+    model_server.responder = Script([tools(call)], final="paid")
     async with build_worker(client, task_queue, tool_modules=[TOOLS]):
-        handle = await start(client, task_queue, goal="pay 5", workspace=str(workspace), tools=["pay"])
-        waiting = await wait_for(handle, lambda s: s.activity.startswith("waiting for payments-api since"), 60)
-        assert waiting.state == "running"
-        metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+        handles = [
+            await start(client, task_queue, goal=f"pay {i}", workspace=str(workspace), tools=["pay"]) for i in range(4)
+        ]
+        for handle in handles:
+            waiting = await wait_for(handle, lambda s: s.activity.startswith("waiting for payments-api since"), 60)
+            assert waiting.state == "running"
+        metadata = await handles[0].query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
         assert "waiting for payments-api since" in metadata.current_details, metadata.current_details
         states: set[str] = set()
         down_until = time.monotonic() + 5  # past the first probes (1 s, then 2 s apart)
         while time.monotonic() < down_until:
-            states.add((await handle.query("status", result_type=AgentStatus)).state)
+            for handle in handles:
+                states.add((await handle.query("status", result_type=AgentStatus)).state)
             await asyncio.sleep(0.3)
+        tried_while_down = len(tries.read_text().splitlines())
         await service.up()
-        result = await asyncio.wait_for(handle.result(), 120)
-    assert states == {"running"}, states  # it neither failed nor needed a person
-    assert (result.state, result.output) == ("completed", "paid")
+        results = [await asyncio.wait_for(handle.result(), 120) for handle in handles]
+    assert states == {"running"}, states  # none failed nor needed a person
+    assert [(r.state, r.output) for r in results] == [("completed", "paid")] * 4
+    # While it was down each run tried it at most once (the try that found it down); the
+    # worker's gate failed any later call without running the tool.
+    assert 1 <= tried_while_down <= 4, tried_while_down
     paid = service.received("POST /pay")
-    assert len(paid) == 1, paid  # made once, after the service was back: the effect happened once
-    assert paid[0].endswith("/outage-1"), paid  # under a new key: the refused try took no effect
-    assert service.received("GET /health"), "the worker's probe found it back"
-    assert tool_results(model_server.requests[-1]) == [f"ok {paid[0].removeprefix('POST /pay ')}"]
+    assert len(paid) == 4, paid  # each run's call made once, after the service was back
+    assert all(line.endswith("/outage-1") for line in paid), paid  # under a new key: the refused try took no effect
+    assert len({line.split()[-1] for line in paid}) == 4, paid
+    # One probe loop for the four waiting runs: the probe that found it back, not one per run.
+    assert 1 <= len(service.received("GET /health")) <= 2, service.received("GET /health")
+    assert sorted(tool_results(r)[0] for r in model_server.requests if tool_results(r)) == sorted(
+        f"ok {line.removeprefix('POST /pay ')}" for line in paid
+    )
 
 
 async def test_a_dependency_down_longer_than_outage_wait_s_needs_a_person(
@@ -145,3 +165,50 @@ async def test_another_workers_activity_tool_says_its_dependency_is_down_and_our
     assert (result.state, result.output) == ("completed", "refunded")
     assert len(service.received("POST /refund")) == 1
     assert service.received("GET /health"), "our worker probed the URL the other worker gave"
+
+
+async def test_an_http_mcp_server_that_stops_is_waited_for_and_written_to_once(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The server stops between the run's start and its write call: the call finds it refusing
+    connections, the run waits for `MCP server web`, and writes once when it is back."""
+    port, served = free_port(), tmp_path / "served"
+    served.mkdir()
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"web": {"url": f"http://127.0.0.1:{port}/mcp"}}}))
+    monkeypatch.setenv("DURABLE_AGENT_MCP_CONFIG", str(config))
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def serve() -> None:
+        command = [sys.executable, MCP_FIXTURE, "--http", str(port)]
+        processes.append(subprocess.Popen(command, cwd=served, stderr=subprocess.DEVNULL))
+
+    def respond(request: dict) -> Reply:
+        if len(processes) == 1 and processes[0].poll() is None:  # the first step: the server stops
+            processes[0].kill()
+            processes[0].wait()
+            return tools(("mcp__web__append_line", {"path": "effects.txt", "line": "written"}))
+        return Reply(content="written")
+
+    model_server.responder = respond
+    serve()
+    try:
+        await until(lambda: Service.listening(port), within_s=30)
+        async with build_worker(client, task_queue):
+            handle = await start(client, task_queue, goal="write", workspace=str(workspace), mcp_servers=["web"])
+            waiting = await wait_for(handle, lambda s: s.activity.startswith("waiting for MCP server web since"), 90)
+            assert waiting.state == "running"
+            assert not (served / "effects.txt").exists()
+            serve()
+            result = await asyncio.wait_for(handle.result(), 120)
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+    assert (result.state, result.output) == ("completed", "written")
+    assert (served / "effects.txt").read_text().splitlines() == ["written"]

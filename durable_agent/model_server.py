@@ -166,6 +166,9 @@ class ModelServer:
         """An outage: every request (completions and `GET /models`) is answered HTTP 503 and counted."""
         self.refused: dict[str, int] = {"POST": 0, "GET": 0}
         """Requests answered while `down`, by method: calls that reached a down endpoint, and probes."""
+        self.refused_log: list[tuple[float, str, str]] = []
+        """The same, each as (monotonic time, method, path): workers given base URLs of their
+        own (any prefix before `/chat/completions` works) are told apart by the path."""
         self.connections = 0
         """TCP connections accepted so far: a client that reuses its connections opens few."""
         self._lock = threading.Lock()
@@ -345,6 +348,7 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
                 return False
             with server._lock:
                 server.refused[self.command] = server.refused.get(self.command, 0) + 1
+                server.refused_log.append((time.monotonic(), self.command, self.path))
             self.rfile.read(int(self.headers.get("content-length") or 0))
             self._send(503, {}, {"error": {"message": "the model endpoint is down (scripted outage)"}})
             return True

@@ -24,10 +24,13 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import Worker
 
+from durable_agent.connection import connect
+from durable_agent.metrics import worker_runtime
 from durable_agent.model_server import ModelServer, Reply
-from durable_agent.server import free_port
+from durable_agent.server import EmbeddedServer, free_port
 from tests.helpers import start, until, wait_for
 from tests.scripts import Script, tool_results, tools
+from tests.test_metrics import scrape, value
 from worker import build_worker
 from workflows.types import AgentStatus
 
@@ -212,3 +215,34 @@ async def test_an_http_mcp_server_that_stops_is_waited_for_and_written_to_once(
             process.wait()
     assert (result.state, result.output) == ("completed", "written")
     assert (served / "effects.txt").read_text().splitlines() == ["written"]
+
+
+async def test_the_worker_metrics_say_runs_wait_for_the_dependency_and_since_when(
+    temporal_server: EmbeddedServer,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    service: Service,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = free_port()
+    monkeypatch.setenv("DURABLE_AGENT_METRICS_PORT", f"127.0.0.1:{port}")
+    client = await connect(temporal_server.address, worker_runtime())
+    model_server.responder = Script([tools(("pay", {"service": service.url, "amount": 1}))], final="paid")
+
+    def gauges() -> tuple[float, float]:
+        samples = scrape(port)
+        return value(samples, "durable_agent_dependency_waiting", dependency="payments-api"), value(
+            samples, "durable_agent_dependency_down_since", dependency="payments-api"
+        )
+
+    async with build_worker(client, task_queue, tool_modules=[TOOLS]):
+        began = time.time()
+        handle = await start(client, task_queue, goal="pay", workspace=str(workspace), tools=["pay"])
+        await wait_for(handle, lambda s: s.activity.startswith("waiting for payments-api"), 60)
+        await until(lambda: gauges()[0] == 1, within_s=30)
+        assert began - 5 <= gauges()[1] <= time.time()  # since when: Unix seconds
+        await service.up()
+        result = await asyncio.wait_for(handle.result(), 120)
+        assert result.output == "paid"
+        assert gauges() == (0, 0)

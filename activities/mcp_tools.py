@@ -19,6 +19,7 @@ Results and errors are redacted and capped like every tool's, a large one saved 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -27,13 +28,16 @@ from typing import Any
 import mcp.types as mcp_types
 from mcp.shared.exceptions import MCPError
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
+from activities.dependency_outages import DependencyOutages, http_probe
 from activities.heartbeat import heartbeating
-from activities.mcp_config import McpConfig, McpServer
+from activities.mcp_config import McpConfig, McpServer, expanded, expanded_map
 from activities.mcp_sessions import McpSession, McpUnavailable, SessionPool, reason_of
 from activities.run_files import RunFileCaps, run_file_caps
 from activities.tools.base import ToolCallContext, text_outcome
 from activities.workspace import workspace_roots
+from durable_agent.dependencies import DependencyUnavailable, Probe
 from workflows.tool_catalog import CatalogRequest, McpClose, ToolCatalog, ToolSpec
 from workflows.types import TOOL_NAME, Effect, McpTarget, ToolCallInput, ToolOutcome
 
@@ -125,6 +129,11 @@ class McpActivities:
     ) -> None:
         self.config = config if config is not None else McpConfig.from_env()
         self.pool = SessionPool()
+        self.dependencies = DependencyOutages()
+        """Shared with the worker's Python tools (activities/user_tools.py): one gate per worker."""
+        for name, server in self.config.servers.items():  # any worker can take over a run's wait
+            if not server.stdio:
+                self.dependencies.register(_dependency(name), _probe_of(server))
         self._roots = roots if roots is not None else workspace_roots()
         self._caps = caps if caps is not None else run_file_caps()
 
@@ -158,6 +167,7 @@ class McpActivities:
             server = target.server if target else "(none)"
             error = f"MCP server {server} is not configured on the worker that took the call"
             return ToolOutcome(ok=False, error=error)
+        self.dependencies.check(_dependent(target.server))  # an HTTP server known down: not sent
         context = await asyncio.to_thread(ToolCallContext.open, input, self._roots, self._caps)
         if target.effect != "write":
             return await self._run(context, target)
@@ -189,6 +199,8 @@ class McpActivities:
                     )
                     result = await asyncio.wait_for(call, server.timeout_s)
                 except McpUnavailable as e:
+                    if not server.stdio and (down := await self._down(target.server, server, e)) is not None:
+                        raise down from None
                     return ToolOutcome(ok=False, error=str(e))
                 except TimeoutError:
                     await self.pool.discard(run, target.server)
@@ -211,6 +223,14 @@ class McpActivities:
                 return await asyncio.to_thread(_outcome, context, result)
         raise AssertionError("unreachable: the second attempt returns")
 
+    async def _down(self, name: str, server: McpServer, error: McpUnavailable) -> ApplicationError | None:
+        """An HTTP server that could not be reached (the call was never sent): `DependencyDown`
+        when the worker's probe finds it down, so that the run waits for it
+        (activities/dependency_outages.py); None when it answers (the error is the call's).
+        The probe is a function, not the URL: a URL may hold the worker's secrets."""
+        unavailable = DependencyUnavailable(_dependency(name), probe=_probe_of(server), message=str(error))
+        return await self.dependencies.confirm(_dependent(name), unavailable)
+
     async def _checked(self, session: McpSession, run: str, workspace: str) -> McpSession:
         """Before a write: a server that died since its last call is started again now, so a
         call that finds it dead was never sent and is not reported as of unknown outcome."""
@@ -221,6 +241,20 @@ class McpActivities:
             activity.logger.info("MCP server %s did not answer a ping (%s): started again", session.name, reason_of(e))
             await self.pool.discard(run, session.name)
             return await self.pool.get(run, session.name, session.server, workspace)
+
+
+def _dependency(server: str) -> str:
+    """The dependency's name, as the run's status shows it."""
+    return f"MCP server {server}"
+
+
+def _probe_of(server: McpServer) -> Probe:
+    return functools.partial(http_probe, expanded(server.url or ""), expanded_map(server.headers))
+
+
+def _dependent(server: str) -> str:
+    """The key a server's calls go by in the dependency gate: one for all its tools."""
+    return f"{PREFIX}{server}"
 
 
 def _noted(progress: list[str]) -> Callable[..., Any]:

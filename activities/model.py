@@ -36,6 +36,7 @@ from activities.model_outages import ModelOutages
 from activities.model_stream import StreamedReply, StreamProgress, bad_reply, stream_chat_completion
 from activities.pricing import price_of
 from activities.redaction import worker_redactor
+from activities.token_parameter import TokenParameters
 from workflows.context import tokens_of
 from workflows.tool_specs import openai_tool_schemas
 from workflows.types import ModelCallInput, ModelReply, ToolCall
@@ -65,6 +66,7 @@ class ModelActivities:
         self._clients = ModelClients(client)
         self.outages = ModelOutages(self._clients)
         self._attempts = AttemptLedger()
+        self._token_names = TokenParameters()
         self._live = os.environ.get("DURABLE_AGENT_LIVE_REPLY", "1") != "0"
         """While someone follows the run (`ModelCallInput.live`), beat within a second of each new
         line of the reply as it arrives, with its text so far: the live view of `run` and `watch`. Off, or unwatched,
@@ -91,17 +93,20 @@ class ModelActivities:
                 messages, progress["context_from"] = await model_context.fetch(input.context)
             progress.update(phase="waiting for the model", messages=len(messages))
             request = _request(input.model, messages, input.tools, input.tool_schemas)
-            if input.max_tokens is not None:
-                request["max_tokens"] = input.max_tokens
+
+            async def send(request: dict[str, Any]) -> ModelReply:
+                nonlocal streamed
+                if self._stream:
+                    reply = await self._streamed_reply(client, input.model, request, streamed, live_view)
+                    if reply is not None:
+                        return reply
+                    streamed = StreamProgress()  # the details describe the call made now
+                return _reply(input.model, await post_chat_completion(client, request), messages)
+
             async with self.outages.watch(leased, input.outage_wait):
                 with _endpoint_errors():
-                    if self._stream:
-                        reply = await self._streamed_reply(client, input.model, request, streamed, live_view)
-                        if reply is not None:
-                            return reply
-                        streamed = StreamProgress()  # the details describe the call made now
-                    response = await post_chat_completion(client, request)
-        return _reply(input.model, response, messages)
+                    endpoint = str(leased.base_url)
+                    return await self._token_names.send(endpoint, input.model, input.max_tokens, request, send)
 
     def all(self) -> list[Any]:
         """The model activities: the call, and the wait for its endpoint (one gate between them)."""

@@ -31,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.dependency_outages import DependencyOutages
 from activities.heartbeat import heartbeating
 from activities.journal import Journal, JournalFull, JournalUnsafe
 from activities.mcp_tools import McpActivities
@@ -38,6 +39,7 @@ from activities.redaction import worker_redactor
 from activities.run_files import HostileLayout, run_file_caps
 from activities.tools.base import ToolCallContext
 from activities.workspace import WorkspaceError, workspace_roots
+from durable_agent.dependencies import DependencyUnavailable
 from durable_agent.metrics import record_tool_cost
 from durable_agent.tools import Tool, ToolContext, enter_context, leave_context, thread_safe, tool_queue
 from workflows.hosts import host_queue
@@ -82,11 +84,13 @@ class UserToolActivities:
         self.agent_queue = agent_queue
         self.mcp = mcp
         self._caches = {t.name: ResultCache(t.spec.cache_ttl_s) for t in tools if t.spec.cache_ttl_s}
+        self.dependencies = mcp.dependencies if mcp is not None else DependencyOutages()
 
     def queues(self, host: str | None = None) -> dict[str, list[Callable[..., Any]]]:
         """Each tool's activity, by the task queue it is served on; with this machine's `host`,
         the workspace-bound ones on that host's queue of the tool too (workflows/hosts.py)."""
-        queues = {tool_queue(self.agent_queue, name): [self._activity(t)] for name, t in self.tools.items()}
+        wait = self.dependencies.wait_for_dependency  # a run waits for a tool's dependency on its queue
+        queues = {tool_queue(self.agent_queue, name): [self._activity(t), wait] for name, t in self.tools.items()}
         if host is not None:
             bound = [t for t in self.tools.values() if t.spec.workspace]
             queues.update({host_queue(tool_queue(self.agent_queue, t.name), host): [self._activity(t)] for t in bound})
@@ -130,6 +134,7 @@ class UserToolActivities:
             args = tool.arguments.model_validate(input.arguments)
         except ValidationError as e:
             return ToolOutcome(ok=False, error=f"bad arguments for {tool.name}: {_problems(e)}")
+        self.dependencies.check(tool.name)  # before the journal: a call that fails here never began
         if tool.spec.effect == "write":
             return await self._journaled(tool, input, args)
         return await self._run(tool, input, args)
@@ -181,6 +186,11 @@ class UserToolActivities:
         try:
             async with heartbeating(progress=lambda: latest[0]):
                 value = await _invoke(tool, args)
+        except DependencyUnavailable as e:
+            down = await self.dependencies.confirm(tool.name, e)
+            if down is not None:
+                raise down from None
+            return self._failed(tool, input, e)
         except Exception as e:
             return self._failed(tool, input, e)
         finally:

@@ -24,6 +24,7 @@ COMMANDS = {
     "clients": ("bench.clients", "CPU per model call with many in flight: one connection pool or several"),
     "redaction": ("bench.redaction", "what redaction costs per KiB of tool output, ordinary and hex-like"),
     "eager": ("bench.eager", "eager activity execution on and off, on two servers side by side"),
+    "outage": ("bench.outage", "200 runs wait out a model endpoint outage: probes per minute per worker, exact end"),
 }
 
 

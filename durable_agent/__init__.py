@@ -1,7 +1,8 @@
 """durable-agent: LLM agents as Temporal workflows.
 
 The names a user's code imports: `tool` and `tool_context` (durable_agent/tools.py),
-`DurableAgentPlugin` (durable_agent/plugin.py) and `run_agent` (durable_agent/child.py).
+`DurableAgentPlugin` (durable_agent/plugin.py), `run_agent` (durable_agent/child.py) and
+`DependencyUnavailable` (durable_agent/dependencies.py).
 Loaded on first use, so that the CLI's start does not import the workflow and activities.
 """
 
@@ -16,6 +17,7 @@ _EXPORTS = {
     "ToolContext": "durable_agent.tools",
     "DurableAgentPlugin": "durable_agent.plugin",
     "run_agent": "durable_agent.child",
+    "DependencyUnavailable": "durable_agent.dependencies",
 }
 __all__ = list(_EXPORTS)
 

@@ -11,6 +11,7 @@ true`: server-sent `data:` events, one per few characters, the usage in a last c
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -59,6 +60,24 @@ Responder = Callable[[dict[str, Any]], "Reply | Failure"]
 STREAM_CHUNK_CHARS = 4
 """About a token: what OpenAI and vLLM send per event."""
 MAX_STREAM_CHUNKS = 1_000
+REASONING_MODEL = re.compile(r"(o\d|gpt-5)")
+"""OpenAI's models that take `max_completion_tokens` only (o1, o3, o4-mini, gpt-5...)."""
+MAX_TOKENS_REFUSED = {
+    "message": (
+        "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead."
+    ),
+    "type": "invalid_request_error",
+    "param": "max_tokens",
+    "code": "unsupported_parameter",
+}
+"""The real API's answer (HTTP 400) to `max_tokens` for such a model."""
+MAX_COMPLETION_TOKENS_REFUSED = {
+    "message": "Unrecognized request argument supplied: max_completion_tokens",
+    "type": "invalid_request_error",
+    "param": None,
+    "code": None,
+}
+"""What servers that predate `max_completion_tokens` answer (older Azure OpenAI API versions)."""
 """A longer reply is sent in longer pieces, so a 3 MB hostile reply stays cheap to serve."""
 
 
@@ -139,10 +158,17 @@ class ModelServer:
         self.stream_end_delay_s = 0.0
         """Streamed replies: how long the body stays open after the end marker."""
         self.requests: list[dict[str, Any]] = []
+        self.completion_tokens_only: set[str] = set()
+        """Models beside the o-series and gpt-5 that refuse `max_tokens`, as some deployments do."""
+        self.max_tokens_only: set[str] = set()
+        """Models that refuse `max_completion_tokens`, as servers that predate it do."""
         self.down = False
         """An outage: every request (completions and `GET /models`) is answered HTTP 503 and counted."""
         self.refused: dict[str, int] = {"POST": 0, "GET": 0}
         """Requests answered while `down`, by method: calls that reached a down endpoint, and probes."""
+        self.refused_log: list[tuple[float, str, str]] = []
+        """The same, each as (monotonic time, method, path): workers given base URLs of their
+        own (any prefix before `/chat/completions` works) are told apart by the path."""
         self.connections = 0
         """TCP connections accepted so far: a client that reuses its connections opens few."""
         self._lock = threading.Lock()
@@ -174,6 +200,8 @@ class ModelServer:
             self.requests.append(request)
         if self.latency_s:
             time.sleep(self.latency_s)
+        if (refusal := self._token_cap_refusal(request)) is not None:
+            return 400, {}, {"error": refusal}
         outcome = self._responder_for(request)(request)
         if isinstance(outcome, Failure):
             body = {"error": {"message": outcome.message, "type": "scripted", "code": outcome.status}}
@@ -184,6 +212,15 @@ class ModelServer:
         usage = self.stream_usage and bool((request.get("stream_options") or {}).get("include_usage"))
         chunks = completion_chunks(body, usage)
         return 200, {}, Stream(chunks, self.stream_interval_s, outcome.cut_after_chunks, self.stream_end_delay_s)
+
+    def _token_cap_refusal(self, request: dict[str, Any]) -> dict[str, Any] | None:
+        """The real API's 400 for a reply's token cap under a name the model does not take."""
+        model = str(request.get("model", ""))
+        if "max_tokens" in request and (REASONING_MODEL.match(model) or model in self.completion_tokens_only):
+            return MAX_TOKENS_REFUSED
+        if "max_completion_tokens" in request and model in self.max_tokens_only:
+            return MAX_COMPLETION_TOKENS_REFUSED
+        return None
 
     def _responder_for(self, request: dict[str, Any]) -> Responder:
         if is_summary_request(request):
@@ -311,6 +348,7 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
                 return False
             with server._lock:
                 server.refused[self.command] = server.refused.get(self.command, 0) + 1
+                server.refused_log.append((time.monotonic(), self.command, self.path))
             self.rfile.read(int(self.headers.get("content-length") or 0))
             self._send(503, {}, {"error": {"message": "the model endpoint is down (scripted outage)"}})
             return True

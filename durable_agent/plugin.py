@@ -114,6 +114,7 @@ class DurableAgentPlugin(SimplePlugin):
         ours = list(self._activities) if self._activities is not None else ModelActivities().all()
         given = [*(config.get("activities") or []), *self._agents, *ours]
         needed = [*workflow_activities(), tools.tool_catalog, tools.run_tool_here, *mcp.all()]
+        needed.append(tools.dependencies.wait_for_dependency)  # activity tools' dependencies, by URL
         config["activities"] = with_missing(given, needed)
         ours_around = (
             interceptors(self._model_task_queue) if self._worker_interceptors is None else self._worker_interceptors

@@ -21,7 +21,7 @@ from activities.model_clients import ModelClients
 from activities.model_outages import ModelOutages
 from durable_agent.connection import connect
 from durable_agent.metrics import worker_runtime
-from durable_agent.model_server import Failure, ModelServer, Reply, is_summary_request
+from durable_agent.model_server import Failure, ModelServer, Reply, count_assistant_turns, is_summary_request
 from durable_agent.server import EmbeddedServer, free_port
 from tests.helpers import start, until, wait_for
 from tests.scripts import Script, tools
@@ -162,3 +162,34 @@ async def test_rate_limits_beyond_retry_after_are_waited_out(
     assert "needs_attention" not in states and (result.state, result.output) == ("completed", "through")
     refused = len(model_server.requests) - 1
     assert 6 <= refused <= 60, refused  # six quick attempts per cycle, a cycle per probe (1 s and more apart)
+
+
+async def test_twenty_waiting_runs_cost_the_endpoint_the_probes_of_one(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    """The small twin of `python -m bench outage --runs 200`: real runs, the stub's own count."""
+    runs, steps = 20, 3
+    script = Script([tools(("list_files", {}))] * steps, final="done")
+
+    went_down: list[bool] = []
+
+    def respond(request: dict) -> Reply | Failure:
+        if count_assistant_turns(request) == 1 and not went_down:  # the first run to ask for step 2
+            went_down.append(True)
+            model_server.down = True
+        return script(request)
+
+    model_server.responder = respond
+    handles = [await start(client, task_queue, goal=f"run {i}", workspace=str(workspace)) for i in range(runs)]
+    for handle in handles:
+        await wait_for(handle, lambda s: s.activity.startswith("waiting for the model endpoint since"), 120)
+    down_for = 40 - (time.monotonic() - model_server.refused_log[0][0])
+    await asyncio.sleep(max(down_for, 0))  # 40 s of outage: the probes 1, 3, 7, 15 and 31 s after it began
+    probes, reached = model_server.refused["GET"], model_server.refused["POST"]
+    model_server.down = False
+    results = [await asyncio.wait_for(handle.result(), 180) for handle in handles]
+    assert [(r.state, r.usage.model_calls) for r in results] == [("completed", steps + 1)] * runs
+    assert len(model_server.requests) == runs * (steps + 1)  # every call answered once, none repeated
+    assert reached <= runs, reached  # at most the one call per run that found it down
+    # One probe loop for the twenty runs: the confirming probe and 5 more, not 20 of each.
+    assert 2 <= probes <= 8, probes

@@ -20,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.approval import approval_reason, approval_view
     from workflows.approval_diff import DIFFED_TOOLS, approval_diff_lines
     from workflows.delegation import WAIT_ACTIONS, ParentSide
+    from workflows.dependency_waits import DependencyWaits, dependency_down
     from workflows.failures import (
         ACTIVITY_FAILED,
         failure_message,
@@ -81,7 +82,7 @@ def activity_outcome(raw: Any, budget_chars: int) -> ToolOutcome:
     return SHAPES_ONLY.value(outcome)
 
 
-class ToolSteps:
+class ToolSteps(DependencyWaits):
     """A step's tool calls, as `AgentWorkflow` runs them."""
 
     def _enabled_tools(self) -> list[str]:
@@ -172,9 +173,17 @@ class ToolSteps:
             workflow.logger.warning("closing the run's MCP sessions failed: %s", failure_message(e))
 
     async def _call_catalog_tool(self, spec: ToolSpec, request: ToolCallInput, args: dict[str, Any]) -> ToolOutcome:
-        """A user's tool or an activity tool: its activity on its task queue. While no worker
-        polls that queue the run waits, saying so, and goes on when one does. A short Python
-        tool runs here, as a local activity, when this worker has it (`_call_here`)."""
+        """A user's tool or an activity tool; while its dependency is down the run waits for it
+        (workflows/dependency_waits.py) and calls again."""
+        once = lambda r: self._call_catalog_tool_once(spec, r, args)  # noqa: E731
+        return await self._waiting_out_dependencies(spec, request, once)
+
+    async def _call_catalog_tool_once(
+        self, spec: ToolSpec, request: ToolCallInput, args: dict[str, Any]
+    ) -> ToolOutcome:
+        """Its activity on its task queue. While no worker polls that queue the run waits,
+        saying so, and goes on when one does. A short Python tool runs here, as a local
+        activity, when this worker has it (`_call_here`)."""
         if self._runs_here(spec):
             here = await self._call_here(spec, request, args)
             if here is not None:
@@ -207,6 +216,8 @@ class ToolSteps:
                     self._publish()
                     continue
                 self._tool_waits.pop(spec.name, None)
+                if (down := dependency_down(e)) is not None:
+                    raise down from None
                 if spec.effect == "write" and worker_lost(e):
                     return ToolOutcome(ok=False, error=OUTCOME_UNKNOWN.format(tool=spec.name, error=failure_message(e)))
                 return ToolOutcome(ok=False, error=f"{spec.name} failed: {failure_message(e)}")
@@ -262,6 +273,8 @@ class ToolSteps:
             raise_if_cancelled(e)
             if failure_type(e) == "NotFoundError":
                 return None
+            if (down := dependency_down(e)) is not None:
+                raise down from None
             return ToolOutcome(ok=False, error=f"{spec.name} failed: {failure_message(e)}")
         return self._received(spec, outcome, args)
 

@@ -24,6 +24,7 @@ COMMANDS = {
     "clients": ("bench.clients", "CPU per model call with many in flight: one connection pool or several"),
     "redaction": ("bench.redaction", "what redaction costs per KiB of tool output, ordinary and hex-like"),
     "eager": ("bench.eager", "eager activity execution on and off, on two servers side by side"),
+    "steps": ("bench.steps", "where a 0 ms step's time goes, from history: durable-agent beside the plain loops"),
 }
 
 

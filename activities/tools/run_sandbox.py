@@ -28,7 +28,7 @@ helper returns; `ShellLaunch.state_after` turns them into the ShellState the out
 from __future__ import annotations
 
 import asyncio
-import json
+import marshal
 import os
 import resource
 import socket
@@ -140,15 +140,14 @@ class ShellLaunch(CommandLaunch):
         return cls(argv, env, base_env=base, state_file=state_file, limits=rlimits, command_limits=limits)
 
     def request(self) -> bytes:
-        return json.dumps(
-            {
-                "argv": self.argv,
-                "env": self.env,
-                "limits": self.limits,
-                "state_file": self.state_file,
-                "standby": self.standby,
-            }
-        ).encode()
+        request = {
+            "argv": self.argv,
+            "env": self.env,
+            "limits": self.limits,
+            "state_file": self.state_file,
+            "standby": self.standby,
+        }
+        return marshal.dumps(request, 4)  # the helper's format (shell_helper.py says why)
 
     def state_after(self, text: str | None, before: ShellState) -> ShellState:
         """The shell state the command left (`before` if it left none: killed, or exec'd away)."""
@@ -181,26 +180,26 @@ class RunningCommand:
 
     async def exited(self) -> tuple[int, str | None]:
         """The command's exit code (negative: a signal) and the shell state it wrote."""
-        message = await self._receive()
-        return message["exit"], message.get("state")
+        exit_line, _, state = (await self._receive()).partition(b"\n")
+        return int(exit_line.removeprefix(b"exit ")), state.decode(errors="surrogateescape") or None
 
     async def end(self, grace_s: float) -> None:
         """End whatever is left of the command's process group: SIGTERM, SIGKILL after `grace_s`."""
         try:
-            self._sock.send(json.dumps({"end": grace_s}).encode())
+            self._sock.send(marshal.dumps({"end": grace_s}, 4))
             async with asyncio.timeout(grace_s + END_WAIT_S):
-                while "ended" not in await self._receive():
+                while await self._receive() != b"ended":
                     pass
         except (OSError, SandboxGone, TimeoutError):
             pass  # the sandbox is gone, and its processes with it (or its cgroup's removal ends them)
         finally:
             self._sock.close()
 
-    async def _receive(self) -> dict[str, object]:
+    async def _receive(self) -> bytes:
         data = await asyncio.get_running_loop().sock_recv(self._sock, 1 << 21)
         if not data:
             raise SandboxGone("the run's sandbox ended while the command ran")
-        return json.loads(data)
+        return data
 
 
 class RunSandbox:
@@ -268,7 +267,7 @@ class RunSandbox:
             if cgroup is None:
                 return  # no cgroups here: nothing slow to do ahead
             try:
-                self._send(b'{"standby": true}', cgroup.procs_files())
+                self._send(marshal.dumps({"standby": True}, 4), cgroup.procs_files())
             except SandboxGone:
                 await asyncio.to_thread(cgroup.remove)
                 return

@@ -175,7 +175,7 @@ class CommandRunner:
                 sandbox = await RUN_SANDBOXES.acquire(key, call.workspace.root)
                 try:
                     if launch.cgroup is None:
-                        launch.cgroup = sandbox.take_spare(launch.command_limits)
+                        launch.cgroup = await sandbox.take_spare(launch.command_limits)
                         launch.standby = launch.cgroup is not None
                     # Durable before the launch, and whole: the sandbox's group is what a later attempt after
                     # a crash of this worker finds gone or ends (one write where a fresh sandbox needs two).
@@ -218,7 +218,7 @@ class CommandRunner:
                 pass  # its PID 1 gone, every process of the sandbox went with it
             finally:
                 await running.end(self._kill_grace_s)
-            await sandbox.ready_standby(launch.command_limits)  # for the run's next command
+            sandbox.ready_standby(launch.command_limits)  # for the run's next command
         finally:
             RUN_SANDBOXES.release(key, sandbox)
         after = launch.state_after(state, input.shell or ShellState())

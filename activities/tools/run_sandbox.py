@@ -15,9 +15,10 @@ leaves running is killed when it ends, as before (its process group, then its cg
 
 Joining a cgroup is the slow part of a command's start (the kernel waits for an RCU grace
 period: 5-15 ms under load). So when a command ends, the worker makes the next command's
-cgroup and the helper forks a standby child into it (`RunSandbox.ready_standby`); the next
-command of the run takes that cgroup and its request goes to the standby, which execs it at
-once. The command's cgroup, limits and kill are the same; only the join happened earlier.
+cgroup in the background and the helper forks a standby child into it
+(`RunSandbox.ready_standby`); the next command of the run takes that cgroup (`take_spare`,
+which waits for a standby still being made) and its request goes to the standby, which execs
+it at once. The command's cgroup, limits and kill are the same; only the join happened earlier.
 
 The durable shell: a command runs behind SHELL_SCRIPT, which starts it in the recorded
 working directory and writes the directory and exported variables it ends with to a file the
@@ -213,7 +214,7 @@ class RunSandbox:
         self._gone = False
         self._spare: tuple[CommandCgroup, CommandLimits] | None = None
         """The next command's cgroup, which the helper's standby child has been told to join."""
-        self._readying = False
+        self._readying: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(cls, workspace_root: str, network: bool) -> RunSandbox:
@@ -250,30 +251,35 @@ class RunSandbox:
     def alive(self) -> bool:
         return self.process.returncode is None and not self._gone
 
-    def take_spare(self, limits: CommandLimits) -> CommandCgroup | None:
-        """The cgroup a standby child waits in, for a command under `limits`; None if there is none."""
+    async def take_spare(self, limits: CommandLimits) -> CommandCgroup | None:
+        """The cgroup a standby child waits in, for a command under `limits`; None if there is none.
+        Waits for a standby still being made (there is one by then, so no command sees two)."""
+        if self._readying is not None:
+            await asyncio.wait([self._readying])  # cancelling this wait leaves the task be
         if self._spare is None or self._spare[1] != limits:
             return None
         cgroup, self._spare = self._spare[0], None
         return cgroup
 
-    async def ready_standby(self, limits: CommandLimits) -> None:
-        """Make the next command's cgroup and have the helper fork a standby child into it."""
-        if self._spare is not None or self._readying or not self.alive():
-            return
-        self._readying = True
+    def ready_standby(self, limits: CommandLimits) -> None:
+        """In the background, so that no call waits for it: make the next command's cgroup and
+        have the helper fork a standby child into it."""
+        if self._spare is None and self._readying is None and self.alive():
+            self._readying = asyncio.ensure_future(self._make_spare(limits))
+
+    async def _make_spare(self, limits: CommandLimits) -> None:
         try:
             cgroup = await asyncio.to_thread(CommandCgroup.create, limits)
             if cgroup is None:
                 return  # no cgroups here: nothing slow to do ahead
             try:
                 self._send(marshal.dumps({"standby": True}, 4), cgroup.procs_files())
-            except SandboxGone:
+            except SandboxGone:  # it ended meanwhile
                 await asyncio.to_thread(cgroup.remove)
                 return
             self._spare = (cgroup, limits)
         finally:
-            self._readying = False
+            self._readying = None
 
     def _send(self, message: bytes, procs_files: list[str], *fds: int) -> None:
         """One message to the helper, with `fds` and the opened `procs_files`; raises SandboxGone."""

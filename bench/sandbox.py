@@ -9,7 +9,10 @@ see the same machine load:
 * shell: the whole activity in a run's sandbox (`shell: persistent`, started by the first
   call), against the same unsandboxed activity.
 Then CPU per command (this process and its children, each variant as one block of n calls; the
-run's sandbox ended inside its block so its helper's CPU is counted).
+run's sandbox ended inside its block so its helper's CPU is counted), and the memory a run's
+sandbox holds between commands: the proportional set size (PSS, shared pages split between
+the processes sharing them) of its processes (bubblewrap, the helper, its standby child);
+and the CPU of starting and ending a run's sandbox (no command), paid once per run.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ import statistics
 import tempfile
 import time
 import uuid
+from pathlib import Path
 
 from temporalio.testing import ActivityEnvironment
 
 from activities.tools import ToolActivities
-from activities.tools.run_sandbox import RUN_SANDBOXES
+from activities.tools.run_sandbox import RUN_SANDBOXES, RunSandbox
 from activities.tools.sandbox import UNSANDBOXED_CONSENT, UNSANDBOXED_ENV, CommandLaunch, CommandLimits
 from workflows.types import ShellState, ToolCallInput
 
@@ -96,13 +100,39 @@ async def measure(n: int) -> None:
                 times["launch", unsandboxed].append(await launch_once(workspace, unsandboxed))
                 times["tool", unsandboxed].append(await tool_once(tools, workspace, unsandboxed))
                 times["shell", unsandboxed].append(await tool_once(tools, workspace, unsandboxed, shell=True))
+        await asyncio.sleep(0.5)  # the helper forks its standby child after the last command returned
+        memory = sandbox_memory_kib()
         await RUN_SANDBOXES.end_run(workspace, RUN)
         cpu = {variant: await cpu_per_command(tools, workspace, n, variant) for variant in CPU_VARIANTS}
+        start_cpu = await sandbox_start_cpu(workspace, n)
     os.environ.pop(UNSANDBOXED_ENV, None)
     print(f"{n} runs of `true` each, alternating; load average {load:.2f} before, {os.getloadavg()[0]:.2f} after")
     for kind in kinds:
         print(summary(kind, times[kind, False], times[kind, True]))
     print("CPU per run_command (worker + children): " + ", ".join(f"{v} {cpu[v] * 1000:.1f} ms" for v in cpu))
+    print(f"a run's sandbox started and ended, CPU (this process + children): {start_cpu * 1000:.1f} ms")
+    print("a run's sandbox between commands, PSS: " + ", ".join(f"{name} {kib:,} KiB" for name, kib in memory))
+
+
+async def sandbox_start_cpu(workspace: str, n: int) -> float:
+    before = cpu_s()
+    for _ in range(n):
+        await (await RunSandbox.start(workspace, network=False)).end()
+    return (cpu_s() - before) / n
+
+
+def sandbox_memory_kib() -> list[tuple[str, int]]:
+    """(process name, PSS in KiB) of every process of this process's one run sandbox."""
+    (sandbox,) = RUN_SANDBOXES._sandboxes.values()
+    found = []
+    pids = [sandbox.process.pid]
+    while pids:
+        pid = pids.pop(0)
+        pids += map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+        pss = next(int(line.split()[1]) for line in rollup if line.startswith("Pss:"))
+        found.append((Path(f"/proc/{pid}/comm").read_text().strip(), pss))
+    return found
 
 
 CPU_VARIANTS = ("sandbox per command", "shell", "unsandboxed")

@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import resource
+import shlex
 import signal
 import uuid
 from pathlib import Path
@@ -24,13 +25,15 @@ from activities.tools import ToolActivities
 from activities.tools.run_sandbox import RUN_SANDBOXES, RunSandboxes
 from activities.tools.sandbox import CGROUP_PREFIX, CommandLimits
 from durable_agent.model_server import ModelServer
-from tests.helpers import host_processes_named, start
-from tests.scripts import Script, answer, tools
+from tests.helpers import host_processes_named, skip_without, start
+from tests.scripts import Script, answer, tool_results, tools
 from tests.test_sandbox import (
+    SMALL_LIMITS,
     WORKER_ENV,
     Attacked,
     attack,
     attacked,
+    bombs_capped,
     cgroups_available,
     command,
     nobody_worker,
@@ -124,6 +127,87 @@ async def test_a_new_sandbox_starts_from_the_recorded_shell(
     assert (await asyncio.wait_for(handle.result(), timeout=120)).state == "completed"
     assert (workspace / "src" / "where.txt").read_text() == f"{workspace}/src\n"
     assert (workspace / "src" / "stage.txt").read_text() == "built\n"
+
+
+@pytest.mark.usefixtures("worker")
+async def test_a_command_sent_to_a_sandbox_that_just_died_runs_once_in_a_new_one(
+    client: Client, task_queue: str, workspace: Path, model_server: ModelServer
+) -> None:
+    def crash_then_command(request: dict[str, Any]) -> Any:
+        # The helper killed, bubblewrap stopped so that the worker cannot see the sandbox end:
+        # the next command is sent to the dead sandbox, as when it dies just before a command.
+        (bwrap,) = [box.process.pid for key, box in RUN_SANDBOXES._sandboxes.items() if key[0] == str(workspace)]
+        os.kill(bwrap, signal.SIGSTOP)
+        os.kill(sandbox_pid_1(bwrap), signal.SIGKILL)
+        return tools(command('echo "once $STAGE" >> ledger.txt'))
+
+    model_server.responder = Script(
+        [tools(command("mkdir -p src && cd src && export STAGE=built")), crash_then_command, answer("done")]
+    )
+    handle = await start(client, task_queue, goal="shell", workspace=str(workspace))
+    assert (await asyncio.wait_for(handle.result(), timeout=120)).state == "completed"
+    assert (workspace / "src" / "ledger.txt").read_text() == "once built\n"  # in the recorded shell, once
+    assert tool_results(model_server.requests[-1])[1].startswith("exit code: 0")
+
+
+@pytest.mark.usefixtures("worker")
+async def test_a_sandbox_killed_mid_command_ends_that_command_and_the_next_runs_in_the_recorded_shell(
+    client: Client, task_queue: str, workspace: Path, model_server: ModelServer
+) -> None:
+    model_server.responder = Script(
+        [
+            tools(command("mkdir -p src && cd src && export STAGE=built")),
+            tools(command("echo started >> ledger.txt; sleep 60; echo finished >> ledger.txt")),
+            tools(command('echo "next $STAGE" >> ledger.txt')),
+            answer("done"),
+        ]
+    )
+    handle = await start(client, task_queue, goal="shell", workspace=str(workspace))
+    ledger = workspace / "src" / "ledger.txt"
+    async with asyncio.timeout(120):
+        while not ledger.exists() or "started" not in ledger.read_text():
+            await asyncio.sleep(0.05)
+    (bwrap,) = [box.process.pid for key, box in RUN_SANDBOXES._sandboxes.items() if key[0] == str(workspace)]
+    os.kill(sandbox_pid_1(bwrap), signal.SIGKILL)  # the helper, PID 1 of the sandbox
+    assert (await asyncio.wait_for(handle.result(), timeout=120)).state == "completed"
+    # The killed command was not run again, and the next one ran in a new sandbox, in the recorded shell.
+    assert ledger.read_text() == "started\nnext built\n"
+    _, killed, next_one = tool_results(model_server.requests[-1])
+    assert "killed by signal SIGKILL" in killed, killed
+    assert next_one.startswith("exit code: 0"), next_one
+
+
+def sandbox_pid_1(bwrap_pid: int) -> int:
+    """The host pid of the helper that bubblewrap `bwrap_pid` runs as its sandbox's PID 1."""
+    children = Path(f"/proc/{bwrap_pid}/task/{bwrap_pid}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+@pytest.mark.parametrize("attacked", ["root"], indirect=True)  # root makes command cgroups on this machine
+async def test_a_later_command_in_the_runs_sandbox_is_capped_by_its_own_cgroup(
+    client: Client, attacked: Attacked
+) -> None:
+    """The second and third commands start from the standby child, already in their cgroups."""
+    if not bombs_capped(attacked.user):
+        skip_without("cgroup", "root without a writable cgroup: nothing caps a fork bomb")
+    marker = f"bomb-{uuid.uuid4().hex[:12]}"
+    bomb = "x = []\nwhile True: x.append(bytearray(2**24))"
+    result, outputs = await attack(
+        client,
+        attacked,
+        command("echo first"),
+        command(f"python3 -c {shlex.quote(bomb)}; echo exit $? > bomb.txt", timeout_s=60),
+        command(f": {marker}; :(){{ :|:& }};:; sleep 60", timeout_s=5),
+        command("echo alive > alive.txt"),
+    )
+    assert result.state == "completed"
+    memory = f"{SMALL_LIMITS.memory_bytes / 2**30:g} GiB"
+    assert outputs[1].startswith(f"ERROR: command killed: its processes went over their memory limit ({memory})")
+    assert outputs[2].startswith("ERROR: command timed out after 5 s")
+    assert "fork: retry: Resource temporarily unavailable" in outputs[2]  # the kernel capped it
+    assert (attacked.workspace / "alive.txt").read_text() == "alive\n"
+    assert host_processes_named(marker) == []
 
 
 @pytest.mark.usefixtures("worker")

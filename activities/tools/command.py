@@ -16,7 +16,13 @@ from activities.host import boot_id, proc_stat
 from activities.tools.base import OpenCall, ToolCallContext
 from activities.tools.output import OutputCapture, OutputPipe
 from activities.tools.run_sandbox import RUN_SANDBOXES, RunKey, RunningCommand, RunSandbox, SandboxGone, ShellLaunch
-from activities.tools.sandbox import CommandLaunch, CommandLimits, SandboxUnavailable, unsandboxed_allowed
+from activities.tools.sandbox import (
+    CommandCgroup,
+    CommandLaunch,
+    CommandLimits,
+    SandboxUnavailable,
+    unsandboxed_allowed,
+)
 from workflows.tool_specs import RunCommandArgs
 from workflows.types import ShellState, ToolOutcome
 
@@ -168,10 +174,13 @@ class CommandRunner:
                 attempts += 1
                 sandbox = await RUN_SANDBOXES.acquire(key, call.workspace.root)
                 try:
+                    if launch.cgroup is None:
+                        launch.cgroup = await sandbox.take_spare(launch.command_limits)
+                        launch.standby = launch.cgroup is not None
                     # Durable before the launch, and whole: the sandbox's group is what a later attempt after
                     # a crash of this worker finds gone or ends (one write where a fresh sandbox needs two).
                     record = _group_record(sandbox.process.pid, command)
-                    await asyncio.to_thread(call.journal.start, input.idempotency_key, record)
+                    await asyncio.to_thread(_begin, call, launch, record)
                     return sandbox, sandbox.start_command(launch, output.write_fd)  # type: ignore[arg-type]
                 except SandboxGone:
                     RUN_SANDBOXES.release(key, sandbox)
@@ -209,6 +218,7 @@ class CommandRunner:
                 pass  # its PID 1 gone, every process of the sandbox went with it
             finally:
                 await running.end(self._kill_grace_s)
+            sandbox.ready_standby(launch.command_limits)  # for the run's next command
         finally:
             RUN_SANDBOXES.release(key, sandbox)
         after = launch.state_after(state, input.shell or ShellState())
@@ -267,6 +277,13 @@ class CommandRunner:
             if _signal_group(process.pid, 0):  # anything left at all (the usual answer is no)
                 await asyncio.to_thread(kill_process_group, process.pid, self._kill_grace_s)
             await process.wait()
+
+
+def _begin(call: ToolCallContext, launch: ShellLaunch, record: dict[str, Any]) -> None:
+    """The command's cgroup if it has none yet (no spare: the sandbox's first command), and its start record."""
+    if launch.cgroup is None:
+        launch.cgroup = CommandCgroup.create(launch.command_limits)
+    call.journal.start(call.input.idempotency_key, record)
 
 
 async def _spawn(call: ToolCallContext, launch: CommandLaunch, output: OutputPipe) -> asyncio.subprocess.Process:

@@ -13,6 +13,13 @@ SANDBOX_IDLE_S without a command, or with the worker (bubblewrap dies with its p
 PID namespace ends with its PID 1, taking every process left in it along. Whatever a command
 leaves running is killed when it ends, as before (its process group, then its cgroup).
 
+Joining a cgroup is the slow part of a command's start (the kernel waits for an RCU grace
+period: 5-15 ms under load). So when a command ends, the worker makes the next command's
+cgroup in the background and the helper forks a standby child into it
+(`RunSandbox.ready_standby`); the next command of the run takes that cgroup (`take_spare`,
+which waits for a standby still being made) and its request goes to the standby, which execs
+it at once. The command's cgroup, limits and kill are the same; only the join happened earlier.
+
 The durable shell: a command runs behind SHELL_SCRIPT, which starts it in the recorded
 working directory and writes the directory and exported variables it ends with to a file the
 helper returns; `ShellLaunch.state_after` turns them into the ShellState the outcome records
@@ -22,7 +29,7 @@ helper returns; `ShellLaunch.state_after` turns them into the ShellState the out
 from __future__ import annotations
 
 import asyncio
-import json
+import marshal
 import os
 import resource
 import socket
@@ -98,6 +105,9 @@ class ShellLaunch(CommandLaunch):
     base_env: dict[str, str] = field(default_factory=dict)
     state_file: str = ""
     limits: list[tuple[int, int]] = field(default_factory=list)
+    command_limits: CommandLimits = field(default_factory=CommandLimits)
+    standby: bool = False
+    """Its cgroup is the sandbox's spare, which the helper's standby child has joined already."""
 
     @classmethod
     def prepare_shell(
@@ -127,13 +137,18 @@ class ShellLaunch(CommandLaunch):
             (resource.RLIMIT_NOFILE, _capped(resource.RLIMIT_NOFILE, limits.open_files)),
             (resource.RLIMIT_CORE, 0),
         ]
-        cgroup = CommandCgroup.create(limits)
-        return cls(argv, env, cgroup=cgroup, base_env=base, state_file=state_file, limits=rlimits)
+        # Its cgroup comes with its sandbox: the spare one made after the run's last command, or a new one.
+        return cls(argv, env, base_env=base, state_file=state_file, limits=rlimits, command_limits=limits)
 
     def request(self) -> bytes:
-        return json.dumps(
-            {"argv": self.argv, "env": self.env, "limits": self.limits, "state_file": self.state_file}
-        ).encode()
+        request = {
+            "argv": self.argv,
+            "env": self.env,
+            "limits": self.limits,
+            "state_file": self.state_file,
+            "standby": self.standby,
+        }
+        return marshal.dumps(request, 4)  # the helper's format (shell_helper.py says why)
 
     def state_after(self, text: str | None, before: ShellState) -> ShellState:
         """The shell state the command left (`before` if it left none: killed, or exec'd away)."""
@@ -166,26 +181,26 @@ class RunningCommand:
 
     async def exited(self) -> tuple[int, str | None]:
         """The command's exit code (negative: a signal) and the shell state it wrote."""
-        message = await self._receive()
-        return message["exit"], message.get("state")
+        exit_line, _, state = (await self._receive()).partition(b"\n")
+        return int(exit_line.removeprefix(b"exit ")), state.decode(errors="surrogateescape") or None
 
     async def end(self, grace_s: float) -> None:
         """End whatever is left of the command's process group: SIGTERM, SIGKILL after `grace_s`."""
         try:
-            self._sock.send(json.dumps({"end": grace_s}).encode())
+            self._sock.send(marshal.dumps({"end": grace_s}, 4))
             async with asyncio.timeout(grace_s + END_WAIT_S):
-                while "ended" not in await self._receive():
+                while await self._receive() != b"ended":
                     pass
         except (OSError, SandboxGone, TimeoutError):
             pass  # the sandbox is gone, and its processes with it (or its cgroup's removal ends them)
         finally:
             self._sock.close()
 
-    async def _receive(self) -> dict[str, object]:
+    async def _receive(self) -> bytes:
         data = await asyncio.get_running_loop().sock_recv(self._sock, 1 << 21)
         if not data:
             raise SandboxGone("the run's sandbox ended while the command ran")
-        return json.loads(data)
+        return data
 
 
 class RunSandbox:
@@ -197,6 +212,9 @@ class RunSandbox:
         self.running = 0
         self.last_used = time.monotonic()
         self._gone = False
+        self._spare: tuple[CommandCgroup, CommandLimits] | None = None
+        """The next command's cgroup, which the helper's standby child has been told to join."""
+        self._readying: asyncio.Task[None] | None = None
 
     @classmethod
     async def start(cls, workspace_root: str, network: bool) -> RunSandbox:
@@ -233,25 +251,64 @@ class RunSandbox:
     def alive(self) -> bool:
         return self.process.returncode is None and not self._gone
 
-    def start_command(self, launch: ShellLaunch, output_fd: int) -> RunningCommand:
-        """Send the command to the helper; raises SandboxGone if the sandbox has ended."""
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        procs = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in launch.procs_files()]
+    async def take_spare(self, limits: CommandLimits) -> CommandCgroup | None:
+        """The cgroup a standby child waits in, for a command under `limits`; None if there is none.
+        Waits for a standby still being made (there is one by then, so no command sees two)."""
+        if self._readying is not None:
+            await asyncio.wait([self._readying])  # cancelling this wait leaves the task be
+        if self._spare is None or self._spare[1] != limits:
+            return None
+        cgroup, self._spare = self._spare[0], None
+        return cgroup
+
+    def ready_standby(self, limits: CommandLimits) -> None:
+        """In the background, so that no call waits for it: make the next command's cgroup and
+        have the helper fork a standby child into it."""
+        if self._spare is None and self._readying is None and self.alive():
+            self._readying = asyncio.ensure_future(self._make_spare(limits))
+
+    async def _make_spare(self, limits: CommandLimits) -> None:
         try:
-            socket.send_fds(self._control, [launch.request()], [theirs.fileno(), output_fd, *procs])
+            cgroup = await asyncio.to_thread(CommandCgroup.create, limits)
+            if cgroup is None:
+                return  # no cgroups here: nothing slow to do ahead
+            try:
+                self._send(marshal.dumps({"standby": True}, 4), cgroup.procs_files())
+            except SandboxGone:  # it ended meanwhile
+                await asyncio.to_thread(cgroup.remove)
+                return
+            self._spare = (cgroup, limits)
+        finally:
+            self._readying = None
+
+    def _send(self, message: bytes, procs_files: list[str], *fds: int) -> None:
+        """One message to the helper, with `fds` and the opened `procs_files`; raises SandboxGone."""
+        procs = [os.open(path, os.O_WRONLY | os.O_CLOEXEC) for path in procs_files]
+        try:
+            socket.send_fds(self._control, [message], [*fds, *procs])
         except OSError as e:
-            mine.close()
             self._gone = True  # the next acquire starts another
             raise SandboxGone(f"the run's sandbox has ended ({e})") from None
         finally:
-            theirs.close()
             for fd in procs:
                 os.close(fd)
+
+    def start_command(self, launch: ShellLaunch, output_fd: int) -> RunningCommand:
+        """Send the command to the helper; raises SandboxGone if the sandbox has ended."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._send(launch.request(), launch.procs_files(), theirs.fileno(), output_fd)
+        except SandboxGone:
+            mine.close()
+            raise
+        finally:
+            theirs.close()
         mine.setblocking(False)
         return RunningCommand(mine)
 
     async def end(self) -> None:
         """Close the helper's socket: it exits, and the kernel ends every process of the sandbox."""
+        self._gone = True
         self._control.close()
         try:
             async with asyncio.timeout(5):
@@ -262,6 +319,9 @@ class RunSandbox:
             except ProcessLookupError:
                 pass
             await self.process.wait()
+        spare, self._spare = self._spare, None
+        if spare is not None:  # its standby child ended with the sandbox
+            await asyncio.to_thread(spare[0].remove)
 
 
 RunKey = tuple[str, str, bool]

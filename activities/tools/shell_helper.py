@@ -8,19 +8,30 @@ SIGKILL included), and when it exits the kernel kills every process left in the 
 It is also not dumpable, so a command of the same uid cannot open its descriptors through
 /proc/1/fd.
 
-Protocol, over the SOCK_SEQPACKET socket on the descriptor its first argument names: each message is a JSON
-request with descriptors attached: a socket of the command's own, the write end of its
-output pipe, then the `cgroup.procs` files of its cgroups, opened by the worker. The command
-runs `argv` with `env` in a new session (process group) of its own, after joining those
-cgroups and setting `limits` (`[resource, value]` pairs, soft and hard); on its leader's exit
-the helper sends `{"exit": code, "state": text}` on the command's socket (`state`: what the
-shell wrote to `state_file`, or null). A message `{"end": grace_s}` on that socket, or the
-socket closing, ends the command's process group: SIGTERM, SIGKILL after the grace, then
-`{"ended": true}`. The control socket closing ends the sandbox.
+Protocol, over the SOCK_SEQPACKET socket on the descriptor its first argument names: each message is a
+request (a dict in `marshal` format 4, from the worker only) with descriptors attached: a socket
+of the command's own, the write end of its output pipe, then the `cgroup.procs` files of its
+cgroups, opened by the worker. The command runs `argv` with `env` in a new session (process
+group) of its own, after joining those cgroups and setting `limits` (`[resource, value]` pairs,
+soft and hard); on its leader's exit the helper sends `exit <code>` on the command's socket,
+then a newline and what the shell wrote to `state_file` if it wrote anything. A request
+`{"end": grace_s}` on that socket, or the socket closing, ends the command's process group:
+SIGTERM, SIGKILL after the grace, then `ended`. The control socket closing ends the sandbox.
+What the helper sends is plain bytes, never `marshal`, whose reader is not made for data from
+inside a sandbox; `json` is not used because importing it (with `re` and `enum`) was most of
+the helper's import time (`python3 -I -S -X importtime`), paid at every run's start.
+
+A request `{"standby": true}` with the `cgroup.procs` files of the NEXT command's cgroups
+forks a standby child that joins them at once and waits: joining a cgroup waits for an RCU
+grace period in the kernel (5-15 ms under load, most of a short command's time), and a
+standby pays it between commands instead of inside one. A request with `"standby": true`
+then goes to that child, which only sets its session, rlimits and descriptors and execs;
+if the standby is gone (a command of the run killed it), the command is forked and joins
+its cgroups as usual (the request carries their files either way).
 """
 
 import ctypes
-import json
+import marshal
 import os
 import resource
 import select
@@ -30,6 +41,14 @@ import sys
 import time
 
 PR_SET_DUMPABLE = 4
+
+
+class Standby:
+    """A forked child already in the next command's cgroups, waiting on `sock` for its request."""
+
+    def __init__(self, pid, sock):
+        self.pid = pid
+        self.sock = sock
 
 
 class Command:
@@ -54,17 +73,18 @@ def main():
     poller.register(wake_read, select.POLLIN)
     commands = {}  # pid -> Command
     by_fd = {}  # the command socket's descriptor -> Command
+    standby = [None]  # the Standby for the next command, if any
     while True:
         ending = [c for c in commands.values() if c.kill_at is not None]
         for fd, _ in poller.poll(20 if ending else None):
             if fd == control.fileno():
-                if not start(control, commands, by_fd, poller):
+                if not receive(control, commands, by_fd, poller, standby):
                     return  # the worker closed the sandbox: exiting kills everything in it
             elif fd == wake_read:
                 drain(wake_read)
             elif fd in by_fd:
                 ask_end(by_fd, fd, poller)
-        reap(commands)
+        reap(commands, standby)
         for command in [c for c in commands.values() if c.kill_at is not None]:
             if finish_end(command):
                 if by_fd.pop(command.sock.fileno(), None) is not None:
@@ -73,19 +93,73 @@ def main():
                 command.sock.close()
 
 
-def start(control, commands, by_fd, poller):
+def receive(control, commands, by_fd, poller, standby):
+    """Handle one message of the worker; False when the worker closed the sandbox."""
     try:
         message, fds, _, _ = socket.recv_fds(control, 1 << 20, 64)
     except OSError:
         return False
     if not message:
         return False
-    request = json.loads(message)
-    sock = socket.socket(fileno=fds[0])
-    output, cgroups = fds[1], fds[2:]
+    request = marshal.loads(message)
+    if request.get("standby") and "argv" not in request:
+        replace_standby(standby, fds)
+    else:
+        start(request, fds, commands, by_fd, poller, standby)
+    return True
+
+
+def replace_standby(standby, cgroups):
+    if standby[0] is not None:
+        signal_group(standby[0].pid, signal.SIGKILL)  # its cgroups are the worker's to remove
+        standby[0].sock.close()
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
-        run_child(request, output, cgroups)
+        wait_as_standby(theirs, cgroups)
+    theirs.close()
+    for fd in cgroups:
+        os.close(fd)
+    standby[0] = Standby(pid, mine)
+
+
+def wait_as_standby(sock, cgroups):
+    """In the standby child: join the cgroups, then run the request that comes. Never returns."""
+    failed = None
+    try:
+        signal.set_wakeup_fd(-1)
+        os.setsid()  # its own process group from now on, as a command's
+        keep = sorted([sock.fileno(), *cgroups])
+        low = 3
+        for fd in keep:  # the helper's other descriptors: the control socket, other commands' sockets
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 65536)
+        for fd in cgroups:
+            os.write(fd, b"0")  # 0: the writing process itself
+            os.close(fd)
+    except BaseException as e:
+        failed = f"durable-agent: could not put the command in its cgroup: {e}\n"
+    try:
+        message, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
+    except BaseException:
+        os._exit(0)
+    if not message or not fds:
+        os._exit(0)  # replaced, or the sandbox ended
+    if failed is not None:  # fails closed: nothing of the command runs
+        os.write(fds[0], failed.encode())
+        os._exit(125)
+    run_child(marshal.loads(message), fds[0], [], new_session=False)
+
+
+def start(request, fds, commands, by_fd, poller, standby):
+    sock = socket.socket(fileno=fds[0])
+    output, cgroups = fds[1], fds[2:]
+    pid = hand_to_standby(standby, request, output) if request.get("standby") else None
+    if pid is None:
+        pid = os.fork()
+        if pid == 0:
+            run_child(request, output, cgroups)
     os.close(output)
     for fd in cgroups:
         os.close(fd)
@@ -96,10 +170,26 @@ def start(control, commands, by_fd, poller):
     return True
 
 
-def run_child(request, output, cgroups):
-    """In the forked child: never returns. Fails closed: nothing of the command runs if a step fails."""
+def hand_to_standby(standby, request, output):
+    """The standby's pid once it has the request, or None if there is no live standby."""
+    waiting, standby[0] = standby[0], None
+    if waiting is None:
+        return None
     try:
-        os.setsid()
+        socket.send_fds(waiting.sock, [marshal.dumps(request, 4)], [output])
+    except OSError:
+        return None  # it died (a command of the run killed it): its pid is reaped as nobody's
+    finally:
+        waiting.sock.close()
+    return waiting.pid
+
+
+def run_child(request, output, cgroups, new_session=True):
+    """In the forked child: never returns. Fails closed: nothing of the command runs if a step fails."""
+    step = "start a session"
+    try:
+        if new_session:
+            os.setsid()
         step = "put the command in its cgroup"
         for fd in cgroups:
             os.write(fd, b"0")  # 0: the writing process itself
@@ -132,7 +222,7 @@ def drain(fd):
         pass
 
 
-def reap(commands):
+def reap(commands, standby):
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -140,17 +230,22 @@ def reap(commands):
             return
         if pid == 0:
             return
+        if standby[0] is not None and standby[0].pid == pid:
+            standby[0].sock.close()
+            standby[0] = None
         command = commands.get(pid)
         if command is not None and not command.exited:
             command.exited = True
-            send(command.sock, {"exit": os.waitstatus_to_exitcode(status), "state": read_state(command.state_file)})
+            state = read_state(command.state_file)
+            exit_line = b"exit %d" % os.waitstatus_to_exitcode(status)
+            send(command.sock, exit_line if state is None else exit_line + b"\n" + state)
 
 
 def read_state(path):
     if not path:
         return None
     try:
-        with open(path, encoding="utf-8", errors="surrogateescape") as f:
+        with open(path, "rb") as f:
             text = f.read(1 << 20)
     except OSError:
         return None
@@ -169,7 +264,7 @@ def ask_end(by_fd, fd, poller):
         message = command.sock.recv(65536)
     except OSError:
         message = b""
-    grace = json.loads(message).get("end", 0) if message else 0
+    grace = marshal.loads(message).get("end", 0) if message else 0
     if command.kill_at is None:
         command.kill_at = time.monotonic() + grace
         signal_group(command.pid, signal.SIGTERM if grace else signal.SIGKILL)
@@ -181,7 +276,7 @@ def ask_end(by_fd, fd, poller):
 def finish_end(command):
     """Whether the command's process group is gone (and its end reported); kills it after the grace."""
     if not signal_group(command.pid, 0) and command.exited:
-        send(command.sock, {"ended": True})
+        send(command.sock, b"ended")
         return True
     if not command.killed and time.monotonic() >= command.kill_at:
         command.killed = True
@@ -199,7 +294,7 @@ def signal_group(pgid, sig):
 
 def send(sock, message):
     try:
-        sock.send(json.dumps(message).encode())
+        sock.send(message)
     except OSError:
         pass  # the worker stopped listening
 

@@ -346,3 +346,23 @@ async def test_a_runs_sandbox_ends_after_its_idle_timeout(workspace: Path) -> No
     assert again is not sandbox and again.alive()
     sandboxes.release(key, again)
     assert await sandboxes.end_run(str(workspace), "idle-run") == 1
+
+
+async def test_a_shell_state_too_large_to_send_keeps_the_directory_and_drops_the_variables(
+    workspace: Path,
+) -> None:
+    """A command that exports 300 KB (more than the helper's socket takes in one message) still
+    ends; its directory is kept, its variables are not (as for any state over MAX_STATE_CHARS)."""
+    run = f"run-{uuid.uuid4().hex[:8]}"
+    activities = ToolActivities()
+    huge = "mkdir -p src && cd src && export SMALL=1 HUGE=$(head -c 300000 /dev/zero | tr '\\0' x) && echo set"
+    try:
+        first = await asyncio.wait_for(run_in_shell(activities, shell_call(workspace, run, huge)), 60)
+        assert first.ok and "set" in first.output, first
+        assert first.shell == ShellState(cwd=f"{workspace}/src"), first.shell
+        second = await run_in_shell(
+            activities, shell_call(workspace, run, 'echo "${SMALL-unset}" > s.txt', first.shell)
+        )
+        assert second.ok and (workspace / "src" / "s.txt").read_text() == "unset\n"
+    finally:
+        await RUN_SANDBOXES.end_run(str(workspace), run)

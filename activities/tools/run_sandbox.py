@@ -156,6 +156,8 @@ class ShellLaunch(CommandLaunch):
             return before
         cwd, *pairs = text.rstrip("\0").split("\0")
         env = dict(pair.split("=", 1) for pair in pairs if "=" in pair)
+        if "" in env:  # the helper's mark of a state too large to send: as over MAX_STATE_CHARS
+            return ShellState(cwd=cwd)
         redactor = worker_redactor()
         delta: dict[str, str | None] = {
             name: value

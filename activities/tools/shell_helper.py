@@ -14,7 +14,8 @@ of the command's own, the write end of its output pipe, then the `cgroup.procs` 
 cgroups, opened by the worker. The command runs `argv` with `env` in a new session (process
 group) of its own, after joining those cgroups and setting `limits` (`[resource, value]` pairs,
 soft and hard); on its leader's exit the helper sends `exit <code>` on the command's socket,
-then a newline and what the shell wrote to `state_file` if it wrote anything. A request
+then a newline and what the shell wrote to `state_file` if it wrote anything (only its
+directory and `=dropped`, a name no variable has, when it is over STATE_SEND_MAX). A request
 `{"end": grace_s}` on that socket, or the socket closing, ends the command's process group:
 SIGTERM, SIGKILL after the grace, then `ended`. The control socket closing ends the sandbox.
 What the helper sends is plain bytes, never `marshal`, whose reader is not made for data from
@@ -41,6 +42,10 @@ import sys
 import time
 
 PR_SET_DUMPABLE = 4
+STATE_SEND_MAX = 64 * 1024
+"""Below what one SOCK_SEQPACKET message takes (~200 KB with Linux's default buffers); the
+worker keeps no variables of a state over 32,000 characters anyway (MAX_STATE_CHARS)."""
+DROPPED = b"=dropped"
 
 
 class Standby:
@@ -236,9 +241,17 @@ def reap(commands, standby):
         command = commands.get(pid)
         if command is not None and not command.exited:
             command.exited = True
-            state = read_state(command.state_file)
+            state = sendable(read_state(command.state_file))
             exit_line = b"exit %d" % os.waitstatus_to_exitcode(status)
             send(command.sock, exit_line if state is None else exit_line + b"\n" + state)
+
+
+def sendable(state):
+    """The state, or only its directory and the DROPPED mark when it is larger than one message
+    on the command's socket may be (such a send fails, and the worker would wait for good)."""
+    if state is None or len(state) <= STATE_SEND_MAX:
+        return state
+    return state.split(b"\0", 1)[0] + b"\0" + DROPPED + b"\0"
 
 
 def read_state(path):

@@ -25,6 +25,8 @@ from bench.contenders import _cpu_s
 from bench.harness import Bench, bench, bench_input
 from bench.report import git_commit
 from durable_agent.connection import connect
+from durable_agent.follow import POLL_S, LiveReply
+from durable_agent.live_source import LiveSource
 from durable_agent.model_server import Reply
 from durable_agent.runs import start_agent
 from workflows.types import WatchRequest
@@ -41,20 +43,41 @@ def reply_text(line_chars: int | None) -> str:
     return (line * (TEXT_CHARS // len(line) + 1))[:TEXT_CHARS]
 
 
-async def measure(b: Bench, client: Any, worker_pid: int, agents: int, followed: bool) -> dict[str, float]:
+async def measure(
+    b: Bench, client: Any, worker_pid: int, agents: int, followed: bool, follower: str = "none"
+) -> dict[str, float]:
     pids = (worker_pid, b.server.process.pid)
     cpu0 = {pid: _cpu_s(pid) for pid in pids}
     b.model.requests.clear()
     watch: dict[str, Any] = {"start_signal": "watch", "start_signal_args": [WatchRequest()]} if followed else {}
     inputs = [bench_input("answer", b.workspace(), 1) for _ in range(agents)]
     handles = [await start_agent(client, i, f"live-{uuid.uuid4().hex[:8]}", b.task_queue, **watch) for i in inputs]
-    await asyncio.gather(*(h.result() for h in handles))
+    following = follower != "none" and followed
+    shown = await asyncio.gather(*(follow_live(h, follower == "local") if following else h.result() for h in handles))
     calls = len(b.model.requests)
     worker_ms, server_ms = (1000 * (_cpu_s(pid) - cpu0[pid]) / calls for pid in pids)
-    return {"worker_ms": round(worker_ms, 2), "server_ms": round(server_ms, 2), "calls": calls}
+    figures = {"worker_ms": round(worker_ms, 2), "server_ms": round(server_ms, 2), "calls": calls}
+    if following:
+        figures["lines_shown_per_call"] = sum(shown) / calls
+    return figures
 
 
-async def run(agents: int, reply_s: float, rounds: int, line_chars: int | None = None) -> dict[str, Any]:
+async def follow_live(handle: Any, local: bool) -> int:
+    """The live part of `durable-agent run`'s follower (durable_agent/follow.py) until the run
+    ends: the reply so far every POLL_S; how many of its lines it showed. The status and
+    transcript queries it also makes are left out: a follower makes them, live view or not."""
+    source, live, shown = LiveSource(handle, local=local), LiveReply(), 0
+    ending = asyncio.ensure_future(handle.result())
+    while not ending.done():
+        found = await source.reply()
+        shown += len(live.lines(1, *found)) if found else 0
+        await asyncio.wait({ending}, timeout=POLL_S)
+    return shown
+
+
+async def run(
+    agents: int, reply_s: float, rounds: int, line_chars: int | None = None, follower: str = "local"
+) -> dict[str, Any]:
     text = reply_text(line_chars)
     with bench(lambda request: Reply(content=text, input_tokens=50, output_tokens=150)) as b:
         b.model.stream_interval_s = reply_s / (len(text) / CHUNK_CHARS)
@@ -66,7 +89,7 @@ async def run(agents: int, reply_s: float, rounds: int, line_chars: int | None =
         results: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
         for r in range(rounds):
             for mode in list(modes) if r % 2 == 0 else list(reversed(modes)):
-                figures = await measure(b, client, worker.pid, agents, modes[mode])
+                figures = await measure(b, client, worker.pid, agents, modes[mode], follower)
                 stamp = time.strftime("%H:%M:%S")
                 print(f"[live {stamp}] round {r + 1} {mode}: {json.dumps(figures)}", file=sys.stderr)
                 results[mode].append(figures)
@@ -81,6 +104,7 @@ async def run(agents: int, reply_s: float, rounds: int, line_chars: int | None =
         "reply_s": reply_s,
         "rounds": rounds,
         "line_chars": line_chars,
+        "follower": follower,
         "median_cpu_ms_per_model_call": medians,
         "live_view_cost_ms_per_followed_model_call": round(
             on["worker_ms"] + on["server_ms"] - off["worker_ms"] - off["server_ms"], 2
@@ -95,8 +119,16 @@ def main() -> None:
     parser.add_argument("--reply-s", type=float, default=3.0, help="how long each reply takes to stream")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--line-chars", type=int, help="a line feed every N characters (default: one line)")
+    parser.add_argument(
+        "--follower",
+        choices=["local", "remote", "none"],
+        default="local",
+        help="who follows a followed run: the follower of `run` on the worker's machine (asks the worker), "
+        "one on another machine (reads heartbeats), or nobody (the watch signal only)",
+    )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(run(args.agents, args.reply_s, args.rounds, args.line_chars)), indent=2))
+    figures = asyncio.run(run(args.agents, args.reply_s, args.rounds, args.line_chars, args.follower))
+    print(json.dumps(figures, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,85 @@
+"""Where a follower reads the model's reply while it streams: from the worker that streams
+it when that worker runs on this machine (its Unix socket, activities/live_replies.py: no
+heartbeat and no server involved), else from the call's heartbeat details.
+
+The run's pending call names its worker (`pid@host#tag`, durable_agent/takeover.py); a
+worker found that way is asked directly until it no longer streams a call of the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+from typing import Any
+
+from temporalio.client import WorkflowHandle
+
+from activities.host import machine_tag
+from activities.live_replies import LiveAnswer, LivePull, live_socket_path
+from durable_agent.connection import data_converter
+from durable_agent.model_queue import MODEL_ACTIVITY
+from durable_agent.takeover import parse_identity
+
+PULL_TIMEOUT_S = 1.0
+"""A worker too busy to answer within this is read through its heartbeats this time."""
+MAX_ANSWER_BYTES = 256 * 1024
+"""An answer carries at most the live view's window of text (4,000 characters), escaped."""
+RECEIVING = "receiving the reply"
+
+
+class LiveSource:
+    """The live reply of one run's model call: (attempt, details) while it streams, else None."""
+
+    def __init__(self, handle: WorkflowHandle[Any, Any], local: bool = True) -> None:
+        self._handle = handle
+        self._local = local
+        """False: heartbeat details only (a follower on another machine than the worker)."""
+        self._worker: Path | None = None
+        """The socket of the worker that answered last."""
+
+    async def reply(self) -> tuple[int, dict[str, Any]] | None:
+        if self._worker is not None:
+            answer = await pull(self._worker, self._handle.id)
+            if answer is not None and answer.attempt is not None:
+                return answer.attempt, answer.details or {}
+            self._worker = None  # the call ended, or moved to another worker: look again
+        return await self._from_server()
+
+    async def _from_server(self) -> tuple[int, dict[str, Any]] | None:
+        description = await self._handle.describe()
+        for pending in description.raw_description.pending_activities:
+            if pending.activity_type.name != MODEL_ACTIVITY:
+                continue
+            worker = self._local_worker(pending.last_worker_identity)
+            answer = await pull(worker, self._handle.id) if worker else None
+            if answer is not None and answer.attempt is not None:
+                self._worker = worker
+                return answer.attempt, answer.details or {}
+            if not pending.heartbeat_details.payloads:
+                continue
+            decoded = await data_converter().decode(pending.heartbeat_details.payloads)
+            if decoded and isinstance(decoded[0], dict) and decoded[0].get("phase") == RECEIVING:
+                return pending.attempt, decoded[0]
+        return None
+
+    def _local_worker(self, identity: str) -> Path | None:
+        holder = parse_identity(identity)
+        if not self._local or holder is None or (holder.host, holder.tag) != (socket.gethostname(), machine_tag()):
+            return None
+        return live_socket_path(holder.pid, holder.tag)
+
+
+async def pull(path: Path, workflow_id: str) -> LiveAnswer | None:
+    """The worker's answer for the run; None if it cannot be asked (gone, busy, not ours)."""
+    try:
+        async with asyncio.timeout(PULL_TIMEOUT_S):
+            reader, writer = await asyncio.open_unix_connection(path, limit=MAX_ANSWER_BYTES)
+            try:
+                writer.write(LivePull(workflow_id=workflow_id).model_dump_json().encode() + b"\n")
+                await writer.drain()
+                return LiveAnswer.model_validate_json(await reader.readline())
+            finally:
+                writer.close()
+    except (OSError, TimeoutError, ValueError):
+        return None

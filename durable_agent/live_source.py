@@ -10,17 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
 from temporalio.client import WorkflowHandle
 
+from activities.heartbeat import LIVE_BEAT_S
 from activities.host import machine_tag
 from activities.live_replies import LiveAnswer, LivePull, live_socket_path
 from durable_agent.connection import data_converter
 from durable_agent.model_queue import MODEL_ACTIVITY
 from durable_agent.takeover import parse_identity
 
+DESCRIBE_EVERY_S = LIVE_BEAT_S
+"""The run's description (a server call) at most this often: the heartbeat details it shows
+change at most once a second; the worker, once found, is asked at every poll."""
 PULL_TIMEOUT_S = 1.0
 """A worker too busy to answer within this is read through its heartbeats this time."""
 MAX_ANSWER_BYTES = 256 * 1024
@@ -37,6 +42,7 @@ class LiveSource:
         """False: heartbeat details only (a follower on another machine than the worker)."""
         self._worker: Path | None = None
         """The socket of the worker that answered last."""
+        self._described_at = -DESCRIBE_EVERY_S
 
     async def reply(self) -> tuple[int, dict[str, Any]] | None:
         if self._worker is not None:
@@ -47,6 +53,9 @@ class LiveSource:
         return await self._from_server()
 
     async def _from_server(self) -> tuple[int, dict[str, Any]] | None:
+        if time.monotonic() - self._described_at < DESCRIBE_EVERY_S:
+            return None
+        self._described_at = time.monotonic()
         description = await self._handle.describe()
         for pending in description.raw_description.pending_activities:
             if pending.activity_type.name != MODEL_ACTIVITY:

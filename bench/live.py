@@ -1,14 +1,17 @@
 """What the live view of model replies costs: CPU per model call with it on and off, in one run.
 
-`python -m bench live [--agents 20] [--reply-s 3] [--rounds 4] [--line-chars N]`: `--agents`
-one-step runs at once, whose model reply (750 characters of text: one line, or lines of
-`--line-chars` characters, as code or a list) streams over `--reply-s` seconds, on one
-worker process, in two modes alternating per round: followed (started with the `watch`
-signal, as `durable-agent run` starts them) and not followed. Per mode: CPU of the worker
-process and of the dev server per model call; the difference is what the live view costs a
-followed run (a heartbeat a second while the reply streams, carrying its last 4,000
-characters, redacted, and the signal). A run nobody follows pays nothing for it.
-"""
+`python -m bench live [--agents 20] [--reply-s 3] [--rounds 4] [--line-chars N] [--follower
+local|remote|none]`: `--agents` one-step runs at once, whose model reply (750 characters of
+text: one line, or lines of `--line-chars` characters, as code or a list) streams over
+`--reply-s` seconds, on one worker process, in two modes alternating per round: followed
+(started with the `watch` signal, as `durable-agent run` starts them, and followed as `run`
+follows the reply) and not followed. Per mode: CPU of the worker process and of the dev
+server per model call; the difference is what the live view costs a followed run. The
+follower (`--follower`): on the worker's machine it asks the worker for the reply (its Unix
+socket, activities/live_replies.py) and the call beats at the usual pace; `remote`, as from
+another machine, it reads the heartbeat details (a beat within a second of each new line,
+and the run's description once a second); `none` sends the signal only (the call then beats
+as for a remote follower). A run nobody follows pays nothing for it."""
 
 from __future__ import annotations
 

@@ -34,7 +34,9 @@ from activities.redaction import worker_redactor
 
 PULLED_LATELY_S = 2.0
 """A follower asks every 0.4 s: one that has not asked for this long has gone (or is busy),
-so the call's heartbeats carry the reply again, for any follower elsewhere."""
+so the call's heartbeats carry the reply again, for any follower elsewhere. A call starts as
+if asked at its start: a follower finds its worker within about a second
+(durable_agent/live_source.py), and a live beat before that would cost the server in vain."""
 MAX_REQUEST_BYTES = 4096
 ANSWER_TIMEOUT_S = 2.0
 """A client that neither asks nor reads within this loses its connection."""
@@ -72,7 +74,7 @@ class _Call:
     def __init__(self, attempt: int, progress: StreamProgress) -> None:
         self.attempt = attempt
         self.progress = progress
-        self.pulled_at = -PULLED_LATELY_S
+        self.pulled_at = time.monotonic()
 
     def pulled_lately(self) -> bool:
         return time.monotonic() - self.pulled_at < PULLED_LATELY_S
@@ -85,6 +87,7 @@ class LiveReplies:
     def __init__(self) -> None:
         self._calls: dict[str, _Call] = {}
         self._server: asyncio.AbstractServer | None = None
+        """Held for as long as the process serves: nothing else needs to reach it."""
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @contextlib.asynccontextmanager

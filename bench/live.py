@@ -56,13 +56,29 @@ async def measure(b: Bench, client: Any, worker_pid: int, agents: int, follower:
     inputs = [bench_input("answer", b.workspace(), 1) for _ in range(agents)]
     handles = [await start_agent(client, i, f"live-{uuid.uuid4().hex[:8]}", b.task_queue, **watch) for i in inputs]
     following = follower in ("local", "remote")
-    shown = await asyncio.gather(*(follow_live(h, follower == "local") if following else h.result() for h in handles))
+    counted = [Counting(h) for h in handles]
+    shown = await asyncio.gather(*(follow_live(h, follower == "local") if following else h.result() for h in counted))
     calls = len(b.model.requests)
     worker_ms, server_ms = (1000 * (_cpu_s(pid) - cpu0[pid]) / calls for pid in pids)
     figures = {"worker_ms": round(worker_ms, 2), "server_ms": round(server_ms, 2), "calls": calls}
     if following:
         figures["lines_shown_per_call"] = sum(shown) / calls
+        figures["describes_per_call"] = sum(h.describes for h in counted) / calls
     return figures
+
+
+class Counting:
+    """A run's handle that counts the descriptions the follower asks the server for."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle, self.id, self.describes = handle, handle.id, 0
+
+    async def describe(self) -> Any:
+        self.describes += 1
+        return await self.handle.describe()
+
+    async def result(self) -> Any:
+        return await self.handle.result()
 
 
 async def follow_live(handle: Any, local: bool) -> int:

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from temporalio import activity
 
 from activities.host import machine_tag
@@ -38,8 +38,9 @@ so the call's heartbeats carry the reply again, for any follower elsewhere. A ca
 if asked at its start: a follower finds its worker within about a second
 (durable_agent/live_source.py), and a live beat before that would cost the server in vain."""
 MAX_REQUEST_BYTES = 4096
-ANSWER_TIMEOUT_S = 2.0
-"""A client that neither asks nor reads within this loses its connection."""
+IDLE_S = 60.0
+"""A follower keeps its connection and asks every 0.4 s while a call streams; one that asks
+nothing for this long (its run is between calls, or it hangs) loses it, and opens a new one."""
 
 
 class LivePull(BaseModel):
@@ -128,13 +129,19 @@ class LiveReplies:
         return LiveAnswer(attempt=call.attempt, details=worker_redactor().value(details))
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Answers each request line of a follower's connection until it closes or idles."""
         try:
-            async with asyncio.timeout(ANSWER_TIMEOUT_S):
-                request = LivePull.model_validate_json(await reader.readline())
-                writer.write(self.answer(request).model_dump_json().encode() + b"\n")
+            while True:
+                async with asyncio.timeout(IDLE_S):
+                    line = await reader.readline()
+                if not line:
+                    return
+                writer.write(self.answer(LivePull.model_validate_json(line)).model_dump_json().encode() + b"\n")
                 await writer.drain()
-        except (OSError, TimeoutError, ValueError, ValidationError):
-            pass  # a follower gone or confused: it falls back to the heartbeat details
+        except (OSError, TimeoutError, ValueError):
+            pass  # a follower gone or confused: it asks again, or reads the heartbeat details
+        except asyncio.CancelledError:
+            pass  # the worker's loop ends with a follower connected: no traceback in its log
         finally:
             writer.close()
 

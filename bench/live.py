@@ -91,6 +91,7 @@ async def follow_live(handle: Any, local: bool) -> int:
         found = await source.reply()
         shown += len(live.lines(1, *found)) if found else 0
         await asyncio.wait({ending}, timeout=POLL_S)
+    source.close()
     return shown
 
 

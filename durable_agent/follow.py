@@ -252,6 +252,7 @@ async def follow(
             await asyncio.wait({ending}, timeout=POLL_S)
     finally:
         ending.cancel()
+        source.close()
         for prompt in prompts:
             prompt.cancel()
 

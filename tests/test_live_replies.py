@@ -34,6 +34,7 @@ async def follow_live(handle: WorkflowHandle, source: LiveSource) -> list[str]:
         found = await source.reply()
         shown += live.lines(1, *found) if found else []
         await asyncio.wait({ending}, timeout=POLL_S)
+    source.close()
     return shown
 
 

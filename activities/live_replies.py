@@ -4,10 +4,10 @@ on request, to a follower of the same machine over a Unix socket: no heartbeat, 
 A heartbeat costs the Temporal server ~2 ms of CPU (a write of the run's state), whatever it
 carries: beating within a second of each new line of a reply cost a followed call +5.5 to
 +8.8 ms of CPU (`python -m bench live --line-chars 60`). The usual follower, `durable-agent
-run` or `watch` on the worker's machine, asks the worker instead, at its own pace (every
-0.4 s); while one does, the call beats at the usual pace. A follower on another machine
-finds no socket: it reads the heartbeat details, which then carry each new line within a
-second, as before (activities/heartbeat.py, `live`).
+run` or `watch` on the worker's machine, asks the worker instead, at its own pace (about
+every second, durable_agent/live_source.py); while one does, the call beats at the usual
+pace. A follower on another machine finds no socket: it reads the heartbeat details, which
+then carry each new line within a second, as before (activities/heartbeat.py, `live`).
 
 The socket is the worker process's, in a folder only its user may enter
 (`live_socket_path`); what it answers is redacted like a heartbeat's details.
@@ -32,14 +32,14 @@ from activities.host import machine_tag
 from activities.model_stream import StreamProgress
 from activities.redaction import worker_redactor
 
-PULLED_LATELY_S = 2.0
-"""A follower asks every 0.4 s: one that has not asked for this long has gone (or is busy),
-so the call's heartbeats carry the reply again, for any follower elsewhere. A call starts as
+PULLED_LATELY_S = 2.5
+"""A follower asks about every second: one that has not asked for this long has gone (or is
+busy), so the call's heartbeats carry the reply again, for any follower elsewhere. A call starts as
 if asked at its start: a follower finds its worker within about a second
 (durable_agent/live_source.py), and a live beat before that would cost the server in vain."""
 MAX_REQUEST_BYTES = 4096
 IDLE_S = 60.0
-"""A follower keeps its connection and asks every 0.4 s while a call streams; one that asks
+"""A follower keeps its connection and asks about every second while a call streams; one that asks
 nothing for this long (its run is between calls, or it hangs) loses it, and opens a new one."""
 
 

@@ -115,9 +115,13 @@ class LiveReplies:
         path = live_socket_path(os.getpid(), tag) if tag else None
         if path is None:
             return
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # our own name: a socket left by an earlier process with this pid, or loop
-        self._server = await asyncio.start_unix_server(self._answer, path=path, limit=MAX_REQUEST_BYTES)
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # our own name: a socket left by an earlier process with this pid, or loop
+            self._server = await asyncio.start_unix_server(self._answer, path=path, limit=MAX_REQUEST_BYTES)
+        except OSError as e:  # the live view is a nicety: the call goes on, its beats carry the reply
+            activity.logger.warning("live replies are not served on %s: %s", path, e)
+            return
         atexit.register(path.unlink, missing_ok=True)
 
     def answer(self, request: LivePull) -> LiveAnswer:

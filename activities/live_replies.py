@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel
 from temporalio import activity
 
-from activities.host import machine_tag
+from activities.host import machine_tag, process_gone
 from activities.model_stream import StreamProgress
 from activities.redaction import worker_redactor
 
@@ -123,6 +123,7 @@ class LiveReplies:
             activity.logger.warning("live replies are not served on %s: %s", path, e)
             return
         atexit.register(path.unlink, missing_ok=True)
+        _remove_stale(path.parent, tag)
 
     def answer(self, request: LivePull) -> LiveAnswer:
         call = self._calls.get(request.workflow_id)
@@ -148,6 +149,14 @@ class LiveReplies:
             pass  # the worker's loop ends with a follower connected: no traceback in its log
         finally:
             writer.close()
+
+
+def _remove_stale(folder: Path, tag: str) -> None:
+    """The sockets that SIGKILLed workers of this machine left behind (an exiting one removes its own)."""
+    for stale in folder.glob(f"live-{tag}-*.sock"):
+        pid = stale.name.removesuffix(".sock").rpartition("-")[2]
+        if pid.isdigit() and process_gone(int(pid)):
+            stale.unlink(missing_ok=True)
 
 
 LIVE_REPLIES = LiveReplies()

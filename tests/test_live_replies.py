@@ -7,6 +7,8 @@ real Unix socket."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,8 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.converter import DataConverter
 from temporalio.worker import Worker
 
+from activities.host import machine_tag
+from activities.live_replies import LiveReplies, live_socket_path
 from durable_agent.follow import POLL_S, LiveReply
 from durable_agent.live_source import LiveSource
 from durable_agent.model_server import ModelServer, Reply
@@ -92,3 +96,23 @@ async def test_a_retried_calls_reply_starts_over_for_a_follower_that_asks_the_wo
     assert first and first == [f"step 1 … take {n}" for n in range(1, len(first) + 1)], shown
     assert second == [f"step 1 … take {n}" for n in range(1, len(second) + 1)], shown
     assert second and (await handle.result()).output == text
+
+
+async def test_a_worker_removes_the_sockets_of_dead_workers_of_its_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    tag = machine_tag()
+    assert tag is not None
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = live_socket_path(dead.pid, tag)
+    other_machine = live_socket_path(dead.pid, "elsewhere")
+    assert left is not None and other_machine is not None
+    left.touch()
+    other_machine.touch()
+    replies = LiveReplies()
+    await replies.start()
+    mine = live_socket_path(os.getpid(), tag)
+    assert mine is not None and mine.is_socket()  # served
+    assert not left.exists() and other_machine.exists()  # another pid namespace's is not ours to judge

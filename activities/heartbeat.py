@@ -20,8 +20,9 @@ at most one per 0.5 s."""
 
 LIVE_BEAT_S = 1.0
 """While `live()` says so (a followed model reply has news: a line ended, a tool call
-began), a beat within a second: the beats carry the reply so far to `run` and `watch` (the
-worker forwards at most one per 0.5 s). Otherwise the usual pace."""
+began; and no follower asks the worker for it, activities/live_replies.py), a beat within a
+second: the beats carry the reply so far to `run` and `watch` (the worker forwards at most
+one per 0.5 s). Otherwise the usual pace."""
 
 
 @asynccontextmanager

@@ -20,7 +20,7 @@ import math
 import os
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +30,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import model_context
 from activities.heartbeat import heartbeating
+from activities.live_replies import LIVE_REPLIES
 from activities.model_attempts import AttemptLedger
 from activities.model_clients import REQUEST_TIMEOUT_S, ModelClients, openai_sdk
 from activities.model_outages import ModelOutages
@@ -84,29 +85,32 @@ class ModelActivities:
         progress: dict[str, Any] = {"model": input.model, "phase": "reading the context"}
         streamed = StreamProgress()
         live_view = self._live and input.live
-        news = (lambda: streamed.news()) if live_view else None
-        live = heartbeating(lambda: {**progress, **streamed.details()}, live=news)
-        async with self._clients.lease() as leased, live:
-            client = _within_deadline(leased)
-            messages = input.messages
-            if input.context is not None:
-                messages, progress["context_from"] = await model_context.fetch(input.context)
-            progress.update(phase="waiting for the model", messages=len(messages))
-            request = _request(input.model, messages, input.tools, input.tool_schemas)
+        served = LIVE_REPLIES.serving(streamed) if live_view else nullcontext(None)
+        async with served as pulled_lately:
+            # While a follower asks the worker for the reply, beats need not carry it (activities/live_replies.py).
+            news = (lambda: streamed.news() and not pulled_lately()) if pulled_lately else None
+            live = heartbeating(lambda: {**progress, **streamed.details()}, live=news)
+            async with self._clients.lease() as leased, live:
+                client = _within_deadline(leased)
+                messages = input.messages
+                if input.context is not None:
+                    messages, progress["context_from"] = await model_context.fetch(input.context)
+                progress.update(phase="waiting for the model", messages=len(messages))
+                request = _request(input.model, messages, input.tools, input.tool_schemas)
 
-            async def send(request: dict[str, Any]) -> ModelReply:
-                nonlocal streamed
-                if self._stream:
-                    reply = await self._streamed_reply(client, input.model, request, streamed, live_view)
-                    if reply is not None:
-                        return reply
-                    streamed = StreamProgress()  # the details describe the call made now
-                return _reply(input.model, await post_chat_completion(client, request), messages)
+                async def send(request: dict[str, Any]) -> ModelReply:
+                    nonlocal streamed
+                    if self._stream:
+                        reply = await self._streamed_reply(client, input.model, request, streamed, live_view)
+                        if reply is not None:
+                            return reply
+                        streamed = StreamProgress()  # the details describe the call made now
+                    return _reply(input.model, await post_chat_completion(client, request), messages)
 
-            async with self.outages.watch(leased, input.outage_wait):
-                with _endpoint_errors():
-                    endpoint = str(leased.base_url)
-                    return await self._token_names.send(endpoint, input.model, input.max_tokens, request, send)
+                async with self.outages.watch(leased, input.outage_wait):
+                    with _endpoint_errors():
+                        endpoint = str(leased.base_url)
+                        return await self._token_names.send(endpoint, input.model, input.max_tokens, request, send)
 
     def all(self) -> list[Any]:
         """The model activities: the call, and the wait for its endpoint (one gate between them)."""

@@ -84,7 +84,8 @@ class StreamProgress:
         follower prints whole lines (durable_agent/follow.py, LiveReply)."""
         return self.reply is not None and self.reply.news_mark() != self._sent_mark
 
-    def details(self) -> dict[str, Any]:
+    def details(self, sent: bool = True) -> dict[str, Any]:
+        """`sent`: the details go out in a heartbeat (not to a follower that asked the worker)."""
         if self.first_chunk_at is None:
             return {}
         details: dict[str, Any] = {
@@ -95,7 +96,8 @@ class StreamProgress:
             "receiving_for_s": round(time.monotonic() - self.first_chunk_at, 1),
         }
         if self.reply is not None:
-            self._sent_mark = self.reply.news_mark()
+            if sent:
+                self._sent_mark = self.reply.news_mark()
             details.update(self.reply.live_view())
         return details
 

@@ -1,7 +1,8 @@
 """Following a run live, shared by `run` and `watch`.
 
 It only reads: the `status` and `transcript` queries every POLL_S (and, while the model
-replies, its call's heartbeat details: the reply so far), plus one long poll on the run's
+replies, the reply so far: from its worker, or its call's heartbeat details,
+durable_agent/live_source.py), plus one long poll on the run's
 result, which also notices endings no query can report (a run terminated or failed from
 outside). Nothing here changes the run, so a follower may come and go.
 """
@@ -21,9 +22,8 @@ from temporalio.service import RPCError
 
 from durable_agent import render
 from durable_agent.codecs import CodecError
-from durable_agent.connection import data_converter
 from durable_agent.console import Console
-from durable_agent.model_queue import MODEL_ACTIVITY
+from durable_agent.live_source import LiveSource
 from durable_agent.task_failures import failing_task
 from workflows.types import (
     TERMINAL_STATES,
@@ -161,18 +161,6 @@ class LiveReply:
         return lines
 
 
-async def live_reply_details(handle: WorkflowHandle[object, AgentResult]) -> tuple[int, dict[str, Any]] | None:
-    """(attempt, heartbeat details) of the run's model call while it receives a reply, else None."""
-    description = await handle.describe()
-    for pending in description.raw_description.pending_activities:
-        if pending.activity_type.name != MODEL_ACTIVITY or not pending.heartbeat_details.payloads:
-            continue
-        decoded = await data_converter().decode(pending.heartbeat_details.payloads)
-        if decoded and isinstance(decoded[0], dict) and decoded[0].get("phase") == "receiving the reply":
-            return pending.attempt, decoded[0]
-    return None
-
-
 def note_line(note: Degradation, verbose: bool) -> str | None:
     """A degradation as a person following the run needs it: what changed for the run, in plain
     words; the bookkeeping (a compaction with nothing to fold, the early soft tier, the stop
@@ -227,7 +215,7 @@ async def follow(
     before the next poll.
     """
     reporter = reporter or Reporter(handle.id, since, verbose)
-    live = LiveReply()
+    live, source = LiveReply(), LiveSource(handle)
     lease_sent_at: float | None = None
     ending = asyncio.create_task(_ending(handle))
     asked: set[str] = set()
@@ -243,7 +231,7 @@ async def follow(
             if snapshot is not None:
                 _show(snapshot, reporter, console, on_progress)
                 if snapshot.status.state == "running" and not ending.done():
-                    console.lines(await _live_lines(handle, live, snapshot.status.step))
+                    console.lines(await _live_lines(source, live, snapshot.status.step))
                 for pending in snapshot.status.pending_approvals if approver else []:
                     if pending.call_id not in asked:
                         asked.add(pending.call_id)
@@ -264,6 +252,7 @@ async def follow(
             await asyncio.wait({ending}, timeout=POLL_S)
     finally:
         ending.cancel()
+        source.close()
         for prompt in prompts:
             prompt.cancel()
 
@@ -291,9 +280,9 @@ async def _renew_watch(handle: WorkflowHandle[object, AgentResult]) -> None:
         pass
 
 
-async def _live_lines(handle: WorkflowHandle[object, AgentResult], live: LiveReply, step: int) -> list[str]:
+async def _live_lines(source: LiveSource, live: LiveReply, step: int) -> list[str]:
     try:
-        found = await live_reply_details(handle)
+        found = await source.reply()
     except (RPCError, CodecError):  # the live view is a nicety: the step's line comes either way
         return []
     return live.lines(step, *found) if found else []

@@ -374,16 +374,17 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             chunks = [
                 b"%x\r\n%s\r\n" % (len(event), event) for event in events
             ]  # an HTTP chunk each, as servers send them
-            if stream.cut_after is not None:
-                self.wfile.write(b"".join(chunks[: stream.cut_after]))
-                self.close_connection = True
-                return
-            if stream.interval_s:
+            cut = stream.cut_after is not None
+            chunks = chunks[: stream.cut_after] if cut else chunks
+            if stream.interval_s:  # a cut reply too comes at the pace asked, up to its cut
                 for chunk in chunks:
                     self.wfile.write(chunk)
                     time.sleep(stream.interval_s)
             else:
                 self.wfile.write(b"".join(chunks))
+            if cut:
+                self.close_connection = True
+                return
             if stream.end_delay_s:
                 self.wfile.flush()
                 time.sleep(stream.end_delay_s)

@@ -487,8 +487,9 @@ class ModelCallInput(BaseModel):
     tools: list[str]
     model: str
     live: bool = False
-    """Someone follows the run (the `watch` signal's lease): the call beats within a second
-    of each new line of the reply, with its text so far, for their live view; otherwise its beats carry counts."""
+    """Someone follows the run (the `watch` signal's lease): the call serves the reply so far to
+    a follower on its machine, or beats within a second of each new line with it, for their
+    live view (activities/live_replies.py); otherwise its beats carry counts."""
     tool_schemas: list[dict[str, Any]] = Field(default_factory=list)
     """The OpenAI schemas of the tools in `tools` that are not built in, from the run's catalog."""
     max_tokens: int | None = None

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +100,10 @@ async def test_a_retried_calls_reply_starts_over_for_a_follower_that_asks_the_wo
     assert second and (await handle.result()).output == text
 
 
-async def test_a_worker_removes_the_sockets_of_dead_workers_of_its_machine(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+async def test_a_worker_removes_the_sockets_of_dead_workers_of_its_machine(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A short folder: pytest's tmp_path can make a socket path longer than AF_UNIX's 107 bytes.
+    runtime = Path(tempfile.mkdtemp(prefix="dal-"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     tag = machine_tag()
     assert tag is not None
     dead = subprocess.Popen(["true"])
@@ -116,3 +118,4 @@ async def test_a_worker_removes_the_sockets_of_dead_workers_of_its_machine(
     mine = live_socket_path(os.getpid(), tag)
     assert mine is not None and mine.is_socket()  # served
     assert not left.exists() and other_machine.exists()  # another pid namespace's is not ours to judge
+    shutil.rmtree(runtime, ignore_errors=True)

@@ -29,6 +29,13 @@ from tests.scripts import Script  # noqa: E402
 from worker import build_worker  # noqa: E402
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: two test processes per core. Most tests wait on a server, a worker or a
+    timeout rather than compute: with one per core the suite kept ~40% of 2 cores busy
+    (user+sys 612 s in 917 s); with two, 645 tests took 428 s instead of ~580 s."""
+    return 2 * (os.cpu_count() or 1)
+
+
 @pytest.fixture(scope="session")
 def temporal_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer]:
     home = tmp_path_factory.mktemp("temporal-home")

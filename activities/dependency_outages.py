@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import urllib.error
+import urllib.request
 from datetime import UTC
 
-import httpx
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -121,10 +122,18 @@ class DependencyOutages:
 
 async def http_probe(url: str, headers: dict[str, str] | None = None) -> bool:
     """One `GET url`: up when it answers with anything but a 5xx or a 429. Only the status
-    is read: an MCP endpoint may answer a GET with an endless event stream."""
+    is read: an MCP endpoint may answer a GET with an endless event stream. The standard
+    library's client, in a thread: a probe a minute per dependency needs no other."""
+    return await asyncio.to_thread(_answers_get, url, headers or {})
+
+
+def _answers_get(url: str, headers: dict[str, str]) -> bool:
+    request = urllib.request.Request(url, headers=headers, method="GET")
     try:
-        async with httpx.AsyncClient(timeout=PROBE_TIMEOUT_S, headers=headers) as client:
-            async with client.stream("GET", url) as response:
-                return response.status_code < 500 and response.status_code != 429
-    except httpx.HTTPError:
+        with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:  # noqa: S310 - the tool's own URL
+            status = response.status
+    except urllib.error.HTTPError as e:
+        status = e.code
+    except (OSError, ValueError):  # refused, unreachable, timed out (URLError is an OSError), or not a URL
         return False
+    return status < 500 and status != 429

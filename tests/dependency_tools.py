@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import httpx
+import urllib.error
+import urllib.request
 
 from durable_agent import DependencyUnavailable, tool, tool_context
 
@@ -12,8 +13,12 @@ def _post(service: str, path: str, body: str, tries: str | None = None) -> str:
         with open(tries, "a") as f:
             f.write(f"{path}\n")
     try:
-        return httpx.post(f"{service}{path}", content=body, timeout=5).text
-    except httpx.ConnectError as e:  # refused: nothing was sent, so the call took no effect
+        with urllib.request.urlopen(f"{service}{path}", data=body.encode(), timeout=5) as answer:
+            return answer.read().decode()
+    except urllib.error.URLError as e:
+        if not isinstance(e.reason, ConnectionRefusedError):
+            raise
+        # Refused: nothing was sent, so the call took no effect.
         raise DependencyUnavailable("payments-api", probe=f"{service}/health", message=str(e)) from e
 
 

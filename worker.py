@@ -150,6 +150,7 @@ async def run_worker(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    owned = client is None
     if client is None:
         limit = settings.connect_timeout_s if connect_timeout_s is None else connect_timeout_s
         client = await _connect_unless_stopped(limit, stop)
@@ -163,10 +164,22 @@ async def run_worker(
         except RuntimeError as e:
             if not gone_at_start(e):
                 raise
-        _say("lost the Temporal server while the worker started; it starts again when the server answers")
-        if not await until_answering(client, stop):
+        _say("the worker stopped while the Temporal server was away; it starts again when the server answers")
+        client = await _answering_again(client, owned, stop)
+        if client is None:
             print("worker stopped before the server answered", flush=True)
             return
+        _say(f"the Temporal server at {client.service_client.config.target_host} answers again")
+
+
+async def _answering_again(client: Client, owned: bool, stop: asyncio.Event) -> Client | None:
+    """The client to start the workers again with, once the server answers; None on stop.
+    A connection of our own is made anew: the stopped worker can stay registered with the old
+    one's core client, which then refuses a new worker on the same task queue ("Registration
+    of multiple workers with overlapping worker task types ... not allowed")."""
+    if owned:
+        return await _connect_unless_stopped(None, stop)
+    return client if await until_answering(client, stop) else None
 
 
 async def _serve(

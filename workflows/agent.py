@@ -46,7 +46,7 @@ with workflow.unsafe.imports_passed_through():
         failure_message,
         raise_if_cancelled,
     )
-    from workflows.hosts import HostSteps
+    from workflows.hosts import HostSteps, short_local_activity
     from workflows.interrupts import InterruptedCommands
     from workflows.ladder import pressure, rungs_due
     from workflows.options import SNAPSHOT_PATCH
@@ -315,15 +315,7 @@ class AgentWorkflow(
         if self._agent.host is not None:
             return await self._here_or_on_host(name, arg, result_type, timeout, summary, retry, patient=patient)
         if self._patched(patch):
-            return await workflow.execute_local_activity(
-                name,
-                arg,
-                result_type=result_type,
-                start_to_close_timeout=timeout,
-                retry_policy=retry,
-                local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
-                summary=summary,
-            )
+            return await short_local_activity(name, arg, result_type, timeout, retry, summary)
         return await workflow.execute_activity(
             name, arg, result_type=result_type, start_to_close_timeout=timeout, retry_policy=retry, summary=summary
         )

@@ -179,14 +179,8 @@ class HostSteps:
         before (in the workflow task, on whichever worker runs it). Not `bound` this time: local."""
         if bound and self._agent.host is not None:
             return await self._here_or_on_host(name, arg, result_type, start_to_close_timeout, summary, retry_policy)
-        return await workflow.execute_local_activity(
-            name,
-            arg,
-            result_type=result_type,
-            start_to_close_timeout=start_to_close_timeout,
-            retry_policy=retry_policy,
-            local_retry_threshold=local_retry_threshold,
-            summary=summary,
+        return await short_local_activity(
+            name, arg, result_type, start_to_close_timeout, retry_policy, summary, threshold=local_retry_threshold
         )
 
     async def _here_or_on_host(
@@ -207,16 +201,8 @@ class HostSteps:
         await self._move_if_asked()
         self._here_tries += 1
         try:
-            result = await workflow.execute_local_activity(
-                name,
-                arg,
-                result_type=result_type,
-                start_to_close_timeout=timeout,
-                retry_policy=retry,
-                local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
-                summary=summary,
-                activity_id=local_activity_id(self._here_tries, self._agent.host or ""),
-            )
+            here = local_activity_id(self._here_tries, self._agent.host or "")
+            result = await short_local_activity(name, arg, result_type, timeout, retry, summary, activity_id=here)
         except ACTIVITY_FAILED as e:
             if not refused_elsewhere(e):
                 raise
@@ -398,3 +384,27 @@ class HostSteps:
             raise ValueError("the run is not pinned to a host: its workspace is on storage every worker sees")
         if move.host == self._agent.host:
             raise ValueError(f"the run is on host {move.host} already")
+
+
+async def short_local_activity(
+    name: str,
+    arg: Any,
+    result_type: type | None,
+    timeout: timedelta,
+    retry: RetryPolicy,
+    summary: str,
+    threshold: timedelta = options.LOCAL_RETRY_THRESHOLD,
+    activity_id: str | None = None,
+) -> Any:
+    """A short local activity of the run (a read, a cleanup, a file tool), retried in its own
+    workflow task below `threshold`. `activity_id`: None for the SDK's own, as before."""
+    return await workflow.execute_local_activity(
+        name,
+        arg,
+        result_type=result_type,
+        start_to_close_timeout=timeout,
+        retry_policy=retry,
+        local_retry_threshold=threshold,
+        summary=summary,
+        activity_id=activity_id,
+    )

@@ -25,11 +25,7 @@ import shlex
 import sys
 import time
 from collections.abc import AsyncIterator
-
-from mcp import ClientSession, StdioServerParameters, stdio_client
-from mcp.client.stdio import get_default_environment
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+from typing import TYPE_CHECKING
 
 from activities.mcp_config import McpServer, expanded, expanded_map
 from activities.tools.sandbox import (
@@ -44,6 +40,12 @@ from activities.tools.sandbox import (
     unsandboxed_allowed,
 )
 from activities.tools.seccomp import filter_file
+
+# The MCP SDK is imported when a session starts, not with this module: it is most of the
+# import time of every `durable-agent` command and of a worker's start (~1 s of CPU), and
+# only runs with MCP servers use it.
+if TYPE_CHECKING:
+    from mcp import ClientSession, StdioServerParameters
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,8 @@ class McpUnavailable(Exception):
 def stdio_parameters(server: McpServer, workspace: str) -> StdioServerParameters:
     """How to start a stdio server: in the sandbox unless `sandbox: false` (or the operator's
     `DURABLE_AGENT_UNSANDBOXED_COMMANDS` consent where no sandbox can start)."""
+    from mcp import StdioServerParameters
+
     assert server.command is not None
     command = expanded(server.command)
     args = [expanded(a) for a in server.args]
@@ -84,6 +88,8 @@ def stdio_parameters(server: McpServer, workspace: str) -> StdioServerParameters
 
 def _plain(command: str, args: list[str], env: dict[str, str], cwd: str) -> StdioServerParameters:
     """Unsandboxed: the worker's view of the machine, but still only the configured env."""
+    from mcp import StdioServerParameters
+
     argv = ["-c", _only(env), "mcp-server", command, *args]
     return StdioServerParameters(command="bash", args=argv, env=env, cwd=cwd)
 
@@ -91,6 +97,8 @@ def _plain(command: str, args: list[str], env: dict[str, str], cwd: str) -> Stdi
 def _only(env: dict[str, str]) -> str:
     """A shell script that runs its arguments with `env` alone: the SDK adds some of the
     worker's variables (USER, SHELL, ...), which go before the server runs."""
+    from mcp.client.stdio import get_default_environment
+
     leaked = sorted(set(get_default_environment()) - set(env))
     return f'unset {shlex.join(leaked)}; exec "$@"' if leaked else 'exec "$@"'
 
@@ -150,6 +158,10 @@ class McpSession:
 
     @contextlib.asynccontextmanager
     async def _connected(self) -> AsyncIterator[ClientSession]:
+        from mcp import ClientSession, stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+
         async with contextlib.AsyncExitStack() as stack:
             if self.server.stdio:
                 params = stdio_parameters(self.server, self.workspace)

@@ -23,10 +23,8 @@ import functools
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mcp.types as mcp_types
-from mcp.shared.exceptions import MCPError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -40,6 +38,9 @@ from activities.workspace import workspace_roots
 from durable_agent.dependencies import DependencyUnavailable, Probe
 from workflows.tool_catalog import CatalogRequest, McpClose, ToolCatalog, ToolSpec
 from workflows.types import TOOL_NAME, Effect, McpTarget, ToolCallInput, ToolOutcome
+
+if TYPE_CHECKING:  # the SDK itself is imported with a session's start (activities/mcp_sessions.py)
+    import mcp.types as mcp_types
 
 PREFIX = "mcp__"
 CALL_GRACE_S = 10.0
@@ -95,6 +96,8 @@ def spec_of(name: str, server: McpServer, tool: mcp_types.Tool) -> ToolSpec:
 
 
 async def list_tools(session: McpSession) -> list[mcp_types.Tool]:
+    import mcp.types as mcp_types
+
     tools: list[mcp_types.Tool] = []
     cursor: str | None = None
     while True:
@@ -108,6 +111,8 @@ async def list_tools(session: McpSession) -> list[mcp_types.Tool]:
 
 def rendered(result: mcp_types.CallToolResult) -> str:
     """A result's content as text: text blocks as they are, anything else described."""
+    import mcp.types as mcp_types
+
     parts: list[str] = []
     for block in result.content:
         if isinstance(block, mcp_types.TextContent):
@@ -185,6 +190,8 @@ class McpActivities:
         return outcome
 
     async def _run(self, context: ToolCallContext, target: McpTarget) -> ToolOutcome:
+        from mcp.shared.exceptions import MCPError
+
         server = self.config.servers[target.server]
         run, workspace = context.input.run_folder, context.workspace.root
         progress: list[str] = []
@@ -234,6 +241,8 @@ class McpActivities:
     async def _checked(self, session: McpSession, run: str, workspace: str) -> McpSession:
         """Before a write: a server that died since its last call is started again now, so a
         call that finds it dead was never sent and is not reported as of unknown outcome."""
+        from mcp.shared.exceptions import MCPError
+
         try:
             await asyncio.wait_for(session.client().send_ping(), PING_TIMEOUT_S)
             return session

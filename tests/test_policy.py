@@ -202,3 +202,20 @@ def test_a_carry_written_before_the_rename_keeps_its_output_token_window() -> No
     assert old.recent_output_tokens == [10, 20]
     assert "output_tokens" not in Carry(recent_output_tokens=[5]).model_dump()
     assert Carry.model_validate_json(Carry(recent_output_tokens=[5]).model_dump_json()).recent_output_tokens == [5]
+
+
+def test_pending_approvals_are_listed_in_the_order_the_model_asked_for_the_calls() -> None:
+    """Each approval is listed once its diff activity returns, and those return in any order."""
+    from types import SimpleNamespace
+
+    from workflows.tool_steps import ToolSteps
+    from workflows.types import PendingApproval
+
+    def pending(call_id: str) -> PendingApproval:
+        return PendingApproval(call_id=f"3:{call_id}", tool="write_file", summary=call_id, step=3, reason="r")
+
+    steps = SimpleNamespace(_call_positions={"call_a": 0, "call:b": 1, "call_c": 2}, _pending_approvals={})
+    for finished in ("call_c", "call:b", "call_a"):  # the diffs' finishing order
+        steps._pending_approvals[f"3:{finished}"] = pending(finished)
+        ToolSteps._list_in_call_order(steps)  # type: ignore[arg-type]
+    assert list(steps._pending_approvals) == ["3:call_a", "3:call:b", "3:call_c"]

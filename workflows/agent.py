@@ -136,6 +136,9 @@ class AgentWorkflow(
         self._steps_this_run = 0
         self._tokens_before_step = 0
         self._pending_approvals: dict[str, PendingApproval] = {}
+        """In the order the model asked for the calls (`ToolSteps._list_in_call_order`)."""
+        self._call_positions: dict[str, int] = {}
+        """The current step's tool call ids, by their place in the model's reply."""
         self._decisions: dict[str, ApprovalDecision] = {}
         self._attention: dict[str, AttentionReport] = {}
         self._resolutions: dict[str, Resolution] = {}

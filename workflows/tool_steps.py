@@ -308,6 +308,7 @@ class ToolSteps(DependencyWaits):
 
     async def _run_tools(self, calls: list[ToolCall]) -> None:
         runnable = calls[: limits.MAX_TOOL_CALLS_PER_STEP]
+        self._call_positions = {call.id: place for place, call in enumerate(runnable)}
         self._carry.usage.tool_calls += len(runnable)
         self._doing = f"running {len(runnable)} tool call(s) (step {self._carry.step})"
         outcomes = await asyncio.gather(*(self._run_tool(call) for call in runnable))
@@ -496,6 +497,7 @@ class ToolSteps(DependencyWaits):
             reason=reason,
             shown=shown,
         )
+        self._list_in_call_order()
         self._publish()
         with self._waiting_for_a_person():
             decision = await self._wait_for_decision(approval_id)
@@ -504,6 +506,12 @@ class ToolSteps(DependencyWaits):
         if decision.approved:
             return None
         return ToolOutcome(ok=False, error=f"{NOT_RUN}denied by a person: {decision.note or 'no reason given'}")
+
+    def _list_in_call_order(self) -> None:
+        """Each approval waits for its diff, and diffs finish in any order: a person reads the
+        step's approvals in the order the model asked for them."""
+        place = lambda item: self._call_positions.get(item[0].split(":", 1)[1], 0)  # noqa: E731
+        self._pending_approvals = dict(sorted(self._pending_approvals.items(), key=place))
 
     async def _wait_for_decision(self, approval_id: str) -> ApprovalDecision:
         settings = self._agent.approval

@@ -3,6 +3,7 @@ attempt's command again and by the worker that takes over a dead worker's calls.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -40,8 +41,10 @@ def process_gone(pid: int) -> bool:
     return fields is None or fields[0] in ("Z", "X")
 
 
+@functools.cache
 def machine_tag() -> str | None:
-    """Short and stable for one boot and one pid namespace; None where /proc cannot tell."""
+    """Short and stable for one boot and one pid namespace; None where /proc cannot tell.
+    Read once: neither changes while a process runs, and every command's cgroup is named with it."""
     boot, namespace = boot_id(), pid_namespace()
     if boot is None or namespace is None:
         return None

@@ -502,6 +502,9 @@ async def work(args: argparse.Namespace, console: Console) -> int:
     return EXIT_OK
 
 
+CANCEL_AGAIN_S = 1.0
+
+
 async def _until_signalled(awaitable: Awaitable[T]) -> T | None:
     """Await it; on Ctrl-C or SIGTERM cancel it and return None instead."""
     loop = asyncio.get_running_loop()
@@ -519,8 +522,12 @@ async def _until_signalled(awaitable: Awaitable[T]) -> T | None:
         waiter.cancel()
     if task.done():
         return task.result()
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+    # Cancelled again until it ends: a cancel can be swallowed (asyncio.wait_for returns its
+    # call's result when the call ends as the cancel arrives, and the follow loop goes on).
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=CANCEL_AGAIN_S)
+    await asyncio.gather(task, return_exceptions=True)  # its error, if any, is retrieved
     return None
 
 

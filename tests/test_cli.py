@@ -396,6 +396,29 @@ async def test_watch_shows_finished_steps_once_before_following_and_says_so_on_c
     await handle.terminate("test over")
 
 
+async def test_ctrl_c_ends_a_follow_that_swallowed_its_first_cancel() -> None:
+    """`asyncio.wait_for` returns its call's result when the call ends as the cancel arrives:
+    the follow loop then goes on, and one cancel left `watch` hanging after Ctrl-C."""
+    from durable_agent.cli import _until_signalled
+
+    swallowed = asyncio.Event()
+
+    async def follow_that_missed_the_cancel() -> int:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            swallowed.set()  # as wait_for does in the race: the loop goes on
+        await asyncio.sleep(60)
+        return 0
+
+    ctrl_c = asyncio.get_running_loop().call_later(0.2, os.kill, os.getpid(), signal.SIGINT)
+    try:
+        assert await asyncio.wait_for(_until_signalled(follow_that_missed_the_cancel()), 10) is None
+    finally:
+        ctrl_c.cancel()
+    assert swallowed.is_set()
+
+
 def test_notes_say_what_changed_for_the_run_and_keep_bookkeeping_for_verbose() -> None:
     folded = Degradation(step=9, kind="compaction", detail="folded steps 1-4 (size), ~9,000 → ~2,000 tokens; summary")
     idle = Degradation(step=2, kind="compaction", detail="nothing to fold yet (~887 tokens in context)")

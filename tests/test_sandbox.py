@@ -1051,7 +1051,12 @@ async def test_an_unsandboxed_command_swapping_durable_agent_never_gets_the_jour
     monkeypatch.setenv(UNSANDBOXED_ENV, UNSANDBOXED_CONSENT)
     outside = tmp_path / "outside"
     outside.mkdir()
-    swap = f"mv .durable-agent da-old; ln -s {outside} .durable-agent; echo swapped"
+    # The worker may make `.durable-agent` again between the `mv` and the `ln` (its command
+    # output goes there), and `ln` then links inside it: swap until the name is the symlink.
+    swap = (
+        f"for i in 1 2 3 4 5 6 7 8 9; do [ -L .durable-agent ] && break; mv .durable-agent da-old$i; "
+        f"ln -s {outside} .durable-agent; done; [ -L .durable-agent ] && echo swapped"
+    )
     model_server.responder = Script([tools(command(swap)), answer("done")])
     handle = await start(client, task_queue, goal="x", workspace=str(workspace))
     await asyncio.wait_for(handle.result(), timeout=60)

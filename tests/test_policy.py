@@ -214,7 +214,8 @@ def test_pending_approvals_are_listed_in_the_order_the_model_asked_for_the_calls
     def pending(call_id: str) -> PendingApproval:
         return PendingApproval(call_id=f"3:{call_id}", tool="write_file", summary=call_id, step=3, reason="r")
 
-    steps = SimpleNamespace(_call_positions={"call_a": 0, "call:b": 1, "call_c": 2}, _pending_approvals={})
+    positions = {"3:call_a": 0, "3:call:b": 1, "3:call_c": 2}
+    steps = SimpleNamespace(_call_positions=positions, _pending_approvals={})
     for finished in ("call_c", "call:b", "call_a"):  # the diffs' finishing order
         steps._pending_approvals[f"3:{finished}"] = pending(finished)
         ToolSteps._list_in_call_order(steps)  # type: ignore[arg-type]

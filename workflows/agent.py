@@ -138,7 +138,7 @@ class AgentWorkflow(
         self._pending_approvals: dict[str, PendingApproval] = {}
         """In the order the model asked for the calls (`ToolSteps._list_in_call_order`)."""
         self._call_positions: dict[str, int] = {}
-        """The current step's tool call ids, by their place in the model's reply."""
+        """The current step's approval keys (`approval_key`), by their call's place in the model's reply."""
         self._decisions: dict[str, ApprovalDecision] = {}
         self._attention: dict[str, AttentionReport] = {}
         self._resolutions: dict[str, Resolution] = {}

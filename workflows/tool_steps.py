@@ -82,6 +82,11 @@ def activity_outcome(raw: Any, budget_chars: int) -> ToolOutcome:
     return SHAPES_ONLY.value(outcome)
 
 
+def approval_key(step: int, call_id: str) -> str:
+    """A pending approval's id, as `approve` takes it: the call's id is unique only in its step."""
+    return f"{step}:{call_id}"
+
+
 class ToolSteps(DependencyWaits):
     """A step's tool calls, as `AgentWorkflow` runs them."""
 
@@ -308,7 +313,8 @@ class ToolSteps(DependencyWaits):
 
     async def _run_tools(self, calls: list[ToolCall]) -> None:
         runnable = calls[: limits.MAX_TOOL_CALLS_PER_STEP]
-        self._call_positions = {call.id: place for place, call in enumerate(runnable)}
+        step = self._carry.step
+        self._call_positions = {approval_key(step, call.id): place for place, call in enumerate(runnable)}
         self._carry.usage.tool_calls += len(runnable)
         self._doing = f"running {len(runnable)} tool call(s) (step {self._carry.step})"
         outcomes = await asyncio.gather(*(self._run_tool(call) for call in runnable))
@@ -478,7 +484,7 @@ class ToolSteps(DependencyWaits):
             reason = f"{call.name} asks for approval of every call"
         if reason is None:
             return None
-        approval_id = f"{self._carry.step}:{call.id}"
+        approval_id = approval_key(self._carry.step, call.id)
         shown = approval_view(call.name, args)
         if call.name in DIFFED_TOOLS and self._patched(options.APPROVAL_DIFF_PATCH):
             shown = "\n".join(
@@ -510,7 +516,7 @@ class ToolSteps(DependencyWaits):
     def _list_in_call_order(self) -> None:
         """Each approval waits for its diff, and diffs finish in any order: a person reads the
         step's approvals in the order the model asked for them."""
-        place = lambda item: self._call_positions.get(item[0].split(":", 1)[1], 0)  # noqa: E731
+        place = lambda item: self._call_positions.get(item[0], 0)  # noqa: E731
         self._pending_approvals = dict(sorted(self._pending_approvals.items(), key=place))
 
     async def _wait_for_decision(self, approval_id: str) -> ApprovalDecision:

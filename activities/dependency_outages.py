@@ -16,7 +16,7 @@ import asyncio
 import inspect
 import urllib.error
 import urllib.request
-from datetime import UTC
+from datetime import UTC, datetime
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -89,7 +89,8 @@ class DependencyOutages:
         self._count(name, +1)
         try:
             async with heartbeating(details):
-                await self.gate.wait_until_up(name, input.error)
+                failed_at = datetime.fromisoformat(input.failed_at) if input.failed_at else None
+                await self.gate.wait_until_up(name, input.error, failed_at)
         finally:
             self._count(name, -1)
         return EndpointWaited(probes=self.gate.probes)

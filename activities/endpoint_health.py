@@ -48,6 +48,8 @@ class EndpointGate:
         """The probe in flight for an endpoint not (yet) known to be down, shared by its askers."""
         self.probes = 0
         """Probes this worker has sent, over all endpoints."""
+        self._answered: dict[str, datetime] = {}
+        """When a probe of the endpoint last found it up."""
 
     def outage(self, endpoint: str) -> Outage | None:
         """The endpoint's current outage; None while it is not known to be down."""
@@ -69,7 +71,9 @@ class EndpointGate:
 
     async def _probe_once(self, endpoint: str) -> bool:
         self.probes += 1
-        return await self._probe(endpoint)
+        if answered := await self._probe(endpoint):
+            self._answered[endpoint] = datetime.now(UTC)
+        return answered
 
     def mark_down(self, endpoint: str, error: str) -> Outage:
         """The endpoint failed: an outage begins (its probe loop with it), or goes on."""
@@ -81,8 +85,14 @@ class EndpointGate:
             outage.last_error = error
         return outage
 
-    async def wait_until_up(self, endpoint: str, error: str) -> None:
-        """Returns when the endpoint answers a probe (at once if it is not known to be down)."""
+    async def wait_until_up(self, endpoint: str, error: str, failed_at: datetime | None = None) -> None:
+        """Returns when the endpoint answers a probe: at once if a probe found it up after the
+        run's call failed (`failed_at`), or if it is not known to be down."""
+        answered = self._answered.get(endpoint)
+        if failed_at is not None and answered is not None and answered > failed_at and endpoint not in self._outages:
+            # The outage the run saw is over: a waiter that begins late (its attempt timed out
+            # and was retried, or it was slow to start) costs the endpoint no other probe.
+            return
         # Told of the failure by a run (e.g. this worker took over the wait from another), the
         # worker may have seen none itself: it checks first.
         outage = await self.confirm(endpoint, error)

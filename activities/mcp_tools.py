@@ -5,7 +5,8 @@ run's `mcp_servers`: one session per server is started for the run on this worke
 list taken and made `ToolSpec`s, recorded in history with the rest of the catalog. Each
 tool's effect comes from its annotations: `readOnlyHint` → read (retried),
 `idempotentHint` → idempotent, otherwise write; a write is journaled (activities/journal.py)
-and never run twice: one interrupted by a crash is reported as of unknown outcome. A
+and never run twice (activities/write_once.py): one interrupted by a crash is reported as of
+unknown outcome. A
 non-read-only tool is destructive unless it says `destructiveHint: false`, and a destructive
 tool's calls wait for approval unless the server's `approve` says otherwise.
 
@@ -35,6 +36,7 @@ from activities.mcp_sessions import McpSession, McpUnavailable, SessionPool, rea
 from activities.run_files import RunFileCaps, run_file_caps
 from activities.tools.base import ToolCallContext, text_outcome
 from activities.workspace import workspace_roots
+from activities.write_once import write_once
 from durable_agent.dependencies import DependencyUnavailable, Probe
 from workflows.tool_catalog import CatalogRequest, McpClose, ToolCatalog, ToolSpec
 from workflows.types import TOOL_NAME, Effect, McpTarget, ToolCallInput, ToolOutcome
@@ -176,18 +178,14 @@ class McpActivities:
         context = await asyncio.to_thread(ToolCallContext.open, input, self._roots, self._caps)
         if target.effect != "write":
             return await self._run(context, target)
-        key = input.idempotency_key
-        journal = context.journal
-        if (recorded := await asyncio.to_thread(journal.completed, key)) is not None:
-            return recorded
-        if await asyncio.to_thread(journal.started, key) is not None:
-            error = OUTCOME_UNKNOWN.format(what="its worker stopped", error="an earlier attempt did not report")
-            return ToolOutcome(ok=False, error=error)
-        await asyncio.to_thread(journal.ensure_room)
-        await asyncio.to_thread(journal.start, key, {"mcp": target.model_dump()})
-        outcome = await self._run(context, target)
-        await asyncio.to_thread(journal.complete, key, outcome)
-        return outcome
+        error = OUTCOME_UNKNOWN.format(what="its worker stopped", error="an earlier attempt did not report")
+        return await write_once(
+            context.journal,
+            input.idempotency_key,
+            {"mcp": target.model_dump()},
+            lambda: self._run(context, target),
+            unknown=ToolOutcome(ok=False, error=error),
+        )
 
     async def _run(self, context: ToolCallContext, target: McpTarget) -> ToolOutcome:
         from mcp.shared.exceptions import MCPError

@@ -12,7 +12,8 @@ effect:
   acts, and its outcome once it returns or raises. An exception is a tool error at once. A
   worker that dies mid-call is retried, and the retry acts on the journal, never on the tool:
   the recorded outcome of a call that finished before its worker died, or "the outcome is
-  unknown" for one that began and never finished. A worker that cannot reach the run's
+  unknown" for one that began and never finished (unless it is still running in the retry's
+  own worker: activities/write_once.py). A worker that cannot reach the run's
   workspace runs a write tool on its first attempt only, and says "unknown" on a retry.
 Bad arguments are a tool error, never retried.
 """
@@ -33,12 +34,13 @@ from temporalio.exceptions import ApplicationError
 
 from activities.dependency_outages import DependencyOutages
 from activities.heartbeat import heartbeating
-from activities.journal import Journal, JournalFull, JournalUnsafe
+from activities.journal import Journal, JournalUnsafe
 from activities.mcp_tools import McpActivities
 from activities.redaction import worker_redactor
 from activities.run_files import HostileLayout, run_file_caps
 from activities.tools.base import ToolCallContext
 from activities.workspace import WorkspaceError, workspace_roots
+from activities.write_once import write_once
 from durable_agent.dependencies import DependencyUnavailable
 from durable_agent.metrics import record_tool_cost
 from durable_agent.tools import Tool, ToolContext, enter_context, leave_context, thread_safe, tool_queue
@@ -148,18 +150,7 @@ class UserToolActivities:
         except (WorkspaceError, JournalUnsafe, HostileLayout, OSError):
             # No journal here: the first attempt runs; a retry cannot know how far one went.
             return await self._run(tool, input, args) if activity.info().attempt == 1 else unknown
-        recorded = await asyncio.to_thread(journal.completed, key)
-        if recorded is not None:
-            return recorded
-        if await asyncio.to_thread(journal.started, key) is not None:
-            return unknown
-        try:
-            await asyncio.to_thread(_begin, journal, key, tool.name)
-        except JournalFull as e:
-            return ToolOutcome(ok=False, error=str(e))
-        outcome = await self._run(tool, input, args)
-        await asyncio.to_thread(journal.complete, key, outcome)
-        return outcome
+        return await write_once(journal, key, {"tool": tool.name}, lambda: self._run(tool, input, args), unknown)
 
     async def _run(self, tool: Tool, input: ToolCallInput, args: BaseModel) -> ToolOutcome:
         info = activity.info()
@@ -227,11 +218,6 @@ class UserToolActivities:
 def _journal(input: ToolCallInput) -> Journal:
     """The run's journal for this step, as the built-in tools open it (the workspace checked)."""
     return ToolCallContext.open(input, workspace_roots(), run_file_caps()).journal
-
-
-def _begin(journal: Journal, key: str, tool: str) -> None:
-    journal.ensure_room()
-    journal.start(key, {"tool": tool})  # durable before the tool acts
 
 
 @activity.defn(name="redact_tool_outcome")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +33,7 @@ from tests.helpers import host_processes_named, start, until, wait_for
 from tests.scripts import Script, answer, tool_results, tools
 from tests.test_crash import worker_env
 from worker import build_worker
+from workflows import options
 
 FIXTURE = str(Path(__file__).with_name("mcp_fixture_server.py"))
 ROOT = Path(__file__).resolve().parent.parent
@@ -349,6 +352,63 @@ async def test_worker_sigkills_between_and_during_calls(
     assert latest(model_server.requests[3]) == ["deleted doomed.txt"] and not doomed.exists()
     assert starts(workspace) == 4  # w0 (catalog and the write), w1 (the read), w2 (its retry), w3 (the delete)
     assert host_processes_named(str(workspace)) == []  # no sandboxed server outlived its worker
+
+
+async def test_a_write_whose_attempt_timed_out_on_a_stalled_worker_reports_its_real_outcome(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The worker stops (SIGSTOP) for longer than the heartbeat timeout during two write calls,
+    an MCP server's and a user's Python tool: the server times their attempts out and retries
+    them, on the same worker, whose calls went on. Each retry waits for its call and reports
+    its outcome, not "unknown"; each effect happened once."""
+    config = configure(tmp_path, monkeypatch, fx=fixture())
+    ledger, payments = workspace / "ledger.txt", workspace / "payments.txt"
+    stalled_s = options.HEARTBEAT_TIMEOUT.total_seconds() + 4
+    hold_s = stalled_s + 5  # both calls still running when the worker goes on, and the retries arrive
+    model_server.responder = Script(
+        [
+            tools(
+                ("mcp__fx__append_line", {"path": "ledger.txt", "line": "paid", "hold_s": hold_s}),
+                ("send_payment", {"ledger": str(payments), "amount": 5, "hold_s": hold_s}),
+            ),
+            answer("done"),
+        ]
+    )
+    env = {
+        **worker_env(temporal_server, model_server, task_queue),
+        "DURABLE_AGENT_MCP_CONFIG": str(config),
+        "DURABLE_AGENT_TOOLS": "tests.tool_fixtures",
+    }
+    worker = spawn_worker(env, tmp_path / "w.log")
+    try:
+        handle = await start(
+            client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"], tools=["send_payment"]
+        )
+        await until(lambda: lines(ledger) == ["paid"] and lines(payments) == ["paid 5.0"])
+        os.kill(worker.pid, signal.SIGSTOP)
+        await asyncio.sleep(stalled_s)
+        os.kill(worker.pid, signal.SIGCONT)
+        result = await asyncio.wait_for(handle.result(), 120)
+    finally:
+        if worker.poll() is None:
+            os.kill(worker.pid, signal.SIGCONT)
+        stop_gently(worker)
+    assert result.state == "completed"
+    assert sorted(latest(model_server.requests[1], 2)) == ["appended to ledger.txt", "paid 5.0"]
+    assert lines(ledger) == ["paid"] and lines(payments) == ["paid 5.0"]  # once each
+    attempts = {
+        event.activity_task_started_event_attributes.attempt
+        async for event in handle.fetch_history_events()
+        if event.HasField("activity_task_started_event_attributes")
+        and event.activity_task_started_event_attributes.attempt > 1
+    }
+    assert attempts, "no attempt timed out: the stall proved nothing"
 
 
 def lines(path: Path) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,30 @@ async def test_two_hundred_waiters_share_one_probe_loop(model_server: ModelServe
     # to its cap, then stays): 8, not 200 of each; 5 had the wait gone on doubling.
     assert 7 <= model_server.refused["GET"] <= 10, model_server.refused
     assert gate.waiting() == {}
+
+
+async def test_a_wait_that_begins_after_its_outage_ended_costs_no_other_probe() -> None:
+    """A wait retried late (its attempt timed out on a stalled worker) or slow to start: the
+    probe that found the endpoint up since the run's call failed answers it. A call that failed
+    after that probe is probed afresh."""
+    answers: list[bool] = []
+    up = [False]
+
+    async def probe(endpoint: str) -> bool:
+        answers.append(up[0])
+        return up[0]
+
+    gate = EndpointGate(probe, first_s=0.05, max_interval_s=0.05)
+    failed_at = datetime.now(UTC)
+    waiter = asyncio.ensure_future(gate.wait_until_up("e", "refused", failed_at))
+    await until(lambda: len(answers) >= 2, within_s=5)  # the confirming probe, then the loop's
+    up[0] = True
+    await asyncio.wait_for(waiter, 5)
+    probes = len(answers)
+    await asyncio.wait_for(gate.wait_until_up("e", "refused", failed_at), 1)  # the same failure's late wait
+    assert len(answers) == probes
+    await asyncio.wait_for(gate.wait_until_up("e", "refused again", datetime.now(UTC)), 1)
+    assert answers[probes:] == [True]  # a later failure: one probe, which finds it up
 
 
 async def test_the_worker_metrics_say_runs_wait_for_the_endpoint_and_since_when(

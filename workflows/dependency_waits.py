@@ -47,6 +47,10 @@ class DependencyWait(BaseModel):
     """When the run first saw it down (its own clock, ISO 8601)."""
     error: str
     probe: str | None = None
+    failed_at: str | None = None
+    """When the run learned of the call's failure that this wait is for (ISO 8601): a worker
+    whose probe has found the dependency up since then does not probe again. None in waits
+    recorded before it was sent."""
 
 
 class DependencyIsDown(Exception):
@@ -111,7 +115,8 @@ class DependencyWaits:
             return False
         name, at = down.details.dependency, since.isoformat(timespec="seconds")
         error, probe = failure_message(down.error)[:500], down.details.probe
-        wait = DependencyWait(dependency=name, since=at, error=error, probe=probe)
+        failed_at = workflow.now().isoformat()
+        wait = DependencyWait(dependency=name, since=at, error=error, probe=probe, failed_at=failed_at)
         self._doing = f"waiting for {name} since {at}"
         self._publish()
         # A Python tool's workers know its probe (and took it over from the tool); another

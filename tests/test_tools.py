@@ -26,7 +26,8 @@ import pytest
 from temporalio.activity import ActivityCancellationDetails
 from temporalio.testing import ActivityEnvironment
 
-from activities import tools as tools_module
+from activities import calls_here
+from activities.calls_here import CALLS_HERE
 from activities.journal import Journal, key_digest
 from activities.run_files import step_journal_path
 from activities.tools import INTERRUPTED, ToolActivities, output
@@ -598,12 +599,12 @@ async def test_a_command_no_retry_collects_is_stopped_after_a_grace(
 ) -> None:
     # The server gave the attempt up, and no retry came to this worker (the run closed, or
     # the retry went elsewhere): the command does not run on unwatched until its timeout.
-    monkeypatch.setattr(tools_module, "ORPHANED_COMMAND_GRACE_S", 0.5)
+    monkeypatch.setattr(calls_here, "ORPHAN_GRACE_S", 0.5)
     tools = ToolActivities()
     sleep, marker = unique_sleep()  # 300 s: gone within the wait below, it was stopped at the grace
     call = slow_command(workspace, "orphan-1", sleep)
     await cancel_mid_command(tools, call, ActivityCancellationDetails(timed_out=True))
-    await until(lambda: not tools._commands_here and host_processes_named(marker) == [])
+    await until(lambda: CALLS_HERE.running("orphan-1") is None and host_processes_named(marker) == [])
     assert not (workspace / "ledger.txt").exists()
     again = await ActivityEnvironment().run(tools.run_command, call)
     assert not again.ok and (again.error or "").startswith("the command was cancelled"), again

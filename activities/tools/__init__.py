@@ -20,15 +20,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
+from activities.calls_here import CALLS_HERE
 from activities.heartbeat import heartbeating
 from activities.home import refuse_workspace_holding_home
 from activities.journal import JournalFull, JournalUnsafe
@@ -48,13 +47,6 @@ _EXPECTED = (ToolError, WorkspaceError, ToolArgumentError, NotRegularFile, Journ
 
 Work = Callable[[OpenCall, Any], Awaitable[ToolOutcome]]
 _T = TypeVar("_T")
-
-ORPHANED_COMMAND_GRACE_S = 30.0
-"""How long a command whose attempt the server gave up waits for a retry to collect it: the
-retry comes within a second unless the run closed or it went to another worker."""
-
-COMMANDS_REMEMBERED = 10_000
-"""How many finished commands' keys a worker remembers (about 1 MB)."""
 
 FILE_TOOL_TIME_LIMIT_S = 30.0
 """A file tool call that has not finished by then is abandoned and reported to the model.
@@ -90,10 +82,6 @@ class ToolActivities:
         self._roots = roots if roots is not None else workspace_roots()
         self._caps = caps if caps is not None else run_file_caps()
         self._max_list_entries = max_list_entries
-        self._commands_here: dict[str, _RunningCommand] = {}
-        """Commands running in this process, by idempotency key."""
-        self._commands_done_here: OrderedDict[str, None] = OrderedDict()
-        """The keys of the latest commands that ran here: their retry needs no sticky release."""
         self._max_search_matches = max_search_matches
 
     def all(self) -> list[Callable[..., Awaitable[object]]]:
@@ -142,38 +130,22 @@ class ToolActivities:
     @activity.defn(name="run_command")
     async def run_command(self, input: ToolCallInput) -> ToolOutcome:
         """A command outlives an attempt that the server timed out while the command still ran
-        here (a worker too busy to send its first heartbeat in time): the retry, when it
-        comes to this worker, waits for that same command instead of finding its start record
-        and interrupting it. Only a cancellation asked for (by the run, or the worker's
-        shutdown) stops a command."""
+        here (a worker too busy to send its heartbeats in time): the retry, when it comes to
+        this process, waits for that same command instead of finding its start record and
+        interrupting it (activities/calls_here.py)."""
         key = input.idempotency_key
-        running = self._commands_here.get(key)
+        running = CALLS_HERE.running(key)
         if running is not None:
             async with heartbeating(release_sticky=False):
                 return await running.outcome()
-        ran_here = key in self._commands_done_here
-        command = _RunningCommand(
-            asyncio.create_task(
-                self._serve(
-                    "run_command",
-                    input,
-                    self._commands.run,
-                    release_sticky=not ran_here,
-                    details=partial(self._commands.beat_details, key),
-                )
-            )
+        served = self._serve(
+            "run_command",
+            input,
+            self._commands.run,
+            release_sticky=not CALLS_HERE.ran(key),
+            details=partial(self._commands.beat_details, key),
         )
-        self._commands_here[key] = command
-        command.task.add_done_callback(partial(self._command_done, key))
-        return await command.outcome()
-
-    def _command_done(self, key: str, task: asyncio.Task[ToolOutcome]) -> None:
-        if not task.cancelled():
-            task.exception()  # seen: a timed-out attempt may have left no one awaiting it
-        del self._commands_here[key]
-        self._commands_done_here[key] = None
-        while len(self._commands_done_here) > COMMANDS_REMEMBERED:
-            self._commands_done_here.popitem(last=False)
+        return await CALLS_HERE.run(key, served)
 
     async def _serve(
         self,
@@ -216,38 +188,6 @@ class ToolActivities:
 
 
 FileTool = Callable[[ToolCallContext, Any], ToolOutcome]
-
-
-@dataclass
-class _RunningCommand:
-    """A command running in this worker and the attempts waiting for it."""
-
-    task: asyncio.Task[ToolOutcome]
-    waiting: int = 0
-
-    async def outcome(self) -> ToolOutcome:
-        """The command's outcome. Cancelling the waiting attempt stops the command when the
-        cancellation was asked for (by the run, or the worker's shutdown). When the server
-        gave the attempt up instead, the command goes on for a retry to collect; one that no
-        attempt waits for after ORPHANED_COMMAND_GRACE_S (the run closed, or the retry went
-        to another worker) is stopped then."""
-        self.waiting += 1
-        try:
-            return await asyncio.shield(self.task)
-        except asyncio.CancelledError:
-            details = activity.cancellation_details()
-            if details is None or not (details.timed_out or details.not_found):
-                self.task.cancel()
-                await asyncio.wait([self.task])  # its process group killed, CANCELLED recorded
-            else:
-                asyncio.get_running_loop().call_later(ORPHANED_COMMAND_GRACE_S, self._stop_if_orphaned)
-            raise
-        finally:
-            self.waiting -= 1
-
-    def _stop_if_orphaned(self) -> None:
-        if self.waiting == 0:
-            self.task.cancel()
 
 
 async def _file_tool(tool: FileTool, open_call: OpenCall, args: Any) -> ToolOutcome:

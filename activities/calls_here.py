@@ -8,7 +8,8 @@ the call interrupted (a command) or of unknown outcome (a write tool). A retry t
 another worker still does that. Only a cancellation someone asked for (by the run, the
 activity's pause or reset, the worker's shutdown) stops the call; one that no attempt awaits
 ORPHAN_GRACE_S after its attempt was given up (the run closed, or the retry went elsewhere)
-is stopped then.
+is stopped then; one still running past its attempt's start-to-close timeout was given up
+for taking too long, not for a stall: the retry stops it and goes on as if it ran elsewhere.
 
 `run_command` (activities/tools/__init__.py) and the write tools, a user's and an MCP
 server's (activities/write_once.py), take this one path.
@@ -36,9 +37,11 @@ REMEMBERED = 10_000
 class RunningCall:
     """A call running in this process and the attempts waiting for it."""
 
-    def __init__(self, task: asyncio.Task[ToolOutcome]) -> None:
+    def __init__(self, task: asyncio.Task[ToolOutcome], deadline: float | None) -> None:
         self.task = task
         self.waiting = 0
+        self.deadline = deadline
+        """When, on the event loop's clock, its attempt's start-to-close timeout ran out."""
 
     async def outcome(self) -> ToolOutcome:
         """The call's outcome. Cancelling the waiting attempt stops the call when the
@@ -70,8 +73,18 @@ class CallsHere:
         self._running: dict[str, RunningCall] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()
 
-    def running(self, key: str) -> RunningCall | None:
-        return self._running.get(key)
+    async def running(self, key: str) -> RunningCall | None:
+        """The call of `key` running here for a retry to wait for; one past its attempt's
+        start-to-close timeout is stopped first (a command records CANCELLED) and not returned."""
+        running = self._running.get(key)
+        if running is None or running.deadline is None or asyncio.get_running_loop().time() < running.deadline:
+            return running
+        running.task.cancel()
+        await asyncio.wait([running.task])
+        return None
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._running
 
     def ran(self, key: str) -> bool:
         """Whether an attempt of the call ran (and ended) in this process: its retry needs
@@ -80,7 +93,9 @@ class CallsHere:
 
     async def run(self, key: str, call: Coroutine[Any, Any, ToolOutcome]) -> ToolOutcome:
         """`call`'s outcome, the call registered while it runs (`RunningCall.outcome`)."""
-        running = self._running[key] = RunningCall(asyncio.create_task(call))
+        timeout = activity.info().start_to_close_timeout
+        deadline = asyncio.get_running_loop().time() + timeout.total_seconds() if timeout else None
+        running = self._running[key] = RunningCall(asyncio.create_task(call), deadline)
         running.task.add_done_callback(lambda task: self._end(key, task))
         return await running.outcome()
 

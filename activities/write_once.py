@@ -29,7 +29,7 @@ async def write_once(
 ) -> ToolOutcome:
     """The call's outcome: of its attempt still running here, else recorded, else `unknown`
     if an attempt began it, else of `act()`, journaled (`record` in its start record)."""
-    running = CALLS_HERE.running(key)
+    running = await CALLS_HERE.running(key)
     if running is not None:
         async with heartbeating("waiting for the earlier attempt, still running on this worker", release_sticky=False):
             return await running.outcome()

@@ -604,7 +604,7 @@ async def test_a_command_no_retry_collects_is_stopped_after_a_grace(
     sleep, marker = unique_sleep()  # 300 s: gone within the wait below, it was stopped at the grace
     call = slow_command(workspace, "orphan-1", sleep)
     await cancel_mid_command(tools, call, ActivityCancellationDetails(timed_out=True))
-    await until(lambda: CALLS_HERE.running("orphan-1") is None and host_processes_named(marker) == [])
+    await until(lambda: "orphan-1" not in CALLS_HERE and host_processes_named(marker) == [])
     assert not (workspace / "ledger.txt").exists()
     again = await ActivityEnvironment().run(tools.run_command, call)
     assert not again.ok and (again.error or "").startswith("the command was cancelled"), again

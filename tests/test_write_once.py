@@ -1,0 +1,82 @@
+"""A write call whose attempt the server gave up while its worker lived (activities/write_once.py,
+activities/calls_here.py), in the SDK's activity environment: no server. The same against a
+real server and a SIGSTOPped worker: tests/test_mcp.py."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from pathlib import Path
+
+from temporalio.activity import ActivityCancellationDetails
+from temporalio.testing import ActivityEnvironment
+
+from activities.calls_here import CALLS_HERE
+from activities.journal import Journal
+from activities.write_once import write_once
+from tests.helpers import until
+from workflows.types import ToolOutcome
+
+UNKNOWN = ToolOutcome(ok=False, error="unknown")
+
+
+def environment(attempt: int, start_to_close_s: float) -> ActivityEnvironment:
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info, attempt=attempt, start_to_close_timeout=timedelta(seconds=start_to_close_s)
+    )
+    return env
+
+
+async def given_up(
+    journal: Journal, key: str, act: Callable[[], Awaitable[ToolOutcome]], start_to_close_s: float, acted: list[str]
+) -> None:
+    """The call's first attempt, given up by the server (it no longer knows it) once the call acts."""
+    first = environment(1, start_to_close_s)
+    attempt = asyncio.create_task(first.run(write_once, journal, key, {"tool": "t"}, act, UNKNOWN))
+    await until(lambda: bool(acted), within_s=10)
+    first.cancel(ActivityCancellationDetails(not_found=True))
+    await asyncio.wait([attempt])
+    assert attempt.cancelled() or isinstance(attempt.exception(), asyncio.CancelledError)
+
+
+async def test_the_retry_waits_for_its_call_still_running_here_and_reports_its_outcome(tmp_path: Path) -> None:
+    journal, acted, release = Journal(tmp_path), [], asyncio.Event()
+
+    async def act() -> ToolOutcome:
+        acted.append("paid")
+        await release.wait()
+        return ToolOutcome(ok=True, output="paid")
+
+    await given_up(journal, "stalled-1", act, start_to_close_s=60, acted=acted)
+    retry = asyncio.create_task(environment(2, 60).run(write_once, journal, "stalled-1", {"tool": "t"}, act, UNKNOWN))
+    await asyncio.sleep(0.3)
+    assert not retry.done()  # waiting for the call, not "unknown"
+    release.set()
+    assert await asyncio.wait_for(retry, 10) == ToolOutcome(ok=True, output="paid")
+    assert acted == ["paid"]  # acted once
+    assert journal.completed("stalled-1") == ToolOutcome(ok=True, output="paid")
+
+
+async def test_the_retry_stops_a_call_running_past_its_start_to_close_timeout_and_says_unknown(
+    tmp_path: Path,
+) -> None:
+    journal, acted, stopped = Journal(tmp_path), [], asyncio.Event()
+
+    async def hangs() -> ToolOutcome:
+        acted.append("began")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            stopped.set()
+        raise AssertionError("unreachable")
+
+    await given_up(journal, "hung-1", hangs, start_to_close_s=0.2, acted=acted)
+    await asyncio.sleep(0.3)  # past the attempt's start-to-close: given up for taking too long
+    outcome = await asyncio.wait_for(
+        environment(2, 0.2).run(write_once, journal, "hung-1", {"tool": "t"}, hangs, UNKNOWN), 10
+    )
+    assert outcome == UNKNOWN and stopped.is_set() and acted == ["began"]
+    assert "hung-1" not in CALLS_HERE

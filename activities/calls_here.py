@@ -11,8 +11,10 @@ ORPHAN_GRACE_S after its attempt was given up (the run closed, or the retry went
 is stopped then; one still running past its attempt's start-to-close timeout was given up
 for taking too long, not for a stall: the retry stops it and goes on as if it ran elsewhere.
 
-`run_command` (activities/tools/__init__.py) and the write tools, a user's and an MCP
-server's (activities/write_once.py), take this one path.
+Every tool call that is a regular activity takes this one path: `run_command`
+(activities/tools/__init__.py), the write tools, a user's and an MCP server's
+(activities/write_once.py), and the read and idempotent ones (activities/user_tools.py,
+activities/mcp_tools.py), which would otherwise run twice at once.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from temporalio import activity
 
+from activities.heartbeat import heartbeating
 from workflows.types import ToolOutcome
 
 ORPHAN_GRACE_S = 30.0
@@ -90,6 +93,17 @@ class CallsHere:
         """Whether an attempt of the call ran (and ended) in this process: its retry needs
         no sticky release (activities/heartbeat.py), the run's worker is alive."""
         return key in self._ended
+
+    async def joined(self, key: str) -> ToolOutcome | None:
+        """The outcome of the call of `key` still running here, awaited; None when none runs
+        here. This attempt's beats resend the details the given-up attempt last sent (a
+        command's output, a user tool's checkpoint): a later attempt reads them."""
+        running = await self.running(key)
+        if running is None:
+            return None
+        last_sent = tuple(activity.info().heartbeat_details)
+        async with heartbeating(release_sticky=False, progress=lambda: last_sent):
+            return await running.outcome()
 
     async def run(self, key: str, call: Coroutine[Any, Any, ToolOutcome]) -> ToolOutcome:
         """`call`'s outcome, the call registered while it runs (`RunningCall.outcome`)."""

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.calls_here import CALLS_HERE
 from activities.dependency_outages import DependencyOutages, http_probe
 from activities.heartbeat import heartbeating
 from activities.mcp_config import McpConfig, McpServer, expanded, expanded_map
@@ -177,7 +178,9 @@ class McpActivities:
         self.dependencies.check(_dependent(target.server))  # an HTTP server known down: not sent
         context = await asyncio.to_thread(ToolCallContext.open, input, self._roots, self._caps)
         if target.effect != "write":
-            return await self._run(context, target)
+            if (outcome := await CALLS_HERE.joined(input.idempotency_key)) is not None:
+                return outcome
+            return await CALLS_HERE.run(input.idempotency_key, self._run(context, target))
         error = OUTCOME_UNKNOWN.format(what="its worker stopped", error="an earlier attempt did not report")
         return await write_once(
             context.journal,

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ValidationError
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.calls_here import CALLS_HERE
 from activities.dependency_outages import DependencyOutages
 from activities.heartbeat import heartbeating
 from activities.journal import Journal, JournalUnsafe
@@ -139,7 +140,9 @@ class UserToolActivities:
         self.dependencies.check(tool.name)  # before the journal: a call that fails here never began
         if tool.spec.effect == "write":
             return await self._journaled(tool, input, args)
-        return await self._run(tool, input, args)
+        if (outcome := await CALLS_HERE.joined(input.idempotency_key)) is not None:
+            return outcome
+        return await CALLS_HERE.run(input.idempotency_key, self._run(tool, input, args))
 
     async def _journaled(self, tool: Tool, input: ToolCallInput, args: BaseModel) -> ToolOutcome:
         """A write tool's call, at most once per idempotency key, whatever the retries."""

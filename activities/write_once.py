@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from activities.calls_here import CALLS_HERE
-from activities.heartbeat import heartbeating
 from activities.journal import Journal, JournalFull
 from workflows.types import ToolOutcome
 
@@ -29,10 +28,8 @@ async def write_once(
 ) -> ToolOutcome:
     """The call's outcome: of its attempt still running here, else recorded, else `unknown`
     if an attempt began it, else of `act()`, journaled (`record` in its start record)."""
-    running = await CALLS_HERE.running(key)
-    if running is not None:
-        async with heartbeating("waiting for the earlier attempt, still running on this worker", release_sticky=False):
-            return await running.outcome()
+    if (outcome := await CALLS_HERE.joined(key)) is not None:
+        return outcome
     recorded, begun = await asyncio.to_thread(_recorded, journal, key)
     if recorded is not None:
         return recorded

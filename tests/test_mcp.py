@@ -364,11 +364,11 @@ async def test_a_write_whose_attempt_timed_out_on_a_stalled_worker_reports_its_r
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The worker stops (SIGSTOP) for longer than the heartbeat timeout during two write calls,
-    an MCP server's and a user's Python tool: the server times their attempts out and retries
-    them, on the same worker, whose calls went on. Each retry waits for its call and reports
-    its outcome, not "unknown"; each effect happened once."""
+    an MCP server's and a user's Python tool, and an idempotent one: the server times their
+    attempts out and retries them, on the same worker, whose calls went on. Each retry waits
+    for its call and reports its outcome, not "unknown"; each call ran once."""
     config = configure(tmp_path, monkeypatch, fx=fixture())
-    ledger, payments = workspace / "ledger.txt", workspace / "payments.txt"
+    ledger, payments, charges = workspace / "ledger.txt", workspace / "payments.txt", workspace / "charges.txt"
     stalled_s = options.HEARTBEAT_TIMEOUT.total_seconds() + 4
     hold_s = stalled_s + 5  # both calls still running when the worker goes on, and the retries arrive
     model_server.responder = Script(
@@ -376,6 +376,7 @@ async def test_a_write_whose_attempt_timed_out_on_a_stalled_worker_reports_its_r
             tools(
                 ("mcp__fx__append_line", {"path": "ledger.txt", "line": "paid", "hold_s": hold_s}),
                 ("send_payment", {"ledger": str(payments), "amount": 5, "hold_s": hold_s}),
+                ("charge_card", {"ledger": str(charges), "hold_s": hold_s}),  # its first attempt holds
             ),
             answer("done"),
         ]
@@ -388,9 +389,14 @@ async def test_a_write_whose_attempt_timed_out_on_a_stalled_worker_reports_its_r
     worker = spawn_worker(env, tmp_path / "w.log")
     try:
         handle = await start(
-            client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["fx"], tools=["send_payment"]
+            client,
+            task_queue,
+            goal="g",
+            workspace=str(workspace),
+            mcp_servers=["fx"],
+            tools=["send_payment", "charge_card"],
         )
-        await until(lambda: lines(ledger) == ["paid"] and lines(payments) == ["paid 5.0"])
+        await until(lambda: lines(ledger) == ["paid"] and lines(payments) == ["paid 5.0"] and len(lines(charges)) == 1)
         os.kill(worker.pid, signal.SIGSTOP)
         await asyncio.sleep(stalled_s)
         os.kill(worker.pid, signal.SIGCONT)
@@ -400,8 +406,8 @@ async def test_a_write_whose_attempt_timed_out_on_a_stalled_worker_reports_its_r
             os.kill(worker.pid, signal.SIGCONT)
         stop_gently(worker)
     assert result.state == "completed"
-    assert sorted(latest(model_server.requests[1], 2)) == ["appended to ledger.txt", "paid 5.0"]
-    assert lines(ledger) == ["paid"] and lines(payments) == ["paid 5.0"]  # once each
+    assert sorted(latest(model_server.requests[1], 3)) == ["appended to ledger.txt", "charged", "paid 5.0"]
+    assert lines(ledger) == ["paid"] and lines(payments) == ["paid 5.0"] and len(lines(charges)) == 1  # once each
     attempts = {
         event.activity_task_started_event_attributes.attempt
         async for event in handle.fetch_history_events()

@@ -134,10 +134,8 @@ class ToolActivities:
         this process, waits for that same command instead of finding its start record and
         interrupting it (activities/calls_here.py)."""
         key = input.idempotency_key
-        running = await CALLS_HERE.running(key)
-        if running is not None:
-            async with heartbeating(release_sticky=False):
-                return await running.outcome()
+        if (outcome := await CALLS_HERE.joined(key)) is not None:
+            return outcome
         served = self._serve(
             "run_command",
             input,

@@ -1,4 +1,4 @@
-"""Tool calls running in this worker process, which outlive an attempt the server gave up.
+"""Calls running in this worker process, which outlive an attempt the server gave up.
 
 The server times an attempt out when its heartbeats stop arriving, though its worker may
 live on: a machine too loaded to send them in time, a process stopped for a while. The call
@@ -14,7 +14,9 @@ for taking too long, not for a stall: the retry stops it and goes on as if it ra
 Every tool call that is a regular activity takes this one path: `run_command`
 (activities/tools/__init__.py), the write tools, a user's and an MCP server's
 (activities/write_once.py), and the read and idempotent ones (activities/user_tools.py,
-activities/mcp_tools.py), which would otherwise run twice at once.
+activities/mcp_tools.py), which would otherwise run twice at once; and the model call
+(activities/model.py), which would otherwise be made, and paid for, twice. A tool call is
+keyed by its idempotency key, a model call by its activity (`activity_key`).
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ from __future__ import annotations
 import asyncio
 from collections import OrderedDict
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from temporalio import activity
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.service import RPCError
 
 from activities.heartbeat import heartbeating
-from workflows.types import ToolOutcome
 
 ORPHAN_GRACE_S = 30.0
 """How long a call whose attempt the server gave up waits for a retry to collect it: the
@@ -37,16 +40,26 @@ REMEMBERED = 10_000
 """How many finished calls' keys the process remembers (about 1 MB)."""
 
 
-class RunningCall:
+Outcome = TypeVar("Outcome")
+
+
+def activity_key() -> str:
+    """The current activity's key, the same in all its attempts: a run's activity id is unique."""
+    info = activity.info()
+    return f"{info.workflow_id}/{info.workflow_run_id}/{info.activity_id}"
+
+
+class RunningCall(Generic[Outcome]):
     """A call running in this process and the attempts waiting for it."""
 
-    def __init__(self, task: asyncio.Task[ToolOutcome], deadline: float | None) -> None:
+    def __init__(self, task: asyncio.Task[Outcome], deadline: float | None) -> None:
         self.task = task
         self.waiting = 0
         self.deadline = deadline
         """When, on the event loop's clock, its attempt's start-to-close timeout ran out."""
+        self._watch: asyncio.Task[None] | None = None
 
-    async def outcome(self) -> ToolOutcome:
+    async def outcome(self) -> Outcome:
         """The call's outcome. Cancelling the waiting attempt stops the call when the
         cancellation was asked for; when the server gave the attempt up instead, the call
         goes on for a retry to collect, and is stopped if none does within ORPHAN_GRACE_S."""
@@ -59,24 +72,46 @@ class RunningCall:
                 self.task.cancel()
                 await asyncio.wait([self.task])  # e.g. a command's process group killed, CANCELLED recorded
             else:
-                asyncio.get_running_loop().call_later(ORPHAN_GRACE_S, self._stop_if_orphaned)
+                self._watch = asyncio.get_running_loop().create_task(self._stop_when_orphaned(_run_of_attempt()))
             raise
         finally:
             self.waiting -= 1
 
-    def _stop_if_orphaned(self) -> None:
+    async def _stop_when_orphaned(self, run: WorkflowHandle[Any, Any] | None) -> None:
+        """The attempt was given up: the call stops at once if its run has closed (a run
+        that ends abandons its model call, and no retry will come), else after
+        ORPHAN_GRACE_S unless a retry waits for it by then."""
+        if run is not None:
+            try:
+                closed = (await run.describe()).status != WorkflowExecutionStatus.RUNNING
+            except RPCError:
+                closed = False  # unknown: the grace decides
+            if closed:
+                self.task.cancel()
+                return
+        await asyncio.sleep(ORPHAN_GRACE_S)
         if self.waiting == 0:
             self.task.cancel()
+
+
+def _run_of_attempt() -> WorkflowHandle[Any, Any] | None:
+    """The current attempt's run; None where no client is at hand (the SDK's test environment)."""
+    info = activity.info()
+    try:
+        client = activity.client()
+    except RuntimeError:
+        return None
+    return client.get_workflow_handle(info.workflow_id, run_id=info.workflow_run_id)
 
 
 class CallsHere:
     """This process's running calls, and the keys of the latest that ended, by idempotency key."""
 
     def __init__(self) -> None:
-        self._running: dict[str, RunningCall] = {}
+        self._running: dict[str, RunningCall[Any]] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()
 
-    async def running(self, key: str) -> RunningCall | None:
+    async def running(self, key: str) -> RunningCall[Any] | None:
         """The call of `key` running here for a retry to wait for; one past its attempt's
         start-to-close timeout is stopped first (a command records CANCELLED) and not returned."""
         running = self._running.get(key)
@@ -94,7 +129,7 @@ class CallsHere:
         no sticky release (activities/heartbeat.py), the run's worker is alive."""
         return key in self._ended
 
-    async def joined(self, key: str) -> ToolOutcome | None:
+    async def joined(self, key: str) -> Any | None:
         """The outcome of the call of `key` still running here, awaited; None when none runs
         here. This attempt's beats resend the details the given-up attempt last sent (a
         command's output, a user tool's checkpoint): a later attempt reads them."""
@@ -105,7 +140,7 @@ class CallsHere:
         async with heartbeating(release_sticky=False, progress=lambda: last_sent):
             return await running.outcome()
 
-    async def run(self, key: str, call: Coroutine[Any, Any, ToolOutcome]) -> ToolOutcome:
+    async def run(self, key: str, call: Coroutine[Any, Any, Outcome]) -> Outcome:
         """`call`'s outcome, the call registered while it runs (`RunningCall.outcome`)."""
         timeout = activity.info().start_to_close_timeout
         deadline = asyncio.get_running_loop().time() + timeout.total_seconds() if timeout else None
@@ -113,7 +148,7 @@ class CallsHere:
         running.task.add_done_callback(lambda task: self._end(key, task))
         return await running.outcome()
 
-    def _end(self, key: str, task: asyncio.Task[ToolOutcome]) -> None:
+    def _end(self, key: str, task: asyncio.Task[Any]) -> None:
         if not task.cancelled():
             task.exception()  # seen: a timed-out attempt may have left no one awaiting it
         del self._running[key]

@@ -29,6 +29,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import model_context
+from activities.calls_here import CALLS_HERE, activity_key
 from activities.heartbeat import heartbeating
 from activities.live_replies import LIVE_REPLIES
 from activities.model_attempts import AttemptLedger
@@ -78,8 +79,12 @@ class ModelActivities:
 
     @activity.defn(name="call_model")
     async def call_model(self, input: ModelCallInput) -> ModelReply:
+        key = activity_key()
         with self._attempts.counting(input.attempts):
-            return await self._call(input)
+            # An attempt the server gave up on a stalled worker: its call is still in flight here.
+            if (reply := await CALLS_HERE.joined(key)) is not None:
+                return reply
+            return await CALLS_HERE.run(key, self._call(input))
 
     async def _call(self, input: ModelCallInput) -> ModelReply:
         progress: dict[str, Any] = {"model": input.model, "phase": "reading the context"}

@@ -7,6 +7,8 @@ failures are HTTP 500s from the stub.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,9 @@ from durable_agent.model_server import Failure, ModelServer, Reply
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
 from tests.helpers import start, until
+from tests.scripts import Script
 from tests.test_crash import worker_env
+from workflows import options
 
 OWN_FAILURES = 4
 """Fewer than the call's 6 attempts; with the 2 deaths before them, more."""
@@ -69,3 +73,40 @@ async def test_worker_deaths_do_not_use_up_a_model_calls_attempts(
     assert result.state == "completed" and result.output == "answered", result
     assert model.requests == 2 + OWN_FAILURES + 1  # 7 attempts of one call: 2 deaths, 4 failures, the reply
     assert result.usage.model_calls == 1
+
+
+async def test_a_model_call_whose_attempt_timed_out_on_a_stalled_worker_is_made_once(
+    client: Client,
+    temporal_server: EmbeddedServer,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    tmp_path: Path,
+) -> None:
+    """The worker stops (SIGSTOP) for longer than the model call's heartbeat timeout while the
+    stub holds its call: the server times the attempt out and retries it on the same worker,
+    whose call is still in flight. The retry joins it: the model gets the request once."""
+    stalled_s = options.MODEL_HEARTBEAT_TIMEOUT.total_seconds() + 4
+    model_server.responder = Script([], final="answered")
+    model_server.latency_s = stalled_s + 6  # still held when the worker goes on and the retry comes
+    worker = spawn_worker(worker_env(temporal_server, model_server, task_queue), tmp_path / "w.log")
+    try:
+        handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+        await until(lambda: len(model_server.requests) == 1, within_s=60)
+        os.kill(worker.pid, signal.SIGSTOP)
+        await asyncio.sleep(stalled_s)
+        os.kill(worker.pid, signal.SIGCONT)
+        result = await asyncio.wait_for(handle.result(), 120)
+    finally:
+        if worker.poll() is None:
+            os.kill(worker.pid, signal.SIGCONT)
+        stop_gently(worker)
+    assert (result.state, result.output) == ("completed", "answered")
+    assert len(model_server.requests) == 1  # not made again by the retry
+    retried = [
+        event
+        async for event in handle.fetch_history_events()
+        if event.HasField("activity_task_started_event_attributes")
+        and event.activity_task_started_event_attributes.attempt > 1
+    ]
+    assert retried, "no attempt timed out: the stall proved nothing"

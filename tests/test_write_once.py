@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from temporalio.activity import ActivityCancellationDetails
+from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 from activities.calls_here import CALLS_HERE
@@ -22,19 +25,24 @@ from workflows.types import ToolOutcome
 UNKNOWN = ToolOutcome(ok=False, error="unknown")
 
 
-def environment(attempt: int, start_to_close_s: float) -> ActivityEnvironment:
-    env = ActivityEnvironment()
+def environment(attempt: int, start_to_close_s: float, **info: Any) -> ActivityEnvironment:
+    env = ActivityEnvironment(info.pop("client", None))
     env.info = dataclasses.replace(
-        env.info, attempt=attempt, start_to_close_timeout=timedelta(seconds=start_to_close_s)
+        env.info, attempt=attempt, start_to_close_timeout=timedelta(seconds=start_to_close_s), **info
     )
     return env
 
 
 async def given_up(
-    journal: Journal, key: str, act: Callable[[], Awaitable[ToolOutcome]], start_to_close_s: float, acted: list[str]
+    journal: Journal,
+    key: str,
+    act: Callable[[], Awaitable[ToolOutcome]],
+    start_to_close_s: float,
+    acted: list[str],
+    **info: Any,
 ) -> None:
     """The call's first attempt, given up by the server (it no longer knows it) once the call acts."""
-    first = environment(1, start_to_close_s)
+    first = environment(1, start_to_close_s, **info)
     attempt = asyncio.create_task(first.run(write_once, journal, key, {"tool": "t"}, act, UNKNOWN))
     await until(lambda: bool(acted), within_s=10)
     first.cancel(ActivityCancellationDetails(not_found=True))
@@ -80,3 +88,44 @@ async def test_the_retry_stops_a_call_running_past_its_start_to_close_timeout_an
     )
     assert outcome == UNKNOWN and stopped.is_set() and acted == ["began"]
     assert "hung-1" not in CALLS_HERE
+
+
+async def test_a_call_whose_run_has_closed_is_stopped_at_once_not_after_the_grace(
+    client: Client, workspace: Path
+) -> None:
+    """A run that closes abandons its call (a cancel during a model call): the server no
+    longer knows the attempt, and no retry will come. The worker asks whether the run is
+    open: closed, the call stops at once; open, it waits the grace for a retry."""
+    stopped: dict[str, asyncio.Event] = {"closed": asyncio.Event(), "open": asyncio.Event()}
+    for name, closed in (("closed", True), ("open", False)):
+        run = await client.start_workflow(
+            "NoSuchWorkflow", id=f"calls-here-{name}-{uuid.uuid4().hex[:8]}", task_queue="nobody"
+        )
+        if closed:
+            await run.terminate("the run closed")
+        acted: list[str] = []
+
+        async def hangs(event: asyncio.Event = stopped[name], acted: list[str] = acted) -> ToolOutcome:
+            acted.append("began")
+            try:
+                await asyncio.Event().wait()
+            finally:
+                event.set()
+            raise AssertionError("unreachable")
+
+        await given_up(
+            Journal(workspace),
+            f"run-{name}",
+            hangs,
+            60,
+            acted,
+            client=client,
+            workflow_id=run.id,
+            workflow_run_id=run.result_run_id,
+        )
+    await asyncio.wait_for(stopped["closed"].wait(), 10)  # ORPHAN_GRACE_S is 30 s
+    assert not stopped["open"].is_set() and "run-open" in CALLS_HERE
+    left = await CALLS_HERE.running("run-open")
+    assert left is not None
+    left.task.cancel()
+    await until(stopped["open"].is_set, within_s=10)

@@ -30,7 +30,7 @@ from temporalio import activity
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.service import RPCError
 
-from activities.heartbeat import heartbeating
+from activities.heartbeat import LATEST_BEATS, activity_key, heartbeating
 
 ORPHAN_GRACE_S = 30.0
 """How long a call whose attempt the server gave up waits for a retry to collect it: the
@@ -41,12 +41,6 @@ REMEMBERED = 10_000
 
 
 Outcome = TypeVar("Outcome")
-
-
-def activity_key() -> str:
-    """The current activity's key, the same in all its attempts: a run's activity id is unique."""
-    info = activity.info()
-    return f"{info.workflow_id}/{info.workflow_run_id}/{info.activity_id}"
 
 
 class RunningCall(Generic[Outcome]):
@@ -131,13 +125,14 @@ class CallsHere:
 
     async def joined(self, key: str) -> Any | None:
         """The outcome of the call of `key` still running here, awaited; None when none runs
-        here. This attempt's beats resend the details the given-up attempt last sent (a
-        command's output, a user tool's checkpoint): a later attempt reads them."""
+        here. This attempt's beats send on what the call's own beats last sent (a command's
+        output, a user tool's checkpoint, a model reply so far): a follower and a later
+        attempt read them."""
         running = await self.running(key)
         if running is None:
             return None
-        last_sent = tuple(activity.info().heartbeat_details)
-        async with heartbeating(release_sticky=False, progress=lambda: last_sent):
+        beats, given_up = activity_key(), tuple(activity.info().heartbeat_details)
+        async with heartbeating(release_sticky=False, progress=lambda: LATEST_BEATS.get(beats, given_up)):
             return await running.outcome()
 
     async def run(self, key: str, call: Coroutine[Any, Any, Outcome]) -> Outcome:

@@ -25,6 +25,18 @@ second: the beats carry the reply so far to `run` and `watch` (the worker forwar
 one per 0.5 s). Otherwise the usual pace."""
 
 
+LATEST_BEATS: dict[str, tuple[Any, ...]] = {}
+"""By activity (`activity_key`), what the running call's beats last sent: an attempt that
+joins the call after the server gave up the attempt that began it (activities/calls_here.py)
+sends them on, so a follower and a later attempt see the call's progress."""
+
+
+def activity_key() -> str:
+    """The current activity's key, the same in all its attempts: a run's activity id is unique."""
+    info = activity.info()
+    return f"{info.workflow_id}/{info.workflow_run_id}/{info.activity_id}"
+
+
 @asynccontextmanager
 async def heartbeating(
     *details: Any,
@@ -53,6 +65,7 @@ async def heartbeating(
 
     tick_s = min(interval_s, LIVE_BEAT_S) if live is not None else interval_s
     loop = asyncio.get_running_loop()
+    key = activity_key()
 
     async def beat() -> None:
         # The first beat waits an interval: a call that ends sooner (most commands) costs the
@@ -63,8 +76,9 @@ async def heartbeating(
             due = interval_s if live is None or not live() else LIVE_BEAT_S
             if loop.time() - last < due - 0.01:
                 continue
-            sent = progress() if progress is not None else (d() if callable(d) else d for d in details)
+            sent = progress() if progress is not None else tuple(d() if callable(d) else d for d in details)
             activity.heartbeat(*sent)
+            LATEST_BEATS[key] = sent
             last = loop.time()
 
     task = asyncio.create_task(beat())
@@ -72,6 +86,7 @@ async def heartbeating(
         yield
     finally:
         task.cancel()
+        LATEST_BEATS.pop(key, None)
 
 
 async def release_sticky_run() -> None:

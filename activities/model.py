@@ -29,8 +29,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import model_context
-from activities.calls_here import CALLS_HERE, activity_key
-from activities.heartbeat import heartbeating
+from activities.calls_here import CALLS_HERE
+from activities.heartbeat import activity_key, heartbeating
 from activities.live_replies import LIVE_REPLIES
 from activities.model_attempts import AttemptLedger
 from activities.model_clients import REQUEST_TIMEOUT_S, ModelClients, openai_sdk

@@ -17,6 +17,7 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 from activities.calls_here import CALLS_HERE
+from activities.heartbeat import heartbeating
 from activities.journal import Journal
 from activities.write_once import write_once
 from tests.helpers import until
@@ -129,3 +130,24 @@ async def test_a_call_whose_run_has_closed_is_stopped_at_once_not_after_the_grac
     assert left is not None
     left.task.cancel()
     await until(stopped["open"].is_set, within_s=10)
+
+
+async def test_the_joining_attempt_sends_on_the_calls_latest_beats(tmp_path: Path) -> None:
+    """A follower reads the attempt the server knows: the joining one. Its beats carry what the
+    call's own beats (to the given-up attempt, which the server no longer reads) last sent."""
+    progress, acted, release = ["began"], [], asyncio.Event()
+
+    async def act() -> ToolOutcome:
+        acted.append("began")
+        async with heartbeating(lambda: progress[-1], release_sticky=False):
+            await release.wait()
+        return ToolOutcome(ok=True, output="done")
+
+    await given_up(Journal(tmp_path), "beats-1", act, 60, acted)
+    retry, sent = environment(2, 60), []
+    retry.on_heartbeat = lambda *details: sent.append(details)
+    joining = asyncio.create_task(retry.run(write_once, Journal(tmp_path), "beats-1", {"tool": "t"}, act, UNKNOWN))
+    progress.append("half way")
+    await until(lambda: ("half way",) in sent, within_s=10)
+    release.set()
+    assert await asyncio.wait_for(joining, 10) == ToolOutcome(ok=True, output="done")

@@ -35,6 +35,7 @@ def kill_hard(process: subprocess.Popen[bytes]) -> None:
 def stop_gently(process: subprocess.Popen[bytes], timeout_s: float = 10) -> None:
     if process.poll() is not None:
         return
+    process.send_signal(signal.SIGCONT)  # one stopped (SIGSTOP) would not see the SIGINT
     process.send_signal(signal.SIGINT)
     try:
         process.wait(timeout=timeout_s)

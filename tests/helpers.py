@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import time
 import uuid
@@ -172,3 +173,23 @@ def skip_without(feature: str, reason: str) -> NoReturn:
     if os.environ.get("CI", "").lower() in ("1", "true", "yes") and feature not in allowed:
         pytest.fail(f"{reason}; CI must run this test ({ALLOW_SKIP_ENV}={feature} allows the skip)", pytrace=False)
     pytest.skip(reason)
+
+
+async def stalled(process: subprocess.Popen[bytes], seconds: float) -> None:
+    """The process stopped (SIGSTOP) for `seconds`, then let go on: a machine too loaded to
+    run it, as CI machines are at times. `stop_gently` lets a process still stopped go on first."""
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+
+
+async def retried_attempts(handle: WorkflowHandle[object, object]) -> list[int]:
+    """The attempt numbers above 1 of the run's finished activities: the server retried them."""
+    return [
+        event.activity_task_started_event_attributes.attempt
+        async for event in handle.fetch_history_events()
+        if event.HasField("activity_task_started_event_attributes")
+        and event.activity_task_started_event_attributes.attempt > 1
+    ]

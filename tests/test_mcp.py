@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -29,7 +27,7 @@ from activities.tools.sandbox import bwrap_binary
 from durable_agent.model_server import ModelServer
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer, free_port
-from tests.helpers import host_processes_named, start, until, wait_for
+from tests.helpers import host_processes_named, retried_attempts, stalled, start, until, wait_for
 from tests.scripts import Script, answer, tool_results, tools
 from tests.test_crash import worker_env
 from worker import build_worker
@@ -370,7 +368,7 @@ async def test_a_write_whose_attempt_timed_out_on_a_stalled_worker_reports_its_r
     config = configure(tmp_path, monkeypatch, fx=fixture())
     ledger, payments, charges = workspace / "ledger.txt", workspace / "payments.txt", workspace / "charges.txt"
     stalled_s = options.HEARTBEAT_TIMEOUT.total_seconds() + 4
-    hold_s = stalled_s + 5  # both calls still running when the worker goes on, and the retries arrive
+    hold_s = stalled_s + 5  # the calls still running when the worker goes on, and the retries arrive
     model_server.responder = Script(
         [
             tools(
@@ -397,24 +395,14 @@ async def test_a_write_whose_attempt_timed_out_on_a_stalled_worker_reports_its_r
             tools=["send_payment", "charge_card"],
         )
         await until(lambda: lines(ledger) == ["paid"] and lines(payments) == ["paid 5.0"] and len(lines(charges)) == 1)
-        os.kill(worker.pid, signal.SIGSTOP)
-        await asyncio.sleep(stalled_s)
-        os.kill(worker.pid, signal.SIGCONT)
+        await stalled(worker, stalled_s)
         result = await asyncio.wait_for(handle.result(), 120)
     finally:
-        if worker.poll() is None:
-            os.kill(worker.pid, signal.SIGCONT)
         stop_gently(worker)
     assert result.state == "completed"
     assert sorted(latest(model_server.requests[1], 3)) == ["appended to ledger.txt", "charged", "paid 5.0"]
     assert lines(ledger) == ["paid"] and lines(payments) == ["paid 5.0"] and len(lines(charges)) == 1  # once each
-    attempts = {
-        event.activity_task_started_event_attributes.attempt
-        async for event in handle.fetch_history_events()
-        if event.HasField("activity_task_started_event_attributes")
-        and event.activity_task_started_event_attributes.attempt > 1
-    }
-    assert attempts, "no attempt timed out: the stall proved nothing"
+    assert await retried_attempts(handle), "no attempt timed out: the stall proved nothing"
 
 
 def lines(path: Path) -> list[str]:

@@ -7,8 +7,6 @@ failures are HTTP 500s from the stub.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from temporalio.client import Client
 from durable_agent.model_server import Failure, ModelServer, Reply
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
-from tests.helpers import start, until
+from tests.helpers import retried_attempts, stalled, start, until
 from tests.scripts import Script
 from tests.test_crash import worker_env
 from workflows import options
@@ -93,20 +91,10 @@ async def test_a_model_call_whose_attempt_timed_out_on_a_stalled_worker_is_made_
     try:
         handle = await start(client, task_queue, goal="x", workspace=str(workspace))
         await until(lambda: len(model_server.requests) == 1, within_s=60)
-        os.kill(worker.pid, signal.SIGSTOP)
-        await asyncio.sleep(stalled_s)
-        os.kill(worker.pid, signal.SIGCONT)
+        await stalled(worker, stalled_s)
         result = await asyncio.wait_for(handle.result(), 120)
     finally:
-        if worker.poll() is None:
-            os.kill(worker.pid, signal.SIGCONT)
         stop_gently(worker)
     assert (result.state, result.output) == ("completed", "answered")
     assert len(model_server.requests) == 1  # not made again by the retry
-    retried = [
-        event
-        async for event in handle.fetch_history_events()
-        if event.HasField("activity_task_started_event_attributes")
-        and event.activity_task_started_event_attributes.attempt > 1
-    ]
-    assert retried, "no attempt timed out: the stall proved nothing"
+    assert await retried_attempts(handle), "no attempt timed out: the stall proved nothing"

@@ -6,10 +6,12 @@ goes on here. The retry, when it comes to this process, waits for that same call
 its outcome, where otherwise it would find the call's start record in the journal and report
 the call interrupted (a command) or of unknown outcome (a write tool). A retry that goes to
 another worker still does that. Only a cancellation someone asked for (by the run, the
-activity's pause or reset, the worker's shutdown) stops the call; one that no attempt awaits
-ORPHAN_GRACE_S after its attempt was given up (the run closed, or the retry went elsewhere)
-is stopped then; one still running past its attempt's start-to-close timeout was given up
-for taking too long, not for a stall: the retry stops it and goes on as if it ran elsewhere.
+activity's pause or reset, the worker's shutdown) stops the call. A call whose run has
+closed is stopped at once (a run that ends abandons its model call: the server then no
+longer knows the attempt either); one that no attempt awaits ORPHAN_GRACE_S after its
+attempt was given up (the retry went elsewhere) is stopped then; one still running past its
+attempt's start-to-close timeout was given up for taking too long, not for a stall: the
+retry stops it and goes on as if it ran elsewhere.
 
 Every tool call that is a regular activity takes this one path: `run_command`
 (activities/tools/__init__.py), the write tools, a user's and an MCP server's
@@ -33,8 +35,8 @@ from temporalio.service import RPCError
 from activities.heartbeat import LATEST_BEATS, activity_key, heartbeating
 
 ORPHAN_GRACE_S = 30.0
-"""How long a call whose attempt the server gave up waits for a retry to collect it: the
-retry comes within a second unless the run closed or it went to another worker."""
+"""How long a call whose attempt the server gave up, and whose run is open, waits for a retry
+to collect it: the retry comes within a second unless it went to another worker."""
 
 REMEMBERED = 10_000
 """How many finished calls' keys the process remembers (about 1 MB)."""
@@ -56,7 +58,7 @@ class RunningCall(Generic[Outcome]):
     async def outcome(self) -> Outcome:
         """The call's outcome. Cancelling the waiting attempt stops the call when the
         cancellation was asked for; when the server gave the attempt up instead, the call
-        goes on for a retry to collect, and is stopped if none does within ORPHAN_GRACE_S."""
+        goes on for a retry to collect (`_stop_when_orphaned`)."""
         self.waiting += 1
         try:
             return await asyncio.shield(self.task)

@@ -3,9 +3,10 @@
 The server times an attempt out when its heartbeats stop arriving, though its worker may
 live on: a machine too loaded to send them in time, a process stopped for a while. The call
 goes on here. The retry, when it comes to this process, waits for that same call and reports
-its outcome, where otherwise it would find the call's start record in the journal and report
-the call interrupted (a command) or of unknown outcome (a write tool). A retry that goes to
-another worker still does that. Only a cancellation someone asked for (by the run, the
+its outcome (or finds it kept, should the call have ended before the retry came), where
+otherwise it would find the call's start record in the journal and report the call
+interrupted (a command) or of unknown outcome (a write tool), or call the model again. A
+retry that goes to another worker still does that. Only a cancellation someone asked for (by the run, the
 activity's pause or reset, the worker's shutdown) stops the call. A call whose run has
 closed is stopped at once (a run that ends abandons its model call: the server then no
 longer knows the attempt either); one that no attempt awaits ORPHAN_GRACE_S after its
@@ -54,6 +55,8 @@ class RunningCall(Generic[Outcome]):
         self.deadline = deadline
         """When, on the event loop's clock, its attempt's start-to-close timeout ran out."""
         self._watch: asyncio.Task[None] | None = None
+        self.given_up = False
+        """The server gave up an attempt that awaited it: its outcome may be for a retry to collect."""
 
     async def outcome(self) -> Outcome:
         """The call's outcome. Cancelling the waiting attempt stops the call when the
@@ -68,6 +71,7 @@ class RunningCall(Generic[Outcome]):
                 self.task.cancel()
                 await asyncio.wait([self.task])  # e.g. a command's process group killed, CANCELLED recorded
             else:
+                self.given_up = True
                 self._watch = asyncio.get_running_loop().create_task(self._stop_when_orphaned(_run_of_attempt()))
             raise
         finally:
@@ -106,6 +110,10 @@ class CallsHere:
     def __init__(self) -> None:
         self._running: dict[str, RunningCall[Any]] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()
+        self._uncollected: dict[str, tuple[Any, float]] = {}
+        """Outcomes of calls that ended after the server gave up their attempt and before its
+        retry came, kept for the retry until ORPHAN_GRACE_S later (on the event loop's clock):
+        a model call has no journal to answer from."""
 
     async def running(self, key: str) -> RunningCall[Any] | None:
         """The call of `key` running here for a retry to wait for; one past its attempt's
@@ -130,6 +138,10 @@ class CallsHere:
         here. This attempt's beats send on what the call's own beats last sent (a command's
         output, a user tool's checkpoint, a model reply so far): a follower and a later
         attempt read them."""
+        if (uncollected := self._uncollected.pop(key, None)) is not None:
+            outcome, until = uncollected
+            if asyncio.get_running_loop().time() < until:
+                return outcome
         running = await self.running(key)
         if running is None:
             return None
@@ -146,9 +158,13 @@ class CallsHere:
         return await running.outcome()
 
     def _end(self, key: str, task: asyncio.Task[Any]) -> None:
-        if not task.cancelled():
-            task.exception()  # seen: a timed-out attempt may have left no one awaiting it
-        del self._running[key]
+        ended = self._running.pop(key)
+        now = asyncio.get_running_loop().time()
+        for stale in [k for k, (_, until) in self._uncollected.items() if until <= now]:
+            del self._uncollected[stale]
+        # task.exception() also marks a failure as seen: a given-up attempt may have left no one awaiting it.
+        if not task.cancelled() and task.exception() is None and ended.given_up and ended.waiting == 0:
+            self._uncollected[key] = (task.result(), now + ORPHAN_GRACE_S)
         self._ended[key] = None
         while len(self._ended) > REMEMBERED:
             self._ended.popitem(last=False)

@@ -151,3 +151,24 @@ async def test_the_joining_attempt_sends_on_the_calls_latest_beats(tmp_path: Pat
     await until(lambda: ("half way",) in sent, within_s=10)
     release.set()
     assert await asyncio.wait_for(joining, 10) == ToolOutcome(ok=True, output="done")
+
+
+async def test_a_call_that_ends_before_its_retry_comes_keeps_its_outcome_for_it() -> None:
+    """A model call has no journal: its outcome, ended after the server gave its attempt up
+    and before the retry came, is kept for the retry, which then does not call again."""
+    calls: list[str] = []
+
+    async def call() -> str:
+        calls.append("made")
+        await asyncio.sleep(0.2)
+        return "the reply"
+
+    first = environment(1, 60)
+    attempt = asyncio.create_task(first.run(CALLS_HERE.run, "ended-1", call()))
+    await until(lambda: bool(calls), within_s=10)
+    first.cancel(ActivityCancellationDetails(not_found=True))
+    await asyncio.wait([attempt])
+    await until(lambda: "ended-1" not in CALLS_HERE, within_s=10)  # ended, nobody awaiting it
+    assert await environment(2, 60).run(CALLS_HERE.joined, "ended-1") == "the reply"
+    assert calls == ["made"]
+    assert await environment(3, 60).run(CALLS_HERE.joined, "ended-1") is None  # collected once

@@ -193,3 +193,11 @@ async def retried_attempts(handle: WorkflowHandle[object, object]) -> list[int]:
         if event.HasField("activity_task_started_event_attributes")
         and event.activity_task_started_event_attributes.attempt > 1
     ]
+
+
+async def recorded_run_s(handle: WorkflowHandle[object, object]) -> float:
+    """How long the closed run took, from its start to its close, as the server recorded them:
+    a stall of the test's own process does not count, as it would in a wall-clock delta."""
+    description = await handle.describe()
+    assert description.start_time is not None and description.close_time is not None, description
+    return (description.close_time - description.start_time).total_seconds()

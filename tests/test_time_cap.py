@@ -17,7 +17,7 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from durable_agent.model_server import ModelServer, Reply
-from tests.helpers import host_processes_named, start, until, wait_for
+from tests.helpers import host_processes_named, recorded_run_s, start, until, wait_for
 from tests.scripts import Script, tools
 from workflows.types import AgentStatus, Message
 
@@ -27,11 +27,10 @@ async def test_a_six_second_cap_stops_a_long_command_and_kills_it(
 ) -> None:
     marker = f"{100 + uuid.uuid4().int % 900}.{uuid.uuid4().int % 10**6}"  # `sleep 1xx.nnnnnn`: this test's own
     model_server.responder = Script([tools(("run_command", {"command": f"sleep {marker}"}))])
-    began = time.monotonic()
     handle = await start(client, task_queue, goal="sleep", workspace=str(workspace), limits={"max_duration_s": 6})
     await until(lambda: bool(host_processes_named(f"sleep {marker}")), within_s=6)
     result = await asyncio.wait_for(handle.result(), 30)
-    took = time.monotonic() - began
+    took = await recorded_run_s(handle)
     assert result.state == "stopped" and result.stop_reason == "time_limit", result
     assert took <= 8, f"the run took {took:.1f} s to stop at its 6 s cap"
     assert not host_processes_named(f"sleep {marker}"), "the command outlived the run"
@@ -54,12 +53,11 @@ async def test_a_model_call_past_the_cap_is_cancelled(
         return Reply(content="too late")
 
     model_server.responder = slow
-    began = time.monotonic()
     handle = await start(client, task_queue, goal="slow", workspace=str(workspace), limits={"max_duration_s": 4})
     result = await asyncio.wait_for(handle.result(), 60)
     assert asked.is_set()
     assert result.state == "stopped" and result.stop_reason == "time_limit", result
-    assert time.monotonic() - began <= 6
+    assert await recorded_run_s(handle) <= 6
     assert result.usage.model_calls == 0  # the reply never came: nothing charged
 
 

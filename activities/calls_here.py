@@ -6,10 +6,10 @@ goes on here. The retry, when it comes to this process, waits for that same call
 its outcome (or finds it kept, should the call have ended before the retry came), where
 otherwise it would find the call's start record in the journal and report the call
 interrupted (a command) or of unknown outcome (a write tool), or call the model again. A
-retry that goes to another worker still does that. Only a cancellation someone asked for (by the run, the
-activity's pause or reset, the worker's shutdown) stops the call. A call whose run has
-closed is stopped at once (a run that ends abandons its model call: the server then no
-longer knows the attempt either); one that no attempt awaits ORPHAN_GRACE_S after its
+retry that goes to another worker still does that. Only a cancellation someone asked for (by
+the run, the activity's pause or reset, the worker's shutdown) stops the call. A call whose
+run has closed is stopped at once (a run that ends abandons its model call: the server then
+no longer knows the attempt either); one that no attempt awaits ORPHAN_GRACE_S after its
 attempt was given up (the retry went elsewhere) is stopped then; one still running past its
 attempt's start-to-close timeout was given up for taking too long, not for a stall: the
 retry stops it and goes on as if it ran elsewhere.
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Generic, TypeVar
 
 from temporalio import activity
@@ -148,6 +148,13 @@ class CallsHere:
         beats, given_up = activity_key(), tuple(activity.info().heartbeat_details)
         async with heartbeating(release_sticky=False, progress=lambda: LATEST_BEATS.get(beats, given_up)):
             return await running.outcome()
+
+    async def outcome_of(self, key: str, start: Callable[[], Coroutine[Any, Any, Outcome]]) -> Outcome:
+        """The outcome of the call of `key`: of the one still running here (or just ended)
+        if there is one (`joined`), else of the call `start()` begins (`run`)."""
+        if (outcome := await self.joined(key)) is not None:
+            return outcome
+        return await self.run(key, start())
 
     async def run(self, key: str, call: Coroutine[Any, Any, Outcome]) -> Outcome:
         """`call`'s outcome, the call registered while it runs (`RunningCall.outcome`)."""

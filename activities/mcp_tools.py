@@ -178,9 +178,7 @@ class McpActivities:
         self.dependencies.check(_dependent(target.server))  # an HTTP server known down: not sent
         context = await asyncio.to_thread(ToolCallContext.open, input, self._roots, self._caps)
         if target.effect != "write":
-            if (outcome := await CALLS_HERE.joined(input.idempotency_key)) is not None:
-                return outcome
-            return await CALLS_HERE.run(input.idempotency_key, self._run(context, target))
+            return await CALLS_HERE.outcome_of(input.idempotency_key, lambda: self._run(context, target))
         error = OUTCOME_UNKNOWN.format(what="its worker stopped", error="an earlier attempt did not report")
         return await write_once(
             context.journal,

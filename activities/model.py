@@ -81,10 +81,8 @@ class ModelActivities:
     async def call_model(self, input: ModelCallInput) -> ModelReply:
         key = activity_key()
         with self._attempts.counting(input.attempts):
-            # An attempt the server gave up on a stalled worker: its call is still in flight here.
-            if (reply := await CALLS_HERE.joined(key)) is not None:
-                return reply
-            return await CALLS_HERE.run(key, self._call(input))
+            # A retry of an attempt the server gave up on a stalled worker joins its call, still in flight here.
+            return await CALLS_HERE.outcome_of(key, lambda: self._call(input))
 
     async def _call(self, input: ModelCallInput) -> ModelReply:
         progress: dict[str, Any] = {"model": input.model, "phase": "reading the context"}

@@ -140,9 +140,7 @@ class UserToolActivities:
         self.dependencies.check(tool.name)  # before the journal: a call that fails here never began
         if tool.spec.effect == "write":
             return await self._journaled(tool, input, args)
-        if (outcome := await CALLS_HERE.joined(input.idempotency_key)) is not None:
-            return outcome
-        return await CALLS_HERE.run(input.idempotency_key, self._run(tool, input, args))
+        return await CALLS_HERE.outcome_of(input.idempotency_key, lambda: self._run(tool, input, args))
 
     async def _journaled(self, tool: Tool, input: ToolCallInput, args: BaseModel) -> ToolOutcome:
         """A write tool's call, at most once per idempotency key, whatever the retries."""

@@ -134,16 +134,15 @@ class ToolActivities:
         this process, waits for that same command instead of finding its start record and
         interrupting it (activities/calls_here.py)."""
         key = input.idempotency_key
-        if (outcome := await CALLS_HERE.joined(key)) is not None:
-            return outcome
-        served = self._serve(
+        served = partial(
+            self._serve,
             "run_command",
             input,
             self._commands.run,
             release_sticky=not CALLS_HERE.ran(key),
             details=partial(self._commands.beat_details, key),
         )
-        return await CALLS_HERE.run(key, served)
+        return await CALLS_HERE.outcome_of(key, served)
 
     async def _serve(
         self,

@@ -81,12 +81,8 @@ class ModelActivities:
     async def call_model(self, input: ModelCallInput) -> ModelReply:
         key = activity_key()
         with self._attempts.counting(input.attempts):
-            # A retry of an attempt the server gave up on a stalled worker joins its call, still in
-            # flight here. Not `outcome_of`: its one more frame took a failing call's stack trace
-            # past the size the server keeps as the last failure (tests/test_model_stream.py).
-            if (reply := await CALLS_HERE.joined(key)) is not None:
-                return reply
-            return await CALLS_HERE.run(key, self._call(input))
+            # A retry of an attempt the server gave up on a stalled worker joins its call, still in flight here.
+            return await CALLS_HERE.outcome_of(key, lambda: self._call(input))
 
     async def _call(self, input: ModelCallInput) -> ModelReply:
         progress: dict[str, Any] = {"model": input.model, "phase": "reading the context"}

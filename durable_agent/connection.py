@@ -15,21 +15,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from temporalio.api.failure.v1 import Failure
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.converter import (
-    DataConverter,
-    DefaultFailureConverter,
-    DefaultFailureConverterWithEncodedAttributes,
-    PayloadConverter,
-)
+from temporalio.converter import DataConverter
 from temporalio.envconfig import ClientConfig
 from temporalio.runtime import Runtime
 
 from activities.home import home_path
 from durable_agent import telemetry
-from durable_agent.codecs import EncryptionKeys, KeyNotHeld, PayloadCodecChain
+from durable_agent.codecs import EncryptionKeys, PayloadCodecChain
+from durable_agent.failures import ShortStackTraces, ShortStackTracesEncodedButKeyNotHeld
 from workflows.types import TASK_QUEUE
 
 DEFAULT_ADDRESS = "localhost:7233"
@@ -59,26 +54,15 @@ def connect_config(address: str | None = None) -> dict[str, Any]:
 
 def data_converter(keys: EncryptionKeys | None = None) -> DataConverter:
     """Pydantic JSON payloads, compressed when large and encrypted with `keys` (default: from
-    `DURABLE_AGENT_ENCRYPTION_KEY`, unset: not encrypted). With a key, failure messages and
-    stack traces are moved into an encoded (so encrypted) payload too."""
+    `DURABLE_AGENT_ENCRYPTION_KEY`, unset: not encrypted). Failures keep their innermost frames
+    (durable_agent/failures.py); with a key, their messages and stack traces are moved into an
+    encoded (so encrypted) payload too."""
     keys = keys or EncryptionKeys.from_env()
     return dataclasses.replace(
         pydantic_data_converter,
         payload_codec=PayloadCodecChain(keys),
-        failure_converter_class=FailuresEncodedButKeyNotHeld if keys else DefaultFailureConverter,
+        failure_converter_class=ShortStackTracesEncodedButKeyNotHeld if keys else ShortStackTraces,
     )
-
-
-class FailuresEncodedButKeyNotHeld(DefaultFailureConverterWithEncodedAttributes):
-    """Failure messages encrypted, except a worker's own "cannot decrypt: key id k1 not held
-    by this worker" (codecs.KeyNotHeld): encrypted with that worker's other key, nobody
-    could read why the run does not go on."""
-
-    def to_failure(self, exception: BaseException, payload_converter: PayloadConverter, failure: Failure) -> None:
-        super().to_failure(exception, payload_converter, failure)
-        if isinstance(exception, KeyNotHeld):
-            failure.ClearField("encoded_attributes")
-            failure.message = str(exception)
 
 
 async def connect(

@@ -256,6 +256,8 @@ async def test_a_stream_cut_mid_reply_is_retried(
     # The Web UI's "Last Failure": the reason itself, not the server's "Failure exceeds size limit."
     assert pending.last_failure.message.startswith("the model's streamed reply broke off after 3 chunks")
     assert pending.last_failure.application_failure_info.type == "ModelStreamBroken"
+    # Half the server's 4 KiB, wherever the project is installed (durable_agent/failures.py).
+    assert pending.last_failure.ByteSize() < 2 * 1024
     result = await asyncio.wait_for(handle.result(), 60)
     assert result.output == whole.content and len(script.arrivals) == 2
     assert (result.usage.input_tokens, result.usage.output_tokens, result.usage.model_calls) == (50, 10, 1)

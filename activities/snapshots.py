@@ -46,8 +46,11 @@ from workflows.snapshots import SNAPSHOT_ACTIVITY, SnapshotRequest, SnapshotTake
 STORE_ENV = "DURABLE_AGENT_SNAPSHOT_STORE"
 BASE_EVERY = 256
 """A manifest with every file after this many deltas: bounds the reads a restore makes."""
-CACHED_WORKSPACES = 64
-"""Workspaces whose latest file list a worker keeps in memory (the stat cache, warm)."""
+CACHED_FILES = 100_000
+"""File entries of workspaces' latest snapshots a worker keeps in memory (the stat cache, warm),
+~500 bytes each: 50 MB, beyond the newest workspace's, which is always kept. Counted in files,
+not workspaces: with a cap of 64 workspaces, a worker serving more runs re-read each run's
+manifests at every step (docs/fork.md)."""
 
 Entry = list  # [mode, size, mtime_ns, ctime_ns, inode, sha256]
 Files = dict[str, Entry]
@@ -76,8 +79,7 @@ def _coarse_now_ns() -> int:
 class Store:
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or store_path()
-        # workspace -> (digest, files, depth, verified_ns): the previous snapshot, warm.
-        self._latest: OrderedDict[str, tuple[str, Files, int, int]] = OrderedDict()
+        self._latest = LatestSnapshots()
         self._lock = threading.Lock()  # takes of several workspaces run in threads at once
 
     # --- taking -------------------------------------------------------------------------
@@ -127,10 +129,7 @@ class Store:
 
     def _remember(self, root: str, digest: str, files: Files, depth: int, verified_ns: int) -> None:
         with self._lock:
-            self._latest[root] = (digest, files, depth, verified_ns)
-            self._latest.move_to_end(root)
-            while len(self._latest) > CACHED_WORKSPACES:
-                self._latest.popitem(last=False)
+            self._latest.put(root, (digest, files, depth, verified_ns))
 
     def _put_blob(self, full: str, st: os.stat_result) -> tuple[str, int]:
         if stat.S_ISLNK(st.st_mode):
@@ -229,7 +228,32 @@ class Store:
                 shutil.copyfile(self.root / "blobs" / entry[_DIGEST][:2] / entry[_DIGEST][2:], target)
                 os.chmod(target, stat.S_IMODE(entry[_MODE]))
         with self._lock:
-            self._latest.pop(root, None)
+            self._latest.drop(root)
+
+
+class LatestSnapshots:
+    """workspace -> (digest, files, depth, verified_ns) of its latest snapshot, the least
+    recently taken dropped first while more than CACHED_FILES file entries are held."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[str, tuple[str, Files, int, int]] = OrderedDict()
+        self.files_held = 0
+
+    def get(self, root: str) -> tuple[str, Files, int, int] | None:
+        return self._entries.get(root)
+
+    def put(self, root: str, latest: tuple[str, Files, int, int]) -> None:
+        self.drop(root)
+        self._entries[root] = latest
+        self.files_held += len(latest[1])
+        while self.files_held > CACHED_FILES and len(self._entries) > 1:
+            _, (_, evicted, _, _) = self._entries.popitem(last=False)
+            self.files_held -= len(evicted)
+
+    def drop(self, root: str) -> None:
+        dropped = self._entries.pop(root, None)
+        if dropped is not None:
+            self.files_held -= len(dropped[1])
 
 
 def changed(before: Files, after: Files) -> tuple[list[str], list[str], list[str]]:

@@ -6,6 +6,10 @@ the bytes the store grew by per step, against the bytes changed. Two stores:
 - `own`: activities/snapshots.py (sha256 blobs, delta manifests, a stat cache);
 - `git`: git's object model through the `git` binary (`add -A`, `write-tree`, `commit-tree`
   on a private GIT_DIR and index), what a store built on git would do per step.
+
+`--runs N --files F`: one store serving N runs in turn, as one worker does, each a workspace of
+F files with one changed per step: CPU ms per snapshot, which tells whether every run's latest
+snapshot stays in the worker's memory (a run that is not reads its manifests back).
 """
 
 from __future__ import annotations
@@ -108,6 +112,26 @@ def bench_git(workspace: Path, git_dir: Path, steps: int) -> Figures:
     return figures
 
 
+def bench_many_runs(root: Path, runs: int, files: int, steps: int) -> list[float]:
+    """CPU ms of each snapshot after the first of each run, the runs' steps taken in turn."""
+    store = Store(root / "store")
+    workspaces = [root / f"ws{n}" for n in range(runs)]
+    latest: dict[Path, str] = {}
+    for workspace in workspaces:
+        workspace.mkdir()
+        for f in range(files):
+            (workspace / f"module_{f:04d}.py").write_text(f"# module {f}\n")
+        latest[workspace] = store.take(str(workspace), None, chain=workspace.name)[0]
+    cpu_ms: list[float] = []
+    for step in range(1, steps + 1):
+        for workspace in workspaces:
+            (workspace / f"module_{step % files:04d}.py").write_text(f"step {step}\n")
+            cpu = _cpu_s()
+            latest[workspace] = store.take(str(workspace), latest[workspace], chain=workspace.name)[0]
+            cpu_ms.append((_cpu_s() - cpu) * 1000)
+    return cpu_ms
+
+
 def report(name: str, f: Figures) -> str:
     p95 = sorted(f.wall)[int(len(f.wall) * 0.95) - 1]
     over = statistics.mean(g - c for g, c in zip(f.grown, f.changed, strict=True))
@@ -120,7 +144,17 @@ def report(name: str, f: Figures) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench snapshots", description=__doc__)
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--runs", type=int, default=1, help="with --files: runs served in turn by one store")
+    parser.add_argument("--files", type=int, default=1000, help="files per run's workspace, with --runs")
     args = parser.parse_args()
+    if args.runs > 1:
+        with tempfile.TemporaryDirectory() as tmp:
+            cpu_ms = bench_many_runs(Path(tmp), args.runs, args.files, args.steps)
+        print(
+            f"{args.runs} runs of {args.files} files, {args.steps} steps each, in turn: "
+            f"median CPU ms per snapshot {statistics.median(cpu_ms):.2f}"
+        )
+        return
     print(f"{FOLDERS * FILES_PER_FOLDER} files, {args.steps} steps, one file changed per step")
     print("| store | median ms | p95 ms | median CPU ms | bytes added per step | bytes of the changed file | over it |")
     print("|---|---|---|---|---|---|---|")

@@ -18,6 +18,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from activities import snapshots
 from activities.snapshots import STORE_ENV, SnapshotError, Store, store_path
 from durable_agent.fork import ForkPlan, ForkRequest, fork_input
 from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
@@ -179,6 +180,42 @@ def test_one_changed_file_costs_its_bytes_and_an_unchanged_tree_nothing(tmp_path
     (workspace / "build.log").write_text("noise")
     excluded, _ = store.take(str(workspace), second, exclude=["node_modules", "*.log"])
     assert excluded == second  # nothing but excluded names changed
+
+
+def test_a_worker_with_many_runs_keeps_each_runs_latest_snapshot_warm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """100 runs of 3 files: every one's next snapshot reads no manifest (the stat cache holds
+    file entries, not a number of workspaces); past CACHED_FILES the least recent goes first."""
+    store = Store(tmp_path / "store")
+    manifests_read = 0
+    read_manifest = store._manifest
+
+    def counted(digest: str) -> dict:
+        nonlocal manifests_read
+        manifests_read += 1
+        return read_manifest(digest)
+
+    monkeypatch.setattr(store, "_manifest", counted)
+    workspaces = [tmp_path / f"ws{n}" for n in range(100)]
+    latest = {}
+    for workspace in workspaces:
+        workspace.mkdir()
+        for name in ("a", "b", "c"):
+            (workspace / name).write_text(f"{workspace.name} {name}")
+        latest[workspace], _ = store.take(str(workspace), None)
+    for workspace in workspaces:
+        (workspace / "a").write_text("changed")
+        latest[workspace], _ = store.take(str(workspace), latest[workspace])
+    assert manifests_read == 0
+    monkeypatch.setattr(snapshots, "CACHED_FILES", 7)
+    for workspace in (workspaces[0], workspaces[-1]):
+        (workspace / "b").write_text("changed")
+        latest[workspace], _ = store.take(str(workspace), latest[workspace])
+    assert manifests_read == 0 and store._latest.files_held == 6  # the two newest: 3 + 3 of at most 7
+    (workspaces[1] / "c").write_text("changed")
+    store.take(str(workspaces[1]), latest[workspaces[1]])
+    assert manifests_read > 0  # dropped, so read back from the store
 
 
 async def test_a_fork_of_a_step_inside_an_earlier_run_of_a_continue_as_new_chain(

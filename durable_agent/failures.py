@@ -1,5 +1,5 @@
-"""How exceptions become Temporal failures: the SDK's conversion, with each stack trace cut
-to its innermost frames.
+"""How exceptions become Temporal failures: the SDK's conversion, with each Python stack trace
+cut to its innermost frames.
 
 The server keeps an activity's last failure (the Web UI's "Last Failure", a retry's
 `last_failure`) only up to 4 KiB (`limit.mutableStateActivityFailureSize.error`); past that
@@ -7,14 +7,14 @@ it stores "Failure exceeds size limit." in its place. A Python 3.11 traceback th
 SDK's interceptors, ours and a client library is that long on its own, and how long depends
 on where the project is installed. The innermost frames say where the error happened; the
 outer ones are the SDK's, so those are the frames dropped.
+
+The cut works on the text the SDK made, never on the exception: an exception may refuse
+attribute assignment (a frozen dataclass), be converted again, or live on.
 """
 
 from __future__ import annotations
 
-import traceback
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import TracebackType
+import re
 
 from temporalio.api.failure.v1 import Failure
 from temporalio.converter import (
@@ -26,13 +26,18 @@ from temporalio.converter import (
 from durable_agent.codecs import KeyNotHeld
 
 STACK_TRACE_CHARS = 1_200
-"""The most of one failure's stack trace kept, in whole frames (at least the innermost one)."""
+"""The most of one failure's stack trace kept: whole frames, innermost first (the innermost
+one cut to this length if it alone is longer)."""
+
+_FRAME = re.compile(r'^  File "', re.MULTILINE)
+"""Where each frame of `traceback.format_tb`'s text begins."""
 
 
 class ShortStackTraces(DefaultFailureConverter):
     def to_failure(self, exception: BaseException, payload_converter: PayloadConverter, failure: Failure) -> None:
-        with innermost_frames(exception):
-            super().to_failure(exception, payload_converter, failure)
+        # The SDK converts each cause through this method too: each level cuts its own trace.
+        super().to_failure(exception, payload_converter, failure)
+        failure.stack_trace = innermost(failure.stack_trace)
 
 
 class ShortStackTracesEncodedButKeyNotHeld(DefaultFailureConverterWithEncodedAttributes):
@@ -41,48 +46,37 @@ class ShortStackTracesEncodedButKeyNotHeld(DefaultFailureConverterWithEncodedAtt
     nobody could read why the run does not go on."""
 
     def to_failure(self, exception: BaseException, payload_converter: PayloadConverter, failure: Failure) -> None:
-        with innermost_frames(exception):
-            super().to_failure(exception, payload_converter, failure)
+        super().to_failure(exception, payload_converter, failure)
         if isinstance(exception, KeyNotHeld):
             failure.ClearField("encoded_attributes")
             failure.message = str(exception)
+        elif failure.HasField("encoded_attributes"):
+            _cut_encoded(failure, payload_converter)
 
 
-@contextmanager
-def innermost_frames(error: BaseException, budget: int = STACK_TRACE_CHARS) -> Iterator[None]:
-    """While converting: each exception in `error`'s chain (the chain the SDK converts) carries
-    only the innermost frames whose formatted text fits `budget`; restored afterwards, since the
-    exception may live on (a workflow's, re-raised)."""
-    originals: list[tuple[BaseException, TracebackType | None]] = []
-    for link in _chain(error):
-        originals.append((link, link.__traceback__))
-        link.__traceback__ = _innermost(link.__traceback__, budget)
-    try:
-        yield
-    finally:
-        for link, original in originals:
-            link.__traceback__ = original
-
-
-def _chain(error: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    link: BaseException | None = error
-    while link is not None and id(link) not in seen:
-        seen.add(id(link))
-        yield link
-        link = link.__cause__ or (None if link.__suppress_context__ else link.__context__)
-
-
-def _innermost(tb: TracebackType | None, budget: int) -> TracebackType | None:
-    entries: list[TracebackType] = []
-    while tb is not None:
-        entries.append(tb)
-        tb = tb.tb_next
-    if not entries:
-        return None
-    kept = entries[-1]
-    for entry in reversed(entries[:-1]):
-        if len("\n".join(traceback.format_tb(entry))) > budget:
+def innermost(stack_trace: str, budget: int = STACK_TRACE_CHARS) -> str:
+    """`stack_trace` (a Python traceback's text) with only its innermost frames that fit
+    `budget`; text of another form is kept as it is."""
+    if len(stack_trace) <= budget:
+        return stack_trace
+    starts = [match.start() for match in _FRAME.finditer(stack_trace)]
+    if not starts:
+        return stack_trace
+    kept = len(stack_trace)
+    for start in reversed(starts):
+        if len(stack_trace) - start > budget and kept < len(stack_trace):
             break
-        kept = entry
-    return kept
+        kept = start
+    return stack_trace[kept : kept + budget]
+
+
+def _cut_encoded(failure: Failure, payload_converter: PayloadConverter) -> None:
+    """The stack trace inside the encoded attributes (still plain JSON: the codec runs after
+    this converter) cut as `innermost` cuts it."""
+    [attributes] = payload_converter.from_payloads([failure.encoded_attributes])
+    if not isinstance(attributes, dict) or not isinstance(attributes.get("stack_trace"), str):
+        return
+    cut = innermost(attributes["stack_trace"])
+    if cut != attributes["stack_trace"]:
+        [payload] = payload_converter.to_payloads([{**attributes, "stack_trace": cut}])
+        failure.encoded_attributes.CopyFrom(payload)

@@ -6,6 +6,7 @@ reason, not "Failure exceeds size limit."."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import traceback
@@ -15,7 +16,7 @@ from temporalio.exceptions import ApplicationError
 
 from durable_agent.codecs import EncryptionKeys
 from durable_agent.connection import data_converter
-from durable_agent.failures import STACK_TRACE_CHARS, innermost_frames
+from durable_agent.failures import STACK_TRACE_CHARS, innermost
 
 DEPTH = 60
 
@@ -69,8 +70,33 @@ def test_an_encrypted_failure_keeps_its_innermost_frames_inside_the_encoded_attr
     assert "raise ApplicationError" in attributes["stack_trace"]
 
 
-def test_the_innermost_frame_is_kept_even_past_the_budget() -> None:
-    error = _raised()
-    with innermost_frames(error, budget=1):
-        kept = traceback.format_tb(error.__traceback__)
-    assert len(kept) == 1 and "raise ApplicationError" in kept[0]
+def test_the_innermost_frame_is_kept_even_past_the_budget_and_cut_to_it() -> None:
+    text = "\n".join(traceback.format_tb(_raised().__traceback__))
+    assert innermost(text, budget=40) == text[text.rindex('  File "') :][:40]
+    kept = innermost(text, budget=150)
+    assert kept.startswith('  File "') and kept.count('  File "') == 1 and len(kept) <= 150
+    java = "java.lang.Error\n\tat A.b(A.java:1)\n" * 100
+    assert innermost(java) == java  # not a Python traceback: kept as it is
+
+
+def test_exceptions_that_refuse_assignment_or_recurse_deeply_convert_like_any_other() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Frozen(Exception):
+        code: int = 1
+
+    def deep(n: int) -> None:
+        deep(n + 1)
+
+    try:
+        try:
+            deep(0)
+        except RecursionError:
+            raise ApplicationError("gave up", type="Deep", non_retryable=True) from Frozen(3)
+    except ApplicationError as e:
+        error = e
+    failure = Failure()
+    data_converter().failure_converter.to_failure(error, data_converter().payload_converter, failure)
+    assert failure.application_failure_info.non_retryable and failure.cause.message == "3"
+    recursion = Failure()
+    data_converter().failure_converter.to_failure(error.__context__, data_converter().payload_converter, recursion)
+    assert recursion.message.startswith("maximum recursion depth") and len(recursion.stack_trace) <= STACK_TRACE_CHARS

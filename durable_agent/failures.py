@@ -62,9 +62,9 @@ def innermost(stack_trace: str, budget: int = STACK_TRACE_CHARS) -> str:
     starts = [match.start() for match in _FRAME.finditer(stack_trace)]
     if not starts:
         return stack_trace
-    kept = len(stack_trace)
-    for start in reversed(starts):
-        if len(stack_trace) - start > budget and kept < len(stack_trace):
+    kept = starts[-1]  # the innermost frame, whatever its length
+    for start in reversed(starts[:-1]):
+        if len(stack_trace) - start > budget:
             break
         kept = start
     return stack_trace[kept : kept + budget]

@@ -249,6 +249,12 @@ def _cpu_s(pid: int) -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+def _children_cpu_s(pid: int) -> float:
+    """User + system CPU of the process's reaped children only (commands, sandboxes, helpers)."""
+    t = psutil.Process(pid).cpu_times()
+    return t.children_user + t.children_system
+
+
 async def history_bytes(client: Client, workflow_id: str) -> tuple[int, int]:
     """historySizeBytes summed over the workflow's continue-as-new chain, and the chain's length."""
     sizes = []

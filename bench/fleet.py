@@ -53,7 +53,7 @@ from typing import Any
 from temporalio.api.enums.v1 import EventType, TimeoutType
 from temporalio.client import Client, WorkflowHandle
 
-from bench.contenders import _cpu_s, history_bytes
+from bench.contenders import _children_cpu_s, _cpu_s, history_bytes
 from bench.harness import Bench, StepScript, bench, bench_input
 from bench.hosts import HOSTS, host_folders, spawn_hosts
 from bench.plain_temporal import PLAIN_WORKFLOW, PlainCall, spawn_plain_worker
@@ -113,12 +113,14 @@ async def measure(b: Bench, client: Client, contender: Contender, agents: int, s
     pids = (contender.worker.pid, b.server.process.pid)
     others = [w.pid for w in contender.others]
     cpu0 = {pid: _cpu_s(pid) for pid in (*pids, *others)}
+    children0 = {pid: _children_cpu_s(pid) for pid in (pids[0], *others)}
     wall0 = time.perf_counter()
     runs = await asyncio.gather(*(timed_run(client, contender, i, steps) for i in range(agents)))
     wall = time.perf_counter() - wall0
     cpu_of = {pid: _cpu_s(pid) - before for pid, before in cpu0.items()}
     cpu = sum(cpu_of.values())
     worker_cpu = cpu_of[pids[0]] + sum(cpu_of[pid] for pid in others)
+    children_cpu = sum(_children_cpu_s(pid) - before for pid, before in children0.items())
     calls = len(b.model.requests)
     durations = sorted(d for _, d in runs)
     handles = [h for h, _ in runs]
@@ -134,6 +136,7 @@ async def measure(b: Bench, client: Client, contender: Contender, agents: int, s
         "model_connections_opened": b.model.connections - connections_before,
         "cpu_ms_per_model_call": round(1000 * cpu / calls, 1),
         "worker_cpu_ms_per_model_call": round(1000 * worker_cpu / calls, 1),
+        "worker_children_cpu_ms_per_model_call": round(1000 * children_cpu / calls, 1),
         "server_cpu_ms_per_model_call": round(1000 * cpu_of[pids[1]] / calls, 1),
         "workflow_task_timeouts": await task_timeouts(handles),
     }

@@ -22,7 +22,8 @@ ratio is against the one durable-agent worker without a host; with `--hosts 2`, 
 a fifth contender, two durable-agent workers without a host (what two processes cost on their own).
 
 Per contender: run time of each run (from its start returning to its result), CPU of the
-worker process (with its `bash` children) and the server per model call, model calls
+worker process (with its children: commands, sandboxes; also their share apart) and the
+server per model call, model calls
 beyond one per step, and from every run's history the workflow-task timeouts
 (start-to-close: a task a worker held too long; schedule-to-start: a sticky task that
 waited over 1 s and went to the shared queue) and, for durable-agent, history bytes per

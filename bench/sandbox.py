@@ -12,13 +12,15 @@ Then CPU per command (this process and its children, each variant as one block o
 run's sandbox ended inside its block so its helper's CPU is counted), and the memory a run's
 sandbox holds between commands: the proportional set size (PSS, shared pages split between
 the processes sharing them) of its processes (bubblewrap, the helper, its standby child);
-and the CPU of starting and ending a run's sandbox (no command), paid once per run.
+and the CPU of starting and ending a run's sandbox (no command), paid once per run; and what a
+command's journal start record costs, synced (as it is: the file and its folder) and not.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import resource
 import statistics
@@ -29,6 +31,7 @@ from pathlib import Path
 
 from temporalio.testing import ActivityEnvironment
 
+from activities.journal import write_at
 from activities.tools import ToolActivities
 from activities.tools.run_sandbox import RUN_SANDBOXES, RunSandbox
 from activities.tools.sandbox import UNSANDBOXED_CONSENT, UNSANDBOXED_ENV, CommandLaunch, CommandLimits
@@ -56,7 +59,8 @@ async def tool_once(tools: ToolActivities, workspace: str, unsandboxed: bool, sh
     os.environ.pop(UNSANDBOXED_ENV, None)
     if unsandboxed:
         os.environ[UNSANDBOXED_ENV] = UNSANDBOXED_CONSENT
-    run = {"run_folder": RUN, "shell": ShellState()} if shell else {}
+    # Each call a step of its own, as in a run: the journal keeps only the current step's entries.
+    run = {"run_folder": RUN, "shell": ShellState(), "step": next(SHELL_STEPS)} if shell else {}
     call = ToolCallInput(
         call_id="c", idempotency_key=uuid.uuid4().hex, workspace=workspace, arguments={"command": "true"}, **run
     )
@@ -67,6 +71,7 @@ async def tool_once(tools: ToolActivities, workspace: str, unsandboxed: bool, sh
 
 
 RUN = "bench-run"
+SHELL_STEPS = itertools.count()
 
 
 def cpu_s() -> float:
@@ -105,12 +110,18 @@ async def measure(n: int) -> None:
         await RUN_SANDBOXES.end_run(workspace, RUN)
         cpu = {variant: await cpu_per_command(tools, workspace, n, variant) for variant in CPU_VARIANTS}
         start_cpu = await sandbox_start_cpu(workspace, n)
+        record = journal_record_costs(workspace, n)
     os.environ.pop(UNSANDBOXED_ENV, None)
     print(f"{n} runs of `true` each, alternating; load average {load:.2f} before, {os.getloadavg()[0]:.2f} after")
     for kind in kinds:
         print(summary(kind, times[kind, False], times[kind, True]))
     print("CPU per run_command (worker + children): " + ", ".join(f"{v} {cpu[v] * 1000:.1f} ms" for v in cpu))
     print(f"a run's sandbox started and ended, CPU (this process + children): {start_cpu * 1000:.1f} ms")
+    print(
+        "a journal start record (600 bytes), wall / CPU: "
+        + ", ".join(f"{kind} {wall * 1000:.2f} / {cpu * 1000:.2f} ms" for kind, (wall, cpu) in record.items())
+        + " (medians)"
+    )
     print("a run's sandbox between commands, PSS: " + ", ".join(f"{name} {kib:,} KiB" for name, kib in memory))
 
 
@@ -119,6 +130,30 @@ async def sandbox_start_cpu(workspace: str, n: int) -> float:
     for _ in range(n):
         await (await RunSandbox.start(workspace, network=False)).end()
     return (cpu_s() - before) / n
+
+
+def journal_record_costs(workspace: str, n: int) -> dict[str, tuple[float, float]]:
+    """Median wall and CPU seconds of `write_at` of a start record's size, synced and not, alternating."""
+    costs: dict[str, list[tuple[float, float]]] = {"synced": [], "not synced": []}
+    with tempfile.TemporaryDirectory(dir=workspace) as folder:
+        folder_fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for i in range(n):
+                for kind, timings in costs.items():
+                    began, cpu = time.perf_counter(), own_cpu_s()
+                    write_at(folder_fd, f"{i}.{kind}.json", b"x" * 600, 0o600, durable=kind == "synced")
+                    timings.append((time.perf_counter() - began, own_cpu_s() - cpu))
+        finally:
+            os.close(folder_fd)
+    return {
+        kind: (statistics.median(t[0] for t in timings), statistics.median(t[1] for t in timings))
+        for kind, timings in costs.items()
+    }
+
+
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def sandbox_memory_kib() -> list[tuple[str, int]]:

@@ -58,8 +58,6 @@ async def heartbeating(
     if activity.info().is_local:
         yield
         return
-    if release_sticky:
-        await release_sticky_run()
     timeout = activity.info().heartbeat_timeout
     interval_s = timeout.total_seconds() / BEATS_PER_TIMEOUT if timeout else 1.0
 
@@ -81,8 +79,10 @@ async def heartbeating(
             LATEST_BEATS[key] = sent
             last = loop.time()
 
-    task = asyncio.create_task(beat())
+    task = asyncio.create_task(beat())  # before the release: its round trip counts against the timeout
     try:
+        if release_sticky:
+            await release_sticky_run()
         yield
     finally:
         task.cancel()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import os
 import shlex
@@ -48,6 +49,29 @@ if TYPE_CHECKING:
     from mcp import ClientSession, StdioServerParameters
 
 logger = logging.getLogger(__name__)
+
+MCP_SDK_MODULES = (
+    "mcp",
+    "mcp.client.stdio",
+    "mcp.client.streamable_http",
+    "mcp.shared._httpx_utils",
+    "mcp.shared.exceptions",
+    "mcp.types",
+)
+"""What this worker uses of the MCP SDK."""
+_mcp_sdk_imported = False
+
+
+async def import_mcp_sdk() -> None:
+    """The MCP SDK imported, off the event loop: the import takes ~1.2 s of CPU (more on a
+    loaded machine), which on the loop would starve every heartbeat of the worker, and a new
+    worker's first call (a retry after a crash) would time out. Every path to the SDK awaits
+    this first: an import on the loop would wait there for the thread's import lock."""
+    global _mcp_sdk_imported
+    if not _mcp_sdk_imported:
+        await asyncio.to_thread(lambda: [importlib.import_module(name) for name in MCP_SDK_MODULES])
+        _mcp_sdk_imported = True
+
 
 IDLE_S = 600.0
 """A session without a call for this long is closed (a run whose close never reached this worker)."""
@@ -129,6 +153,7 @@ class McpSession:
         self._task: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
+        await import_mcp_sdk()
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._task = asyncio.create_task(self._serve(ready), name=f"mcp-{self.name}")
         try:
@@ -164,7 +189,8 @@ class McpSession:
 
         async with contextlib.AsyncExitStack() as stack:
             if self.server.stdio:
-                params = stdio_parameters(self.server, self.workspace)
+                # Off the loop: it may look for bubblewrap and compile the seccomp filter.
+                params = await asyncio.to_thread(stdio_parameters, self.server, self.workspace)
                 read, write = await stack.enter_async_context(stdio_client(params))
             else:
                 assert self.server.url is not None

@@ -33,7 +33,7 @@ from activities.calls_here import CALLS_HERE
 from activities.dependency_outages import DependencyOutages, http_probe
 from activities.heartbeat import heartbeating
 from activities.mcp_config import McpConfig, McpServer, expanded, expanded_map
-from activities.mcp_sessions import McpSession, McpUnavailable, SessionPool, reason_of
+from activities.mcp_sessions import McpSession, McpUnavailable, SessionPool, import_mcp_sdk, reason_of
 from activities.run_files import RunFileCaps, run_file_caps
 from activities.tools.base import ToolCallContext, text_outcome
 from activities.workspace import workspace_roots
@@ -148,6 +148,12 @@ class McpActivities:
     def all(self) -> list[Callable[..., Any]]:
         return [self.call, self.close]
 
+    async def warm_up(self) -> None:
+        """With servers configured, the MCP SDK imported once the worker polls, not in its
+        first call (a run's retry after its worker died, which a slow import would delay)."""
+        if self.config.servers:
+            await import_mcp_sdk()
+
     async def catalog(self, request: CatalogRequest) -> ToolCatalog:
         """The tools of the run's servers, each started for the run on this worker."""
         unknown = [name for name in request.mcp_servers if name not in self.config.servers]
@@ -189,6 +195,7 @@ class McpActivities:
         )
 
     async def _run(self, context: ToolCallContext, target: McpTarget) -> ToolOutcome:
+        await import_mcp_sdk()
         from mcp.shared.exceptions import MCPError
 
         server = self.config.servers[target.server]

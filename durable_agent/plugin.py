@@ -16,6 +16,7 @@ A user's workflow runs an agent as a child with `run_agent` (durable_agent/child
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from datetime import timedelta
@@ -141,6 +142,9 @@ class DurableAgentPlugin(SimplePlugin):
                 await stack.enter_async_context(self._host_worker({**config, **ours}))
             if tools is not None and tools.mcp is not None:
                 stack.push_async_callback(tools.mcp.pool.close_all)  # the MCP servers end with the worker
+                warming = asyncio.create_task(tools.mcp.warm_up())
+                warming.add_done_callback(_seen)  # a failed import fails the first MCP call, told there
+                stack.callback(warming.cancel)
             await super().run_worker(worker, next)
 
     def _host_worker(self, config: WorkerConfig) -> Worker:
@@ -158,6 +162,11 @@ class DurableAgentPlugin(SimplePlugin):
             max_heartbeat_throttle_interval=config.get("max_heartbeat_throttle_interval") or timedelta(seconds=0.5),
             graceful_shutdown_timeout=config.get("graceful_shutdown_timeout") or timedelta(seconds=5),
         )
+
+
+def _seen(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def _with_codec(converter: DataConverter) -> Callable[[DataConverter | None], DataConverter]:

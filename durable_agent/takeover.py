@@ -21,6 +21,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.api.workflow.v1 import PendingActivityInfo
@@ -29,8 +30,12 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
 from activities.host import machine_tag, process_gone
+from workflows.options import HEARTBEAT_TIMEOUT
 
 log = logging.getLogger(__name__)
+
+TIMEOUT_MARGIN = timedelta(seconds=1)
+"""Left to the heartbeat timeout (the shortest, a tool call's): an attempt it ends this soon."""
 
 WORKER_GONE = "WorkerGone"
 """The error type of an attempt failed here: retryable, so the server retries the call."""
@@ -69,17 +74,27 @@ def held_by_dead_neighbour(identity: str, me: Holder) -> bool:
     return process_gone(holder.pid)
 
 
-def abandoned(activity: PendingActivityInfo, me: Holder) -> bool:
-    """An attempt in progress whose worker is gone.
+def abandoned(activity: PendingActivityInfo, me: Holder, now: datetime) -> bool:
+    """An attempt in progress whose worker is gone, and whose heartbeat timeout is not due
+    within TIMEOUT_MARGIN of `now`.
 
     Failing an activity by its id fails whichever attempt is current when the request
-    arrives. Should the heartbeat timeout have started a new attempt on a live worker in
-    the few milliseconds since the description was read, that attempt is failed instead.
-    Its retry goes through the call's journal like any other (activities/journal.py), so
-    the race costs a retry and at worst an "interrupted" answer, never a second run."""
-    return activity.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED and held_by_dead_neighbour(
-        activity.last_worker_identity, me
+    arrives. Should the heartbeat timeout start a new attempt on a live worker in the
+    moment since the description was read, that attempt is failed instead: its retry goes
+    through the call's journal like any other (activities/journal.py), so the race costs an
+    attempt of the call's few (a read tool has 3) and at worst an "interrupted" answer, never
+    a second run. An attempt so close to its timeout is left to the timeout."""
+    return (
+        activity.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+        and held_by_dead_neighbour(activity.last_worker_identity, me)
+        and now - last_sign_of_life(activity) < HEARTBEAT_TIMEOUT - TIMEOUT_MARGIN
     )
+
+
+def last_sign_of_life(activity: PendingActivityInfo) -> datetime:
+    """The attempt's last heartbeat, or its start before it has one (the server's clock)."""
+    times = [activity.last_started_time, activity.last_heartbeat_time]
+    return max(t.ToDatetime(tzinfo=UTC) for t in times)
 
 
 async def take_over(client: Client, task_queue: str, identity: str) -> int:
@@ -105,9 +120,9 @@ async def _take_over_run(client: Client, run: WorkflowExecution, me: Holder) -> 
         description = await handle.describe()
     except RPCError:
         return 0  # closed since it was listed, or the server is busy: the timeout still applies
-    taken = 0
+    taken, now = 0, datetime.now(UTC)
     for activity in description.raw_description.pending_activities:
-        if not abandoned(activity, me):
+        if not abandoned(activity, me, now):
             continue
         message = (
             f"the worker running this call ({activity.last_worker_identity}) is gone; "

@@ -612,3 +612,40 @@ async def test_cancelling_the_run_cancels_the_call_on_the_server(
         result = await asyncio.wait_for(handle.result(), 60)
         await until(lambda: (workspace / "cancelled.txt").exists(), within_s=30)
     assert result.state == "cancelled"
+
+
+IMPORT_GAPS = """
+import asyncio, sys, time
+from activities.mcp_sessions import import_mcp_sdk
+assert "mcp" not in sys.modules
+
+async def main() -> None:
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.005)
+            gaps.append(time.monotonic() - last)
+            last = time.monotonic()
+
+    ticker = asyncio.create_task(tick())
+    began = time.monotonic()
+    await import_mcp_sdk()
+    took = time.monotonic() - began
+    ticker.cancel()
+    assert "mcp.client.stdio" in sys.modules
+    print(max(gaps, default=took), took)
+
+asyncio.run(main())
+"""
+
+
+def test_the_sdk_is_imported_off_the_event_loop() -> None:
+    """A new worker's first MCP call (a retry after a crash) imports the SDK, ~1.2 s of CPU:
+    on the event loop it would hold up every heartbeat of the worker (5 s timeouts) for that
+    long, and longer on a loaded machine. Off the loop, the loop keeps turning meanwhile."""
+    done = subprocess.run([sys.executable, "-c", IMPORT_GAPS], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    longest_gap, import_s = map(float, done.stdout.split())
+    assert longest_gap < import_s / 4, (longest_gap, import_s)

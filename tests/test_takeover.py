@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -91,14 +92,40 @@ def test_a_killed_process_not_yet_reaped_counts_as_dead(me: Holder, sleeper: sub
     assert sleeper.poll() is not None
 
 
+NOW = datetime.now(UTC)
+
+
+def pending(
+    state: PendingActivityState.ValueType, worker: str, started_s_ago: float, beat_s_ago: float | None = None
+) -> PendingActivityInfo:
+    """An attempt as the server describes it, timed from NOW."""
+    info = PendingActivityInfo(state=state, last_worker_identity=worker)
+    info.last_started_time.FromDatetime(NOW - timedelta(seconds=started_s_ago))
+    if beat_s_ago is not None:
+        info.last_heartbeat_time.FromDatetime(NOW - timedelta(seconds=beat_s_ago))
+    return info
+
+
 def test_only_a_started_attempt_of_a_dead_worker_is_abandoned(me: Holder, sleeper: subprocess.Popen[bytes]) -> None:
     exited = subprocess.Popen([sys.executable, "-c", "pass"])
     exited.wait()
     dead, alive = identity_of(exited.pid, me), identity_of(sleeper.pid, me)
-    assert abandoned(PendingActivityInfo(state=STARTED, last_worker_identity=dead), me)
-    assert not abandoned(PendingActivityInfo(state=STARTED, last_worker_identity=alive), me)
+    assert abandoned(pending(STARTED, dead, started_s_ago=1), me, NOW)
+    assert not abandoned(pending(STARTED, alive, started_s_ago=1), me, NOW)
     scheduled = PendingActivityState.PENDING_ACTIVITY_STATE_SCHEDULED  # waiting for its retry already
-    assert not abandoned(PendingActivityInfo(state=scheduled, last_worker_identity=dead), me)
+    assert not abandoned(pending(scheduled, dead, started_s_ago=1), me, NOW)
+
+
+def test_an_attempt_about_to_time_out_is_left_to_its_timeout(me: Holder) -> None:
+    """The server may start the retry between the description and the fail, which would
+    then fail the retry: within a second of the heartbeat timeout (5 s), the timeout decides."""
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    dead = identity_of(exited.pid, me)
+    assert not abandoned(pending(STARTED, dead, started_s_ago=4.5), me, NOW)
+    assert not abandoned(pending(STARTED, dead, started_s_ago=60, beat_s_ago=4.2), me, NOW)
+    assert abandoned(pending(STARTED, dead, started_s_ago=60, beat_s_ago=2), me, NOW)
+    assert abandoned(pending(STARTED, dead, started_s_ago=3.5), me, NOW)
 
 
 async def test_a_dead_workers_command_is_retried_at_once_and_not_run_twice(

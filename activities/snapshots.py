@@ -339,6 +339,18 @@ class SnapshotActivities:
 
     @activity.defn(name=SNAPSHOT_ACTIVITY)
     async def snapshot_workspace(self, request: SnapshotRequest) -> SnapshotTaken:
+        return await self.take(request)
+
+    async def after_tool(self, request: SnapshotRequest) -> SnapshotTaken | None:
+        """The step's snapshot taken by its last tool call's activity; None when it cannot be
+        (the run then asks `snapshot_workspace` for it, which reports why)."""
+        try:
+            return await self.take(request)
+        except ApplicationError as e:
+            activity.logger.warning("no snapshot of step %s with its tool call: %s", request.step, e)
+            return None
+
+    async def take(self, request: SnapshotRequest) -> SnapshotTaken:
         try:
             root = Workspace(request.workspace, self._roots).root
             take = functools.partial(self._store.take, exclude=request.exclude)

@@ -192,13 +192,14 @@ def tool_worker(
 def workflow_activities() -> list[Callable[..., Any]]:
     """The tools, the agent files, the archive, the skills, the run's cleanup, the workspace
     snapshots and the host probe: some run as local activities, which only the worker running the workflow can run."""
+    snapshots = SnapshotActivities()  # one store: a step's snapshot is taken by its last tool call or on its own
     return [
-        *ToolActivities().all(),
+        *ToolActivities(snapshots=snapshots).all(),
         *AgentActivities().all(),
         *ArchiveActivities().all(),
         *SkillActivities().all(),
         *CleanupActivities().all(),
-        *SnapshotActivities().all(),
+        *snapshots.all(),
         *ApprovalDiffActivities().all(),
         redact_tool_outcome,
         host_pollers,

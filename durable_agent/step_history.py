@@ -2,8 +2,8 @@
 
 The chain's histories go through the SDK's `Replayer` with the workflow's own code, as a new
 worker would replay them: no model or tool call is made, each result is read from history.
-An interceptor watches the replay and, at each step boundary's `snapshot_workspace`, keeps a
-deep copy of the run's state there (its `Carry`: the model's view, usage, counters) with the
+An interceptor watches the replay and, at each step's snapshot (the workflow's
+`_on_step_point`), keeps a deep copy of the run's state there (its `Carry`: the model's view, usage, counters) with the
 snapshot's digest, and, at each model call, the tool calls the model asked for. That state is
 what `fork` and `rewind` start from, so the context is exactly what the run had after the step,
 compaction and all, with no second implementation of the loop to drift from the first.
@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.client import Client, WorkflowHistory
 from temporalio.worker import (
+    ExecuteWorkflowInput,
     Interceptor,
     Replayer,
     StartActivityInput,
@@ -31,7 +32,6 @@ from temporalio.workflow import ActivityHandle
 
 from durable_agent.runs import chain_histories
 from workflows.agent import AgentWorkflow
-from workflows.snapshots import SNAPSHOT_ACTIVITY, SnapshotRequest
 from workflows.state import Carry
 from workflows.types import AgentInput, ModelReply, ToolCall
 
@@ -113,12 +113,30 @@ class _Capture(Interceptor):
         self.steps = steps
         self.run_id = ""
 
+    def step_point(self, run: Any) -> None:
+        """The run at a step's snapshot (workflows/snapshot_steps.py), as it stands then."""
+        self.steps.points.append(
+            StepPoint(
+                step=run._carry.step,
+                run_id=self.run_id,
+                digest=run._carry.snapshot,
+                carry=run._carry.model_copy(deep=True),
+                agent=run._agent.model_copy(update={"carry": None, "limits": run._limits.model_copy()}),
+                elapsed_s=run._usage_now().elapsed_s,
+                turns_before=len(self.steps.turns),
+            )
+        )
+
     def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
         capture = self
 
         class Inbound(WorkflowInboundInterceptor):
             def init(self, outbound: WorkflowOutboundInterceptor) -> None:
                 super().init(_Outbound(outbound, capture))
+
+            async def execute_workflow(self, input: ExecuteWorkflowInput) -> Any:
+                workflow.instance()._on_step_point = capture.step_point  # type: ignore[attr-defined]
+                return await super().execute_workflow(input)
 
         return Inbound
 
@@ -144,34 +162,7 @@ class _Outbound(WorkflowOutboundInterceptor):
 
     def start_local_activity(self, input: StartLocalActivityInput) -> ActivityHandle[Any]:
         self._closing(input.activity)
-        handle = super().start_local_activity(input)
-        if input.activity == SNAPSHOT_ACTIVITY:
-            run: Any = workflow.instance()
-            request = SnapshotRequest.model_validate(input.args[0])
-            carry = run._carry.model_copy(deep=True)
-            agent = run._agent.model_copy(update={"carry": None, "limits": run._limits.model_copy()})
-            elapsed = run._usage_now().elapsed_s
-            run_id = self._capture.run_id
-
-            def taken(done: ActivityHandle[Any]) -> None:
-                if done.cancelled() or done.exception() is not None:
-                    return
-                digest = done.result().digest
-                carry.snapshot = digest
-                steps = self._capture.steps
-                point = StepPoint(
-                    step=request.step,
-                    run_id=run_id,
-                    digest=digest,
-                    carry=carry,
-                    agent=agent,
-                    elapsed_s=elapsed,
-                    turns_before=len(steps.turns),
-                )
-                steps.points.append(point)
-
-            handle.add_done_callback(taken)
-        return handle
+        return super().start_local_activity(input)
 
     def start_activity(self, input: StartActivityInput) -> ActivityHandle[Any]:
         self._closing(input.activity)

@@ -2,7 +2,8 @@
 (`--compaction`: a run with compactions; `--delegate`: a parent's and a delegate's histories;
 `--agent-file`: a run of an agent file, read at its start; `--done`: the plan tool, a quota
 shrunk by a spike, the skip rung and a check command that fails once; `--mcp`: a run with an
-MCP server's tools, tests/mcp_fixture_server.py).
+MCP server's tools, tests/mcp_fixture_server.py; `--snapshots`: the default scenario on
+today's code, whose steps' last calls take the steps' snapshots where they can).
 
 The scenario touches every kind of command the workflow emits: parallel tool activities,
 an approval (update), a pause and a user message (signals), raised limits, a model
@@ -39,6 +40,8 @@ COMPACTION_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_compaction.json")
 AGENT_FILE_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_agent_file.json")
 DONE_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_done.json")
 MCP_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_mcp.json")
+SNAPSHOTS_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_snapshot_with_tools.json")
+"""The default scenario on baseline-6: a step's last call takes the step's snapshot where it can."""
 DELEGATE_FILES = (
     Path(__file__).parent / "histories" / "delegate" / "parent.json",
     Path(__file__).parent / "histories" / "delegate" / "child.json",
@@ -221,6 +224,7 @@ async def main(kind: str) -> None:
                     "done": record_done,
                     "mcp": record_mcp,
                     "agent": record,
+                    "snapshots": record,
                 }
                 histories = await recorders[kind](client, "record", workspace, model)
     finally:
@@ -232,6 +236,7 @@ async def main(kind: str) -> None:
         "done": (DONE_HISTORY_FILE,),
         "mcp": (MCP_HISTORY_FILE,),
         "agent": (HISTORY_FILE,),
+        "snapshots": (SNAPSHOTS_HISTORY_FILE,),
     }[kind]
     if not isinstance(histories, tuple):
         histories = (histories,)
@@ -244,7 +249,7 @@ async def main(kind: str) -> None:
 
 
 if __name__ == "__main__":
-    known = ("--compaction", "--delegate", "--agent-file", "--done", "--mcp")
+    known = ("--compaction", "--delegate", "--agent-file", "--done", "--mcp", "--snapshots")
     kinds = [a.removeprefix("--") for a in sys.argv[1:] if a in known]
     asyncio.run(main(kinds[0] if kinds else "agent"))
     sys.stdout.flush()

@@ -232,7 +232,7 @@ async def test_every_model_call_and_tool_call_is_labelled_for_the_web_ui(
     ]
     # The run's own summary is its goal; then the workspace check, the listing of skills, one
     # line per model call and file tool (local activities: markers) and per command (an
-    # activity), and the cleanup at the close, as the Web UI lists them.
+    # activity), a snapshot where no call took it, and the cleanup at the close, as the Web UI lists them.
     assert summaries == [
         "label",
         f"check_workspace: {workspace}",
@@ -240,9 +240,8 @@ async def test_every_model_call_and_tool_call_is_labelled_for_the_web_ui(
         "discover_skills",
         "call_model: gpt-4.1-mini step 1",
         "time cap: max_duration_s",  # the run's one timer (workflows/time_cap.py), started ...
-        "run_command: echo hi",  # scheduled in the task that records write_file's result
         "write_file: a.txt",
-        "snapshot_workspace: step 1",
+        "run_command: echo hi",  # after write_file: it takes the step's snapshot after its command
         "call_model: gpt-4.1-mini step 2",
         "time cap: max_duration_s",  # ... and cancelled as the loop ends
         f"clean_up_run: {run_folder(handle.id, handle.first_execution_run_id or '')}",

@@ -522,11 +522,68 @@ async def test_snapshots_are_recorded_by_digest_and_add_no_workflow_task(
         if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and "data" in e.marker_recorded_event_attributes.details
     ]
     snapshots = [d for d in details if json.loads(d["data"].payloads[0].data)["activity_type"] == "snapshot_workspace"]
-    assert len(snapshots) == 7  # step 0 and after each of the six tool steps
-    results = [json.loads(d["result"].payloads[0].data) for d in snapshots]
-    assert [sorted(r) for r in results] == [["added_bytes", "digest", "step"]] * 7  # a digest, never the files
+    on_their_own = [json.loads(d["result"].payloads[0].data) for d in snapshots]
+    # Each tool step's one command took the step's snapshot after itself, in its own activity.
+    with_commands = [
+        json.loads(e.activity_task_completed_event_attributes.result.payloads[0].data)["snapshot"]
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED
+        and "snapshot" in json.loads(e.activity_task_completed_event_attributes.result.payloads[0].data)
+    ]
+    assert [r["step"] for r in on_their_own] == [0]  # the workspace as the run found it
+    assert [r["step"] for r in with_commands] == [1, 2, 3, 4, 5, 6]
+    # A digest, never the files.
+    assert [sorted(r) for r in on_their_own + with_commands] == [["added_bytes", "digest", "step"]] * 7
     # Each workflow task after the first is one an activity's completion woke: the snapshot,
-    # a local activity in a task the step has anyway, adds none.
+    # a local activity in a task the step has anyway or a part of the step's last call, adds none.
     count = lambda kind: sum(e.event_type == kind for e in events)  # noqa: E731
     tasks = count(EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)  # a task the server dropped is not among them
     assert tasks == count(EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED) + 1
+
+
+async def test_a_steps_last_call_takes_its_snapshot_after_the_others_where_it_can(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path, tmp_path: Path
+) -> None:
+    """A step of file tools and one command: the command runs after the file tools and takes
+    the step's snapshot in its own activity. Two commands, or a call waiting for approval:
+    the calls side by side as before, and a snapshot activity of its own. Either way each
+    step's snapshot holds every effect of the step."""
+    model_server.responder = Script(
+        [
+            tools(("write_file", {"path": "a.txt", "content": "a\n"}), ("run_command", {"command": "cp a.txt b.txt"})),
+            tools(("run_command", {"command": "echo c > c.txt"}), ("run_command", {"command": "echo d > d.txt"})),
+            tools(("write_file", {"path": "e.txt", "content": "e\n"}), ("run_command", {"command": "touch f.txt"})),
+        ],
+        final="done",
+    )
+    agent = {"approval": {"commands": ["^touch"]}}
+    handle = await start(client, task_queue, goal="three steps", workspace=str(workspace), **agent)
+    status = await wait_for(handle, lambda s: bool(s.pending_approvals))
+    await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
+    assert (await handle.result()).state == "completed"
+
+    events = (await handle.fetch_history()).events
+    on_their_own = [
+        json.loads(e.marker_recorded_event_attributes.details["result"].payloads[0].data)["step"]
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+        and "data" in e.marker_recorded_event_attributes.details
+        and json.loads(e.marker_recorded_event_attributes.details["data"].payloads[0].data)["activity_type"]
+        == "snapshot_workspace"
+    ]
+    assert on_their_own == [0, 2, 3]  # step 1's was its command's
+    steps = await chain_steps(client, handle.id)
+    assert [p.step for p in steps.points] == [0, 1, 2, 3]
+    expected = {
+        1: {"a.txt": b"a\n", "b.txt": b"a\n"},  # the command ran after the write: it copied the file
+        2: {"c.txt": b"c\n", "d.txt": b"d\n"},
+        3: {"e.txt": b"e\n", "f.txt": b""},
+    }
+    files: dict[str, bytes] = {}
+    for point in steps.points[1:]:
+        files |= expected[point.step]
+        restored = tmp_path / f"step-{point.step}"
+        restored.mkdir()
+        Store(store_path()).reset(point.digest, str(restored))
+        assert tree(restored) == files, point.step
+        assert point.carry.snapshot == point.digest

@@ -188,6 +188,7 @@ class AgentWorkflow(
             raise self._input_error
         # Read once, before any local activity (see options.LOCAL_START_UP_PATCH on why).
         self._snapshots_on = self._patched(SNAPSHOT_PATCH)
+        self._snapshot_with_tools = self._snapshots_on and self._patched(options.SNAPSHOT_WITH_TOOLS_PATCH)
         self._caps_on = self._patched(options.LIMITS_PATCH)
         try:
             await self._begin()

@@ -261,7 +261,15 @@ locally are first tried as local activities, which only the host's own worker se
 BASELINE_5_PATCH = "baseline-5"
 """Baseline 4's patches and those added since; runs started on this code record only it."""
 BASELINE_5_PATCHES = BASELINE_4_PATCHES | {HOSTS_PROBE_PATCH, HOSTS_LOCAL_PATCH}
+SNAPSHOT_WITH_TOOLS_PATCH = "snapshot-with-tools"
+"""`workflow.patched` id: runs recorded before it took every step's snapshot in a local activity
+of its own; since, a step of built-in tools with at most one command takes it in its last
+call's activity, that call run after the others (workflows/snapshot_steps.py)."""
+BASELINE_6_PATCH = "baseline-6"
+"""Baseline 5's patches and the one added since; runs started on this code record only it."""
+BASELINE_6_PATCHES = BASELINE_5_PATCHES | {SNAPSHOT_WITH_TOOLS_PATCH}
 BASELINES = (
+    (BASELINE_6_PATCH, BASELINE_6_PATCHES),
     (BASELINE_5_PATCH, BASELINE_5_PATCHES),
     (BASELINE_4_PATCH, BASELINE_4_PATCHES),
     (BASELINE_3_PATCH, BASELINE_3_PATCHES),

@@ -317,7 +317,7 @@ class ToolSteps(DependencyWaits):
         self._call_positions = {approval_key(step, call.id): place for place, call in enumerate(runnable)}
         self._carry.usage.tool_calls += len(runnable)
         self._doing = f"running {len(runnable)} tool call(s) (step {self._carry.step})"
-        outcomes = await asyncio.gather(*(self._run_tool(call) for call in runnable))
+        outcomes = await self._run_in_order(runnable, self._snapshot_carrier(runnable))
         not_run = ToolOutcome(
             ok=False,
             error=f"{NOT_RUN}a reply may ask for at most {limits.MAX_TOOL_CALLS_PER_STEP} tool calls; "
@@ -332,7 +332,16 @@ class ToolSteps(DependencyWaits):
             self._add_tool_result(call, outcome)
         self._carry.view.messages += skills  # after every tool result: the API wants those contiguous
 
-    async def _run_tool(self, call: ToolCall) -> ToolOutcome:
+    async def _run_in_order(self, calls: list[ToolCall], last: int | None) -> list[ToolOutcome]:
+        """The calls side by side; the one at `last` (which takes the step's snapshot) after the others."""
+        if last is None:
+            return list(await asyncio.gather(*(self._run_tool(call) for call in calls)))
+        others = [place for place in range(len(calls)) if place != last]
+        outcomes = dict(zip(others, await asyncio.gather(*(self._run_tool(calls[p]) for p in others)), strict=True))
+        outcomes[last] = await self._run_tool(calls[last], takes_snapshot=True)
+        return [outcomes[place] for place in range(len(calls))]
+
+    async def _run_tool(self, call: ToolCall, takes_snapshot: bool = False) -> ToolOutcome:
         enabled = self._enabled_tools()
         try:
             if call.name in self._catalog_specs():
@@ -349,11 +358,11 @@ class ToolSteps(DependencyWaits):
             denial = await self._await_approval(call, args)
             if denial is not None:
                 return denial
-            outcome = await self._execute_tool(call, args, retry)
+            outcome = await self._execute_tool(call, args, retry, takes_snapshot)
             reruns = 0
             while outcome.interrupted and await self._run_again(call, args, outcome, reruns):
                 retry, reruns = retry + 1, reruns + 1
-                outcome = await self._execute_tool(call, args, retry)
+                outcome = await self._execute_tool(call, args, retry, takes_snapshot)
             remember_shell(self._carry, outcome)
             if reruns:
                 outcome = rerun_note(outcome, reruns, asked=self._agent.commands.on_interrupt == "ask")
@@ -373,7 +382,9 @@ class ToolSteps(DependencyWaits):
                 return ToolOutcome(ok=False, error=f"{NOT_RUN}skipped by a person: {resolution.note or 'no note'}")
             retry += 1
 
-    async def _execute_tool(self, call: ToolCall, args: dict[str, Any], retry: int) -> ToolOutcome:
+    async def _execute_tool(
+        self, call: ToolCall, args: dict[str, Any], retry: int, takes_snapshot: bool = False
+    ) -> ToolOutcome:
         info = workflow.info()
         # Same key across Temporal's retries (the journal then reports a crashed attempt's
         # result); a new key when a person asks to retry, so the call really runs again.
@@ -405,7 +416,12 @@ class ToolSteps(DependencyWaits):
                 return await self._recall(RecallArgs.model_validate(args))
             if call.name == "plan":
                 return self._plan_tool(args)
-            return await self._builtin_activity(call.name, request, args, call_summary(call.name, args))
+            if takes_snapshot:
+                request = request.model_copy(update={"snapshot": self._snapshot_request()})
+            outcome = await self._builtin_activity(call.name, request, args, call_summary(call.name, args))
+            if outcome.snapshot is not None:
+                self._taken_with_tools = outcome.snapshot
+            return outcome
         except ACTIVITY_FAILED as e:
             raise_if_cancelled(e)
             return ToolOutcome(ok=False, error=f"{call.name} failed: {failure_message(e)}")

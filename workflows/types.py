@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 from workflows.done import CriterionResult
 from workflows.plan import PlanItem
 from workflows.quota import Quota
+from workflows.snapshots import SnapshotRequest, SnapshotTaken
 from workflows.summary import StructuredSummary
 
 TASK_QUEUE = "durable-agent"
@@ -590,6 +591,9 @@ class ToolCallInput(BaseModel):
     """The step the call belongs to: the journal keeps only the current step's entries."""
     mcp: McpTarget | None = None
     """`mcp_call` only: which server and tool (the activity type is the same for all)."""
+    snapshot: SnapshotRequest | None = None
+    """A built-in tool that is its step's last call: the step's snapshot, taken after the
+    call in the same activity (workflows/snapshot_steps.py); the outcome carries it."""
 
     @field_validator("run_folder")
     @classmethod
@@ -615,6 +619,8 @@ class ToolOutcome(BaseModel):
     """run_command in a persistent shell: the state its command left (ShellState)."""
     cached_from: str | None = None
     """A read tool's cached answer: when it was fetched (ISO time). The run records a degradation."""
+    snapshot: SnapshotTaken | None = None
+    """The step's snapshot, when the call's input asked for it and it could be taken."""
     interrupted: bool = False
     """A command whose worker died under it: it may have partly run, and was not run again here
     (the run's `commands.on_interrupt` decides what follows)."""

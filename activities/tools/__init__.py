@@ -33,6 +33,7 @@ from activities.home import refuse_workspace_holding_home
 from activities.journal import JournalFull, JournalUnsafe
 from activities.regular_files import NotRegularFile
 from activities.run_files import HostileLayout, RunFileCaps, run_file_caps
+from activities.snapshots import SnapshotActivities
 from activities.tools import files, search
 from activities.tools.base import PATH_ERRNOS, OpenCall, ToolCallContext, ToolError, describe_os_error
 from activities.tools.command import INTERRUPTED, CommandRunner
@@ -73,9 +74,11 @@ class ToolActivities:
         command_limits: CommandLimits = CommandLimits(),
         roots: list[str] | None = None,
         caps: RunFileCaps | None = None,
+        snapshots: SnapshotActivities | None = None,
     ) -> None:
         """`roots`: where workspaces may lie; default `DURABLE_AGENT_WORKSPACE_ROOTS`, else the working directory.
-        `caps`: what one run chain's journal and saved outputs hold; default from the environment."""
+        `caps`: what one run chain's journal and saved outputs hold; default from the environment.
+        `snapshots`: the worker's, whose store a step's last call takes the step's snapshot in."""
         self._commands = CommandRunner(
             command_timeout_s=command_timeout_s, kill_grace_s=kill_grace_s, limits=command_limits
         )
@@ -83,6 +86,7 @@ class ToolActivities:
         self._caps = caps if caps is not None else run_file_caps()
         self._max_list_entries = max_list_entries
         self._max_search_matches = max_search_matches
+        self._snapshots = snapshots if snapshots is not None else SnapshotActivities(self._roots)
 
     def all(self) -> list[Callable[..., Awaitable[object]]]:
         return [
@@ -160,22 +164,28 @@ class ToolActivities:
         file-system work in: one hop to a thread per call, not two.
         """
         async with heartbeating(*([details] if details else []), release_sticky=release_sticky):
-            try:
-                # Defence in depth: the workflow validated already, but histories outlive code.
-                args = validate_arguments(name, input.arguments)
-                return await work(partial(ToolCallContext.open, input, self._roots, self._caps), args)
-            except _EXPECTED as e:
-                return ToolOutcome(ok=False, error=str(e))
-            except OSError as e:
-                if e.errno not in PATH_ERRNOS:
-                    raise  # the machine, not the path: a retry may succeed
-                return ToolOutcome(ok=False, error=describe_os_error(e, input.workspace))
-            except ApplicationError:
-                raise
-            except Exception as e:
-                raise ApplicationError(
-                    f"{name} failed unexpectedly: {type(e).__name__}: {e}", type="ToolBug", non_retryable=True
-                ) from e
+            outcome = await self._outcome(name, input, work)
+            if input.snapshot is not None:  # the step's last call: its snapshot, after the call's effects
+                outcome.snapshot = await self._snapshots.after_tool(input.snapshot)
+            return outcome
+
+    async def _outcome(self, name: str, input: ToolCallInput, work: Work) -> ToolOutcome:
+        try:
+            # Defence in depth: the workflow validated already, but histories outlive code.
+            args = validate_arguments(name, input.arguments)
+            return await work(partial(ToolCallContext.open, input, self._roots, self._caps), args)
+        except _EXPECTED as e:
+            return ToolOutcome(ok=False, error=str(e))
+        except OSError as e:
+            if e.errno not in PATH_ERRNOS:
+                raise  # the machine, not the path: a retry may succeed
+            return ToolOutcome(ok=False, error=describe_os_error(e, input.workspace))
+        except ApplicationError:
+            raise
+        except Exception as e:
+            raise ApplicationError(
+                f"{name} failed unexpectedly: {type(e).__name__}: {e}", type="ToolBug", non_retryable=True
+            ) from e
 
     def _list_files(self, call: ToolCallContext, args: Any) -> ToolOutcome:
         return search.list_files(call, args, self._max_list_entries)

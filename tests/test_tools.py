@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import errno
+import hashlib
 import json
 import os
 import re
@@ -30,9 +31,11 @@ from activities import calls_here
 from activities.calls_here import CALLS_HERE
 from activities.journal import Journal, key_digest
 from activities.run_files import step_journal_path
+from activities.snapshots import SnapshotActivities, Store
 from activities.tools import INTERRUPTED, ToolActivities, output
 from activities.tools.sandbox import UNSANDBOXED_CONSENT, UNSANDBOXED_ENV, CommandLaunch
 from tests.helpers import host_processes_named, until
+from workflows.snapshots import SnapshotRequest
 from workflows.types import ToolCallInput, ToolOutcome
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
@@ -773,3 +776,30 @@ async def test_the_oldest_saved_outputs_make_room_and_say_they_were_dropped(
     assert (saved / "old.txt").stat().st_size == 100_000
     assert "1 earlier saved output(s) (100,000 bytes) were replaced by a note: older.txt" in outcome.output
     assert sum(p.stat().st_size for p in saved.iterdir()) <= 250_000
+
+
+async def test_a_steps_last_call_takes_the_snapshot_after_acting_or_leaves_it_to_the_run(
+    tmp_path: Path, workspace: Path
+) -> None:
+    """The snapshot holds the call's own effect; a store that refuses leaves the outcome as it
+    is, without a snapshot (the run then takes it in `snapshot_workspace`)."""
+    store = Store(tmp_path / "store")
+    tools = ToolActivities(roots=[str(tmp_path)], snapshots=SnapshotActivities([str(tmp_path)], store))
+    request = SnapshotRequest(workspace=str(workspace), step=3)
+    call = ToolCallInput(
+        call_id="c", idempotency_key="k1", workspace=str(workspace), arguments={"command": "echo hi > b.txt"}
+    )
+    outcome = await ActivityEnvironment().run(tools.run_command, call.model_copy(update={"snapshot": request}))
+    assert outcome.ok and outcome.snapshot is not None and outcome.snapshot.step == 3
+    assert {path: entry[-1] for path, entry in store.files(outcome.snapshot.digest).items()} == {
+        "b.txt": hashlib.sha256(b"hi\n").hexdigest()
+    }
+
+    not_a_folder = tmp_path / "not-a-folder"
+    not_a_folder.write_text("a file where the store's folder should be: it refuses every write, even root's")
+    tools = ToolActivities(roots=[str(tmp_path)], snapshots=SnapshotActivities([str(tmp_path)], Store(not_a_folder)))
+    write = call.model_copy(
+        update={"idempotency_key": "k2", "arguments": {"path": "c.txt", "content": "c"}, "snapshot": request}
+    )
+    outcome = await ActivityEnvironment().run(tools.write_file, write)
+    assert outcome.ok and outcome.snapshot is None and (workspace / "c.txt").read_text() == "c"

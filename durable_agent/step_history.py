@@ -2,11 +2,12 @@
 
 The chain's histories go through the SDK's `Replayer` with the workflow's own code, as a new
 worker would replay them: no model or tool call is made, each result is read from history.
-An interceptor watches the replay and, at each step's snapshot (the workflow's
-`_on_step_point`), keeps a deep copy of the run's state there (its `Carry`: the model's view, usage, counters) with the
-snapshot's digest, and, at each model call, the tool calls the model asked for. That state is
-what `fork` and `rewind` start from, so the context is exactly what the run had after the step,
-compaction and all, with no second implementation of the loop to drift from the first.
+An interceptor watches the replay and, at each step's snapshot (the workflow calls its
+`_on_step_point`), keeps a deep copy of the run's state there (its `Carry`: the model's view,
+usage, counters) with the snapshot's digest, and, at each model call, the tool calls the model
+asked for. That state is what `fork` and `rewind` start from, so the context is exactly what
+the run had after the step, compaction and all, with no second implementation of the loop to
+drift from the first.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ import time
 import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from datetime import UTC, datetime
 from fnmatch import fnmatch
 from pathlib import Path
 
@@ -329,6 +330,19 @@ def _walk(root: str, exclude: Sequence[str] = ()) -> Iterator[tuple[str, os.stat
                     yield path, st, entry.path
 
 
+AFTER_TOOL_MARGIN_S = 10.0
+"""What a call's snapshot leaves of its attempt's time: the outcome must reach the server."""
+
+
+def _time_left_s() -> float | None:
+    """Of the current attempt's start-to-close timeout; None without one."""
+    info = activity.info()
+    if info.start_to_close_timeout is None:
+        return None
+    ends = info.started_time + info.start_to_close_timeout
+    return (ends - datetime.now(UTC)).total_seconds()
+
+
 class SnapshotActivities:
     def __init__(self, roots: list[str] | None = None, store: Store | None = None) -> None:
         self._roots = roots if roots is not None else workspace_roots()
@@ -342,12 +356,18 @@ class SnapshotActivities:
         return await self.take(request)
 
     async def after_tool(self, request: SnapshotRequest) -> SnapshotTaken | None:
-        """The step's snapshot taken by its last tool call's activity; None when it cannot be
-        (the run then asks `snapshot_workspace` for it, which reports why)."""
+        """The step's snapshot taken by its last tool call's activity; None when it cannot be,
+        or not within the call's time left less AFTER_TOOL_MARGIN_S (the run then asks
+        `snapshot_workspace` for it, which reports why): the call's outcome never depends on it."""
+        left = _time_left_s()
+        if left is not None and left < AFTER_TOOL_MARGIN_S:
+            return None
         try:
-            return await self.take(request)
-        except ApplicationError as e:
-            activity.logger.warning("no snapshot of step %s with its tool call: %s", request.step, e)
+            return await asyncio.wait_for(self.take(request), None if left is None else left - AFTER_TOOL_MARGIN_S)
+        except Exception as e:  # noqa: BLE001 - the call is done whatever the snapshot does
+            activity.logger.warning(
+                "no snapshot of step %s with its tool call: %s", request.step, e or type(e).__name__
+            )
             return None
 
     async def take(self, request: SnapshotRequest) -> SnapshotTaken:

@@ -11,7 +11,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 from temporalio.api.enums.v1 import EventType, TimeoutType
@@ -21,7 +21,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from durable_agent.runs import chain_histories, start_agent
 from durable_agent.server import temporal_binary
-from workflows.types import AgentInput, AgentStatus
+from workflows.types import AgentInput, AgentStatus, Message
 
 
 async def start(client: Client, task_queue: str, start_signal: str | None = None, **fields: object):
@@ -201,3 +201,24 @@ async def recorded_run_s(handle: WorkflowHandle[object, object]) -> float:
     description = await handle.describe()
     assert description.start_time is not None and description.close_time is not None, description
     return (description.close_time - description.start_time).total_seconds()
+
+
+HELD_COMMAND = "touch started; until [ -e go ]; do sleep 0.05; done"
+"""A command that marks its start and holds its step open until the test lets it go
+(`release`): a test that must act while a step runs waits for `started`, never races a sleep."""
+
+
+def release(workspace: Path) -> None:
+    """Lets a `HELD_COMMAND` in `workspace` finish."""
+    (workspace / "go").touch()
+
+
+async def step_done(handle: Any, step: int) -> None:
+    """Until the run's transcript holds the tool results of `step` (a pause waits for them)."""
+
+    async def done() -> bool:
+        messages = await handle.query("transcript", result_type=list[Message])
+        return any(m.role == "tool" and m.step == step for m in messages)
+
+    while not await done():
+        await asyncio.sleep(0.1)

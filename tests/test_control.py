@@ -16,7 +16,18 @@ from temporalio.worker import Worker
 
 from durable_agent.model_server import Failure, ModelServer, Reply, count_assistant_turns
 from durable_agent.server import EmbeddedServer
-from tests.helpers import cli_start_agent, host_processes_named, rejected_update, run_cli, start, wait_for
+from tests.helpers import (
+    HELD_COMMAND,
+    cli_start_agent,
+    host_processes_named,
+    rejected_update,
+    release,
+    run_cli,
+    start,
+    step_done,
+    until,
+    wait_for,
+)
 from tests.scripts import Script, answer, tool_results, tools
 from worker import build_worker
 from workflows.agent import AGENT_STATE
@@ -30,14 +41,16 @@ async def cli(server: EmbeddedServer, *args: str) -> subprocess.CompletedProcess
 async def test_pause_holds_with_no_model_call_then_resume_continues(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
-    model_server.responder = Script([tools(("run_command", {"command": "sleep 1"})), answer("finished")])
+    model_server.responder = Script([tools(("run_command", {"command": HELD_COMMAND})), answer("finished")])
     handle = await start(client, task_queue, goal="x", workspace=str(workspace))
-    await wait_for(handle, lambda s: s.step == 1 and len(model_server.requests) == 1)  # step 1's call is out
+    await until(lambda: (workspace / "started").exists())  # step 1's command runs
     await handle.signal("pause", {"reason": "lunch"})
     status = await wait_for(handle, lambda s: s.state == "paused")
     assert status.paused_reason == "lunch"
     calls = len(model_server.requests)
-    await asyncio.sleep(3)  # the in-flight command finishes; no next model call starts
+    release(workspace)
+    await step_done(handle, 1)  # the in-flight command finished ...
+    await asyncio.sleep(1)  # ... and no next model call starts
     assert len(model_server.requests) == calls == 1
     assert (await handle.query("status", result_type=AgentStatus)).state == "paused"
     assert "does not need attention" in await rejected_update(handle, "resolve", {"action": "skip"})
@@ -160,13 +173,14 @@ async def test_raise_limits_validates_and_applies(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
     # The first command holds step 1 open until the pause has landed.
-    first = tools(("run_command", {"command": "sleep 1"}))
+    first = tools(("run_command", {"command": HELD_COMMAND}))
     model_server.responder = Script([first] + [tools(("list_files", {}))] * 4, final="finished late")
     handle = await start(
         client, task_queue, goal="x", workspace=str(workspace), limits={"soft_steps": 2, "hard_steps": 3}
     )
     await handle.signal("pause")
     await wait_for(handle, lambda s: s.state == "paused")
+    release(workspace)
     assert "greater than or equal to 0" in await rejected_update(handle, "raise_limits", {"max_cost_usd": -1})
     assert "hard_steps" in await rejected_update(handle, "raise_limits", {"hard_steps": 1})
     assert "hard_stpes: unknown field" in await rejected_update(handle, "raise_limits", {"hard_stpes": 9})
@@ -333,10 +347,11 @@ async def test_raise_limits_with_infinity_or_huge_values_is_rejected_and_the_run
     workspace: Path,
     temporal_server: EmbeddedServer,
 ) -> None:
-    model_server.responder = Script([tools(("run_command", {"command": "sleep 1"})), answer("finished")])
+    model_server.responder = Script([tools(("run_command", {"command": HELD_COMMAND})), answer("finished")])
     handle = await start(client, task_queue, goal="x", workspace=str(workspace))
     await handle.signal("pause")
     await wait_for(handle, lambda s: s.state == "paused")
+    release(workspace)
     # Raw JSON text, as a person types it: 1e309 is infinity to the workflow's JSON decoder.
     for patch in ('{"max_duration_s": 1e309}', '{"max_duration_s": 1e15}', '{"hard_steps": 1' + "0" * 30 + "}"):
         rejected = await cli(

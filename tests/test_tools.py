@@ -20,6 +20,7 @@ import threading
 import time
 import tracemalloc
 import uuid
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -789,7 +790,11 @@ async def test_a_steps_last_call_takes_the_snapshot_after_acting_or_leaves_it_to
     call = ToolCallInput(
         call_id="c", idempotency_key="k1", workspace=str(workspace), arguments={"command": "echo hi > b.txt"}
     )
-    outcome = await ActivityEnvironment().run(tools.run_command, call.model_copy(update={"snapshot": request}))
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info, started_time=datetime.now(UTC), start_to_close_timeout=timedelta(seconds=30)
+    )
+    outcome = await env.run(tools.run_command, call.model_copy(update={"snapshot": request}))
     assert outcome.ok and outcome.snapshot is not None and outcome.snapshot.step == 3
     assert {path: entry[-1] for path, entry in store.files(outcome.snapshot.digest).items()} == {
         "b.txt": hashlib.sha256(b"hi\n").hexdigest()
@@ -801,5 +806,12 @@ async def test_a_steps_last_call_takes_the_snapshot_after_acting_or_leaves_it_to
     write = call.model_copy(
         update={"idempotency_key": "k2", "arguments": {"path": "c.txt", "content": "c"}, "snapshot": request}
     )
-    outcome = await ActivityEnvironment().run(tools.write_file, write)
+    outcome = await env.run(tools.write_file, write)
     assert outcome.ok and outcome.snapshot is None and (workspace / "c.txt").read_text() == "c"
+
+    # Less than its margin left of the attempt's time: the call answers without a snapshot.
+    tools = ToolActivities(roots=[str(tmp_path)], snapshots=SnapshotActivities([str(tmp_path)], store))
+    env.info = dataclasses.replace(env.info, started_time=datetime.now(UTC) - timedelta(seconds=25))
+    late = call.model_copy(update={"idempotency_key": "k3", "arguments": {"command": "true"}, "snapshot": request})
+    outcome = await env.run(tools.run_command, late)
+    assert outcome.ok and outcome.snapshot is None

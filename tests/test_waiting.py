@@ -16,7 +16,7 @@ from temporalio.worker import Worker
 
 from durable_agent.model_server import Failure, ModelServer, Reply
 from durable_agent.server import EmbeddedServer
-from tests.helpers import rejected_update, run_cli, start, wait_for
+from tests.helpers import HELD_COMMAND, rejected_update, release, run_cli, start, wait_for
 from tests.scripts import Script, answer, tool_results, tools
 from tests.test_cli import durable_agent
 from workflows.types import AgentStatus
@@ -54,8 +54,8 @@ async def test_cancel_ends_the_run_as_cancelled_whatever_it_waits_for(
     elif waiting_in == "awaiting_approval":
         model_server.responder = Script([tools(("run_command", {"command": "echo hi"}))])
         fields["approval"] = {"tools": ["run_command"]}
-    elif waiting_in == "paused":  # the pause lands while step 1's command runs
-        model_server.responder = Script([tools(("run_command", {"command": "touch started; sleep 3"}))])
+    elif waiting_in == "paused":  # the pause lands while step 1's command runs (held: the cancel ends it)
+        model_server.responder = Script([tools(("run_command", {"command": HELD_COMMAND}))])
     handle = await start(client, task_queue, goal="x", workspace=str(workspace), **fields)
     if waiting_in == "paused":
         await wait_for(handle, lambda s: (workspace / "started").exists())
@@ -190,7 +190,7 @@ async def test_status_elapsed_is_live_while_a_command_runs(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
     # No workflow task runs while the command does, so workflow.now() stands still.
-    model_server.responder = Script([tools(("run_command", {"command": "touch started; sleep 6"}))], final="slow")
+    model_server.responder = Script([tools(("run_command", {"command": HELD_COMMAND}))], final="slow")
     began = time.monotonic()
     handle = await start(client, task_queue, goal="x", workspace=str(workspace))
     await wait_for(handle, lambda s: (workspace / "started").exists())
@@ -208,6 +208,7 @@ async def test_status_elapsed_is_live_while_a_command_runs(
     grown = second - first
     assert sent_2 - answered_1 - 0.01 <= grown <= answered_2 - sent_1 + 0.01, (first, second)
     assert second <= time.monotonic() - began
+    release(workspace)
     await handle.result()
 
 

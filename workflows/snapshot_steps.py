@@ -1,12 +1,12 @@
 """The run's snapshot at each step boundary. A part of `AgentWorkflow` (workflows/agent.py).
 
-Where a step's tools are built-in ones (the file tools and at most one `run_command`), none
-waiting for approval, the step's last call takes the snapshot in its own activity, after its
-effects, and its outcome carries the digest: the others run first, then that one. Otherwise
-(and when the call could not take it) a `snapshot_workspace` local activity takes it, in the
-workflow task the run has anyway after a step's tools; that costs the run one more activation
-of the workflow and a local activity's round in the worker, which at a fast model was a sixth
-of a step's time (docs/fleet.md).
+Where a step's tools are built-in ones with an activity, none waiting for approval, in a run
+without a host, and the step has one call or exactly one command, the step's last call takes
+the snapshot in its own activity, after its effects, and its outcome carries the digest: the
+others run first, then that one. Otherwise (and when that call brought none back) a
+`snapshot_workspace` local activity takes it, in the workflow task the run has anyway after a
+step's tools, at the price of one more activation of the workflow and a local activity's round
+in the worker (docs/fork.md lists the cases; docs/fleet.md measures both).
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ class SnapshotSteps:
         others; None: the step takes it in an activity of its own. Only where every call is a
         built-in tool with an activity, at most one of them a command (the one that goes last),
         and none waits for a person (it would end after the snapshot)."""
-        if not self._snapshot_with_tools or not calls:
-            return None
+        if not self._snapshot_with_tools or not calls or self._agent.host is not None:
+            return None  # on a host, the file tools may be regular activities: in series, a round trip more
         ours = lambda call: call.name in SNAPSHOT_CARRIERS and call.name not in self._catalog_specs()  # noqa: E731
         if not all(ours(call) and not self._gated(call) for call in calls):
             return None

@@ -363,6 +363,9 @@ class ToolSteps(DependencyWaits):
             while outcome.interrupted and await self._run_again(call, args, outcome, reruns):
                 retry, reruns = retry + 1, reruns + 1
                 outcome = await self._execute_tool(call, args, retry, takes_snapshot)
+            if outcome.interrupted:
+                # A person may have been asked, and changed files, after the snapshot was taken.
+                self._taken_with_tools = None
             remember_shell(self._carry, outcome)
             if reruns:
                 outcome = rerun_note(outcome, reruns, asked=self._agent.commands.on_interrupt == "ask")
@@ -371,6 +374,7 @@ class ToolSteps(DependencyWaits):
             streak = self._carry.livelock.record(key, None if outcome.ok else outcome.error, step)
             if streak < LIVELOCK_REPEATS:
                 return outcome
+            self._taken_with_tools = None  # a person decides after the call: the step takes its own
             resolution = await self._needs_attention(
                 f"{self._carry.step}:{call.id}",
                 what=f"{call_summary(call.name, args)} failed {streak} times in a row",
@@ -417,9 +421,10 @@ class ToolSteps(DependencyWaits):
             if call.name == "plan":
                 return self._plan_tool(args)
             if takes_snapshot:
+                self._taken_with_tools = None  # an earlier run of the call took one: this run's effects are not in it
                 request = request.model_copy(update={"snapshot": self._snapshot_request()})
             outcome = await self._builtin_activity(call.name, request, args, call_summary(call.name, args))
-            if outcome.snapshot is not None:
+            if takes_snapshot:
                 self._taken_with_tools = outcome.snapshot
             return outcome
         except ACTIVITY_FAILED as e:

@@ -18,7 +18,6 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from workflows import options
-    from workflows.approval import approval_reason
     from workflows.failures import ACTIVITY_FAILED, failure_message, raise_if_cancelled
     from workflows.snapshots import (
         SNAPSHOT_ACTIVITY,
@@ -27,12 +26,12 @@ with workflow.unsafe.imports_passed_through():
         SnapshotRequest,
         SnapshotTaken,
     )
-    from workflows.tool_specs import ToolArgumentError, parse_tool_call
+    from workflows.tool_specs import ToolArgumentError
     from workflows.types import ToolCall
 
-SNAPSHOT_CARRIERS = frozenset({"read_file", "write_file", "edit_file", "list_files", "search_files", "run_command"})
-"""The built-in tools whose activity can take the step's snapshot after its call
-(activities/tools/__init__.py): each runs where the run's workspace is."""
+SNAPSHOT_CARRIERS = (options.LOCAL_TOOLS - {"load_skill"}) | {"run_command"}
+"""The built-in tools whose activity can take the step's snapshot after its call: the file
+tools and the command (activities/tools/__init__.py; `load_skill` is the skills' own)."""
 
 
 class SnapshotSteps:
@@ -73,10 +72,9 @@ class SnapshotSteps:
     def _gated(self, call: ToolCall) -> bool:
         """Whether the call waits for a person's approval (one whose arguments do not parse never runs)."""
         try:
-            args = parse_tool_call(call.name, call.arguments, self._enabled_tools()).model_dump(exclude_none=True)
+            return self._approval_reason(call, self._arguments(call)) is not None
         except ToolArgumentError:
             return False
-        return approval_reason(call.name, args, self._agent.approval) is not None
 
     async def _snapshot(self) -> None:
         if not self._snapshots_on:

@@ -341,13 +341,24 @@ class ToolSteps(DependencyWaits):
         outcomes[last] = await self._run_tool(calls[last], takes_snapshot=True)
         return [outcomes[place] for place in range(len(calls))]
 
-    async def _run_tool(self, call: ToolCall, takes_snapshot: bool = False) -> ToolOutcome:
+    def _arguments(self, call: ToolCall) -> dict[str, Any]:
+        """The call's arguments, checked against its tool; raises ToolArgumentError."""
         enabled = self._enabled_tools()
+        if call.name in self._catalog_specs():
+            return decode_arguments(call.name, call.arguments, enabled)
+        return parse_tool_call(call.name, call.arguments, enabled).model_dump(exclude_none=True)
+
+    def _approval_reason(self, call: ToolCall, args: dict[str, Any]) -> str | None:
+        """Why the call waits for a person's approval; None when it does not."""
+        reason = approval_reason(call.name, args, self._agent.approval)
+        spec = self._catalog_specs().get(call.name)
+        if reason is None and spec is not None and spec.approval:
+            reason = f"{call.name} asks for approval of every call"
+        return reason
+
+    async def _run_tool(self, call: ToolCall, takes_snapshot: bool = False) -> ToolOutcome:
         try:
-            if call.name in self._catalog_specs():
-                args = decode_arguments(call.name, call.arguments, enabled)
-            else:
-                args = parse_tool_call(call.name, call.arguments, enabled).model_dump(exclude_none=True)
+            args = self._arguments(call)
         except ToolArgumentError as e:
             return ToolOutcome(ok=False, error=f"{NOT_RUN}{e}")
         if call.name == "load_skill" and (repeat := already_loaded(args["name"], self._carry.loaded_skills)):
@@ -499,10 +510,7 @@ class ToolSteps(DependencyWaits):
 
     async def _await_approval(self, call: ToolCall, args: dict[str, Any]) -> ToolOutcome | None:
         """Waits for a person when the call is gated; returns the denial, or None to run it."""
-        reason = approval_reason(call.name, args, self._agent.approval)
-        spec = self._catalog_specs().get(call.name)
-        if reason is None and spec is not None and spec.approval:
-            reason = f"{call.name} asks for approval of every call"
+        reason = self._approval_reason(call, args)
         if reason is None:
             return None
         approval_id = approval_key(self._carry.step, call.id)

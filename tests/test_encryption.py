@@ -343,16 +343,19 @@ async def test_durable_agent_server_makes_the_web_ui_decrypt_through_its_codec_s
             "does as root): the Web UI check needs a browser",
         )
     setting = f"k1:{new_key()}"
-    port, ui_port = free_port(), free_port()
-    while port_open("127.0.0.1", ui_port + 1):
-        ui_port = free_port()
-    codec_port = ui_port + 1  # README: the codec is on the UI port + 1 unless --codec-port says
     env = {**os.environ, KEY_ENV: setting, "DURABLE_AGENT_HOME": str(tmp_path / "home")}
-    ports = ["--port", str(port), "--ui-port", str(ui_port)]
-    server = durable_agent_process("server", *ports, env=env)
-    try:
+    for _ in range(3):  # a port found free may be taken by a parallel test before the server binds it
+        port, ui_port = free_port(), free_port()
+        while port_open("127.0.0.1", ui_port + 1):
+            ui_port = free_port()
+        codec_port = ui_port + 1  # README: the codec is on the UI port + 1 unless --codec-port says
+        server = durable_agent_process("server", "--port", str(port), "--ui-port", str(ui_port), env=env)
         assert server.stdout is not None
         lines = [server.stdout.readline().decode() for _ in range(3)]
+        if "Address already in use" not in lines[0]:
+            break
+        server.wait(timeout=30)
+    try:
         assert f"the Web UI decrypts it through the codec server at http://127.0.0.1:{codec_port}" in lines[2], lines
         assert ui_settings(ui_port)["Codec"]["Endpoint"] == f"http://127.0.0.1:{codec_port}"
 

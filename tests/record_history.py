@@ -3,7 +3,8 @@
 `--agent-file`: a run of an agent file, read at its start; `--done`: the plan tool, a quota
 shrunk by a spike, the skip rung and a check command that fails once; `--mcp`: a run with an
 MCP server's tools, tests/mcp_fixture_server.py; `--snapshots`: the default scenario on
-today's code, whose steps' last calls take the steps' snapshots where they can).
+baseline-6, whose steps' last calls take the steps' snapshots where they can; `--riding`:
+steps whose file calls run inside their command's activity, on baseline-7).
 
 The scenario touches every kind of command the workflow emits: parallel tool activities,
 an approval (update), a pause and a user message (signals), raised limits, a model
@@ -41,6 +42,7 @@ AGENT_FILE_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_agent_file.json")
 DONE_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_done.json")
 MCP_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_mcp.json")
 SNAPSHOTS_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_snapshot_with_tools.json")
+RIDING_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_file_calls_with_command.json")
 """The default scenario on baseline-6: a step's last call takes the step's snapshot where it can."""
 DELEGATE_FILES = (
     Path(__file__).parent / "histories" / "delegate" / "parent.json",
@@ -82,6 +84,31 @@ async def record(client: Client, task_queue: str, workspace: Path, model: ModelS
     await wait_for(handle, lambda s: s.state == "paused")
     await handle.signal("add_message", {"text": "carry on"})
     await handle.signal("resume")
+    await handle.result()
+    return await handle.fetch_history()
+
+
+async def record_riding(client: Client, task_queue: str, workspace: Path, model: ModelServer) -> WorkflowHistory:
+    """File calls riding with their step's command (one refused for its arguments, which runs
+    alone), a step of file calls only, an approved command with a file call (gated: its own
+    local activity), and a final answer."""
+    model.responder = Script(
+        [
+            tools(
+                ("write_file", {"path": "a.txt", "content": "a\n"}),
+                ("read_file", {"path": "a.txt"}),
+                ("write_file", {"content": "no path"}),
+                ("run_command", {"command": "cat a.txt"}),
+            ),
+            tools(("edit_file", {"path": "a.txt", "old_text": "a", "new_text": "b"}), ("list_files", {})),
+            tools(("write_file", {"path": "b.txt", "content": "b"}), ("run_command", {"command": "echo gated"})),
+        ],
+        final="recorded",
+    )
+    agent = AgentInput(goal="record riding calls", workspace=str(workspace), approval={"commands": ["^echo"]})
+    handle = await start_agent(client, agent, f"replay-{uuid.uuid4().hex[:8]}", task_queue)
+    status = await wait_for(handle, lambda s: bool(s.pending_approvals))
+    await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
     await handle.result()
     return await handle.fetch_history()
 
@@ -225,6 +252,7 @@ async def main(kind: str) -> None:
                     "mcp": record_mcp,
                     "agent": record,
                     "snapshots": record,
+                    "riding": record_riding,
                 }
                 histories = await recorders[kind](client, "record", workspace, model)
     finally:
@@ -237,6 +265,7 @@ async def main(kind: str) -> None:
         "mcp": (MCP_HISTORY_FILE,),
         "agent": (HISTORY_FILE,),
         "snapshots": (SNAPSHOTS_HISTORY_FILE,),
+        "riding": (RIDING_HISTORY_FILE,),
     }[kind]
     if not isinstance(histories, tuple):
         histories = (histories,)
@@ -249,7 +278,7 @@ async def main(kind: str) -> None:
 
 
 if __name__ == "__main__":
-    known = ("--compaction", "--delegate", "--agent-file", "--done", "--mcp", "--snapshots")
+    known = ("--compaction", "--delegate", "--agent-file", "--done", "--mcp", "--snapshots", "--riding")
     kinds = [a.removeprefix("--") for a in sys.argv[1:] if a in known]
     asyncio.run(main(kinds[0] if kinds else "agent"))
     sys.stdout.flush()

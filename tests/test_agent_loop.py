@@ -8,16 +8,19 @@ import uuid
 from pathlib import Path
 
 import pytest
+from temporalio import activity
 from temporalio.client import Client, WorkflowFailureError
-from temporalio.worker import Worker
+from temporalio.exceptions import ApplicationError
+from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor, Worker
 
 from durable_agent.model_server import ModelServer
 from durable_agent.runs import chain_histories
 from tests.helpers import cli_start_agent, run_cli, start
 from tests.scripts import Script, answer, tool_results, tools
 from tests.test_replay import replayer
+from worker import build_worker
 from workflows.compaction import run_folder
-from workflows.types import AgentInput, AgentResult, AgentStatus, Message
+from workflows.types import AgentInput, AgentResult, AgentStatus, Message, ToolCallInput
 
 
 async def test_multi_step_run_with_parallel_tools(
@@ -240,8 +243,8 @@ async def test_every_model_call_and_tool_call_is_labelled_for_the_web_ui(
         "discover_skills",
         "call_model: gpt-4.1-mini step 1",
         "time cap: max_duration_s",  # the run's one timer (workflows/time_cap.py), started ...
-        "write_file: a.txt",
-        "run_command: echo hi",  # after write_file: it takes the step's snapshot after its command
+        # write_file ran inside the command's activity, before it; the command took the step's snapshot
+        "run_command: echo hi (after write_file: a.txt)",
         "call_model: gpt-4.1-mini step 2",
         "time cap: max_duration_s",  # ... and cancelled as the loop ends
         f"clean_up_run: {run_folder(handle.id, handle.first_execution_run_id or '')}",
@@ -294,3 +297,45 @@ async def test_search_attributes_follow_state_at_once_and_the_step_at_most_every
     assert len(upserts) == len(agent) + 1  # and the one TemporalChangeVersion of the baseline patch
     described = await handle.describe()
     assert described.search_attributes["AgentStep"] == [result.steps]
+
+
+class _FailCommandsAfterTheyRan(Interceptor):
+    """A command's activity that fails once its file calls and command have run (a fault injected)."""
+
+    def intercept_activity(self, next: ActivityInboundInterceptor) -> ActivityInboundInterceptor:
+        class Failing(ActivityInboundInterceptor):
+            async def execute_activity(self, input: ExecuteActivityInput) -> object:
+                result = await super().execute_activity(input)
+                request = input.args[0] if input.args else None
+                if activity.info().activity_type == "run_command" and isinstance(request, ToolCallInput):
+                    raise ApplicationError("injected after the command ran", non_retryable=True)
+                return result
+
+        return Failing(next)
+
+
+async def test_a_commands_file_calls_keep_their_outcome_when_its_activity_fails_after_they_ran(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    """The step's edit runs inside its command's activity, which then fails: the edit is asked
+    for alone and its journal gives back what it did. Made twice, it would fail (`x` occurs
+    twice in `xx`); the model sees the edit's own outcome and the command's failure."""
+    (workspace / "a.txt").write_text("x")
+    edit = ("edit_file", {"path": "a.txt", "old_text": "x", "new_text": "xx"})
+    model_server.responder = Script([tools(edit, ("run_command", {"command": "cat a.txt"})), answer("ok")])
+    async with build_worker(client, task_queue, interceptors=[_FailCommandsAfterTheyRan()]):
+        handle = await start(client, task_queue, goal="ride", workspace=str(workspace))
+        assert (await handle.result()).state == "completed"
+
+    edited, command = tool_results(model_server.requests[1])
+    assert edited == "replaced 1 occurrence of old_text in a.txt", edited
+    assert command == "ERROR: run_command failed: injected after the command ran", command
+    assert (workspace / "a.txt").read_text() == "xx"
+    converter = client.data_converter.payload_converter
+    summaries = [
+        converter.from_payload(e.user_metadata.summary, str)
+        for e in (await handle.fetch_history()).events
+        if e.HasField("user_metadata") and e.user_metadata.HasField("summary")
+    ]
+    assert summaries.count("run_command: cat a.txt (after edit_file: a.txt)") == 1
+    assert summaries.count("edit_file: a.txt") == 1  # asked for alone once, after the command's activity failed

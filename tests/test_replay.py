@@ -42,7 +42,10 @@ async def test_committed_histories_replay(path: Path) -> None:
     # elsewhere, calls on the host's queue that reset stickiness, the host probe;
     # agent_run_time_cap_outage.json waits out a model endpoint outage (wait_for_model_endpoint)
     # and is stopped by its time cap mid-command (the timer, the command cancelled);
-    # agent_run_wait_limit.json is paused until a lowered max_wait_s stops it (baseline-3).
+    # agent_run_wait_limit.json is paused until a lowered max_wait_s stops it (baseline-3);
+    # agent_run_snapshot_with_tools.json takes steps' snapshots in their last calls (baseline-6);
+    # agent_run_file_calls_with_command.json runs a step's file calls inside its command's
+    # activity (baseline-7, `python -m tests.record_history --riding`).
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     assert await replay_failure(history) is None
 

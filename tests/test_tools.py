@@ -37,7 +37,7 @@ from activities.tools import INTERRUPTED, ToolActivities, output
 from activities.tools.sandbox import UNSANDBOXED_CONSENT, UNSANDBOXED_ENV, CommandLaunch
 from tests.helpers import host_processes_named, until
 from workflows.snapshots import SnapshotRequest
-from workflows.types import ToolCallInput, ToolOutcome
+from workflows.types import RidingCall, ToolCallInput, ToolOutcome
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ToolActivities(kill_grace_s=1.0, max_list_entries=50, max_search_matches=20)
@@ -815,3 +815,50 @@ async def test_a_steps_last_call_takes_the_snapshot_after_acting_or_leaves_it_to
     late = call.model_copy(update={"idempotency_key": "k3", "arguments": {"command": "true"}, "snapshot": request})
     outcome = await env.run(tools.run_command, late)
     assert outcome.ok and outcome.snapshot is None
+
+
+async def test_a_commands_riding_file_calls_run_before_it_in_its_activity_once_each(
+    tmp_path: Path, workspace: Path
+) -> None:
+    """The step's file calls run in order inside the command's activity, before the command;
+    each is journaled on its own key, so a retry of the activity neither repeats an edit nor
+    runs the command again; a call the model can act on (a path outside the workspace) is
+    that call's error, and the others and the command go on."""
+    (workspace / "a.txt").write_text("x")
+    tools = ToolActivities(roots=[str(tmp_path)])
+
+    def rider(tool: str, key: str, **arguments: str) -> RidingCall:
+        call = ToolCallInput(call_id=key, idempotency_key=f"step/{key}", workspace=str(workspace), arguments=arguments)
+        return RidingCall(tool=tool, call=call)
+
+    command = ToolCallInput(
+        call_id="cmd",
+        idempotency_key="step/cmd",
+        workspace=str(workspace),
+        arguments={"command": "cat a.txt b.txt; echo ran >> ran.txt"},
+        riding=[
+            rider("edit_file", "edit", path="a.txt", old_text="x", new_text="xx"),
+            rider("write_file", "escape", path="../escaped.txt", content="out"),
+            rider("write_file", "write", path="b.txt", content="b"),
+        ],
+    )
+    first = await ActivityEnvironment().run(tools.run_command, command)
+    assert first.ok and first.output.splitlines()[-1] == "xxb", first.output  # the command saw both files
+    assert [o.ok for o in first.riding] == [True, False, True]
+    assert first.riding[1].error == "path escapes the workspace: ../escaped.txt"
+    assert not (tmp_path / "escaped.txt").exists()
+
+    again = await ActivityEnvironment().run(tools.run_command, command)  # the activity retried
+    assert (workspace / "a.txt").read_text() == "xx" and (workspace / "ran.txt").read_text() == "ran\n"
+    assert [o.output for o in again.riding] == [o.output for o in first.riding] and again.output == first.output
+
+    # A disk fault a retry may cure fails the attempt before the command begins.
+    def eio(*_: object) -> ToolOutcome:
+        raise OSError(errno.EIO, "Input/output error")
+
+    tools._file_tools["write_file"] = eio
+    write = rider("write_file", "step2-write", path="c.txt", content="c")
+    faulty = command.model_copy(update={"idempotency_key": "step2/cmd", "riding": [write]})
+    with pytest.raises(OSError, match="Input/output error"):
+        await ActivityEnvironment().run(tools.run_command, faulty)
+    assert (workspace / "ran.txt").read_text() == "ran\n"

@@ -159,6 +159,7 @@ class AgentWorkflow(
         self._reporter = ParentReporter(None)
         self._baseline: frozenset[str] | None = None
         self._tool_waits: dict[str, str] = {}
+        self._riders_done = []
         """Tools whose calls wait for a worker to poll their task queue, and since when."""
         try:
             self._start(_parse_input(raw_input))
@@ -189,6 +190,7 @@ class AgentWorkflow(
         # Read once, before any local activity (see options.LOCAL_START_UP_PATCH on why).
         self._snapshots_on = self._patched(SNAPSHOT_PATCH)
         self._snapshot_with_tools = self._snapshots_on and self._patched(options.SNAPSHOT_WITH_TOOLS_PATCH)
+        self._calls_with_command = self._snapshot_with_tools and self._patched(options.FILE_CALLS_WITH_COMMAND_PATCH)
         self._caps_on = self._patched(options.LIMITS_PATCH)
         try:
             await self._begin()

@@ -149,6 +149,11 @@ TOOL_CANCELLATION = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
 DEFAULT_COMMAND_TIMEOUT_S = 120.0
 
 
+RIDING_CALL_TIME = timedelta(seconds=30)
+"""What each file call riding with a command adds to the command activity's start-to-close:
+the most a file call may take (FILE_TOOL_TIME_LIMIT_S, activities/tools/__init__.py)."""
+
+
 def tool_start_to_close(tool: str, timeout_s: float | None) -> timedelta:
     if tool != "run_command":
         return TOOL_START_TO_CLOSE
@@ -268,7 +273,15 @@ call's activity, that call run after the others (workflows/snapshot_steps.py).""
 BASELINE_6_PATCH = "baseline-6"
 """Baseline 5's patches and the one added since; runs started on this code record only it."""
 BASELINE_6_PATCHES = BASELINE_5_PATCHES | {SNAPSHOT_WITH_TOOLS_PATCH}
+FILE_CALLS_WITH_COMMAND_PATCH = "file-calls-with-command"
+"""`workflow.patched` id: runs recorded before it ran a step's file calls as local activities
+before its command; since, where the command takes the step's snapshot, they run inside the
+command's activity, before it (workflows/tool_steps.py, `_riders`)."""
+BASELINE_7_PATCH = "baseline-7"
+"""Baseline 6's patches and the one added since; runs started on this code record only it."""
+BASELINE_7_PATCHES = BASELINE_6_PATCHES | {FILE_CALLS_WITH_COMMAND_PATCH}
 BASELINES = (
+    (BASELINE_7_PATCH, BASELINE_7_PATCHES),
     (BASELINE_6_PATCH, BASELINE_6_PATCHES),
     (BASELINE_5_PATCH, BASELINE_5_PATCHES),
     (BASELINE_4_PATCH, BASELINE_4_PATCHES),

@@ -38,13 +38,22 @@ with workflow.unsafe.imports_passed_through():
         take_loaded_skill,
     )
     from workflows.tool_catalog import CatalogRequest, LocalToolCall, McpClose, ToolCatalog, ToolSpec
-    from workflows.tool_specs import RecallArgs, ToolArgumentError, call_summary, decode_arguments, parse_tool_call
+    from workflows.tool_specs import (
+        SUMMARY_MAX_BYTES,
+        SUMMARY_MAX_CHARS,
+        RecallArgs,
+        ToolArgumentError,
+        call_summary,
+        decode_arguments,
+        parse_tool_call,
+    )
     from workflows.types import (
         NOT_RUN,
         ApprovalDecision,
         Message,
         PendingApproval,
         Resolution,
+        RidingCall,
         ToolCall,
         ToolCallInput,
         ToolOutcome,
@@ -88,7 +97,13 @@ def approval_key(step: int, call_id: str) -> str:
 
 
 class ToolSteps(DependencyWaits):
-    """A step's tool calls, as `AgentWorkflow` runs them."""
+    """A step's tool calls, as `AgentWorkflow` runs them.
+
+    `_calls_with_command` is read once, at the run's start (`AgentWorkflow.run`)."""
+
+    _calls_with_command = False
+    _riders_done: list[ToolOutcome | None]
+    """The outcomes the step's command brought back for its riding calls, in their order, until taken."""
 
     def _enabled_tools(self) -> list[str]:
         """The input's tools and the tools of its MCP servers, as listed at the run's start."""
@@ -333,13 +348,35 @@ class ToolSteps(DependencyWaits):
         self._carry.view.messages += skills  # after every tool result: the API wants those contiguous
 
     async def _run_in_order(self, calls: list[ToolCall], last: int | None) -> list[ToolOutcome]:
-        """The calls side by side; the one at `last` (which takes the step's snapshot) after the others."""
+        """The calls side by side; the one at `last` (which takes the step's snapshot) after the
+        others, and the file calls that ride with it (`_riders`) inside its activity, before it."""
         if last is None:
             return list(await asyncio.gather(*(self._run_tool(call) for call in calls)))
-        others = [place for place in range(len(calls)) if place != last]
-        outcomes = dict(zip(others, await asyncio.gather(*(self._run_tool(calls[p]) for p in others)), strict=True))
-        outcomes[last] = await self._run_tool(calls[last], takes_snapshot=True)
+        riders = self._riders(calls, last)
+        alone = [place for place in range(len(calls)) if place != last and place not in riders]
+        outcomes = dict(zip(alone, await asyncio.gather(*(self._run_tool(calls[p]) for p in alone)), strict=True))
+        self._riders_done = []
+        outcomes[last] = await self._run_tool(calls[last], takes_snapshot=True, riders=[calls[p] for p in riders])
+        done, self._riders_done = self._riders_done or [None] * len(riders), []
+        for place, outcome in zip(riders, done, strict=True):  # None: the activity failed, the call runs alone
+            outcomes[place] = await self._run_tool(calls[place], done=outcome)
         return [outcomes[place] for place in range(len(calls))]
+
+    def _riders(self, calls: list[ToolCall], last: int) -> list[int]:
+        """The places of the file calls that run inside the step's command's activity, before the
+        command: that saves each a local activity's round in the worker and the workflow
+        activation that records it (docs/fleet.md measures it). Only beside a command that takes
+        the snapshot (`_snapshot_carrier`): the step's calls are then built-in, none gated."""
+        if not self._calls_with_command or calls[last].name != "run_command":
+            return []
+        return [place for place, call in enumerate(calls) if place != last and self._parses(call)]
+
+    def _parses(self, call: ToolCall) -> bool:
+        try:
+            self._arguments(call)
+        except ToolArgumentError:
+            return False  # refused without running: it needs no activity
+        return True
 
     def _arguments(self, call: ToolCall) -> dict[str, Any]:
         """The call's arguments, checked against its tool; raises ToolArgumentError."""
@@ -356,7 +393,15 @@ class ToolSteps(DependencyWaits):
             reason = f"{call.name} asks for approval of every call"
         return reason
 
-    async def _run_tool(self, call: ToolCall, takes_snapshot: bool = False) -> ToolOutcome:
+    async def _run_tool(
+        self,
+        call: ToolCall,
+        takes_snapshot: bool = False,
+        riders: list[ToolCall] | None = None,
+        done: ToolOutcome | None = None,
+    ) -> ToolOutcome:
+        """`riders`: file calls run inside this call's (a command's) first activity, before it;
+        `done`: this call's outcome from such an activity (it ran there)."""
         try:
             args = self._arguments(call)
         except ToolArgumentError as e:
@@ -369,7 +414,11 @@ class ToolSteps(DependencyWaits):
             denial = await self._await_approval(call, args)
             if denial is not None:
                 return denial
-            outcome = await self._execute_tool(call, args, retry, takes_snapshot)
+            if done is not None:
+                outcome, done = done, None
+            else:
+                outcome = await self._execute_tool(call, args, retry, takes_snapshot, riders)
+                riders = None  # they ran with the first
             reruns = 0
             while outcome.interrupted and await self._run_again(call, args, outcome, reruns):
                 retry, reruns = retry + 1, reruns + 1
@@ -397,9 +446,7 @@ class ToolSteps(DependencyWaits):
                 return ToolOutcome(ok=False, error=f"{NOT_RUN}skipped by a person: {resolution.note or 'no note'}")
             retry += 1
 
-    async def _execute_tool(
-        self, call: ToolCall, args: dict[str, Any], retry: int, takes_snapshot: bool = False
-    ) -> ToolOutcome:
+    def _call_input(self, call: ToolCall, args: dict[str, Any], retry: int) -> ToolCallInput:
         info = workflow.info()
         # Same key across Temporal's retries (the journal then reports a crashed attempt's
         # result); a new key when a person asks to retry, so the call really runs again.
@@ -415,14 +462,30 @@ class ToolSteps(DependencyWaits):
         )
         if self._patched(options.RUN_FILES_PATCH):
             request = request.model_copy(update={"run_folder": self._run_folder(), "step": self._carry.step})
+        return request
+
+    async def _execute_tool(
+        self,
+        call: ToolCall,
+        args: dict[str, Any],
+        retry: int,
+        takes_snapshot: bool = False,
+        riders: list[ToolCall] | None = None,
+    ) -> ToolOutcome:
+        request = self._call_input(call, args, retry)
         if call.name == "delegate":
-            return await self._delegate(f"{self._carry.step}:{call.id}", key, args)
+            return await self._delegate(f"{self._carry.step}:{call.id}", request.idempotency_key, args)
+        summary = None
         if call.name == "run_command":
             args = self._clip_command(args, options.DEFAULT_COMMAND_TIMEOUT_S)
             request = request.model_copy(
                 update={"sandbox": self._agent.sandbox, "env_allow": self._agent.env_allow, "arguments": args}
             )
             request = with_shell(request, self._agent, self._carry, self._patched)
+            if riders:
+                riding = [RidingCall(tool=r.name, call=self._call_input(r, self._arguments(r), 0)) for r in riders]
+                request = request.model_copy(update={"riding": riding})
+                summary = _command_summary(args, [call_summary(r.name, self._arguments(r)) for r in riders])
         if (spec := self._catalog_specs().get(call.name)) is not None:
             update = {"step": self._carry.step, "mcp": spec.mcp} if spec.mcp else {"step": self._carry.step}
             return await self._call_catalog_tool(spec, request.model_copy(update=update), args)
@@ -434,10 +497,12 @@ class ToolSteps(DependencyWaits):
             if takes_snapshot:
                 self._taken_with_tools = None  # an earlier run of the call took one: this run's effects are not in it
                 request = request.model_copy(update={"snapshot": self._snapshot_request()})
-            outcome = await self._builtin_activity(call.name, request, args, call_summary(call.name, args))
+            outcome = await self._builtin_activity(call.name, request, args, summary or call_summary(call.name, args))
             if takes_snapshot:
                 self._taken_with_tools = outcome.snapshot
-            return outcome
+            if riders and len(outcome.riding) == len(riders):
+                self._riders_done = list(outcome.riding)
+            return outcome.model_copy(update={"riding": []})
         except ACTIVITY_FAILED as e:
             raise_if_cancelled(e)
             return ToolOutcome(ok=False, error=f"{call.name} failed: {failure_message(e)}")
@@ -447,7 +512,9 @@ class ToolSteps(DependencyWaits):
     ) -> ToolOutcome:
         """A built-in tool's activity: on the run's host if it has one, the fast file tools as
         local activities, the rest (commands) as regular ones that heartbeat."""
-        timeout = options.tool_start_to_close(name, args.get("timeout_s"))
+        timeout = options.tool_start_to_close(name, args.get("timeout_s")) + options.RIDING_CALL_TIME * len(
+            request.riding
+        )
         local = name in options.LOCAL_TOOLS and self._patched(options.LOCAL_TOOLS_PATCH)
         if self._agent.host is not None:
             on_host = self._here_or_on_host if local else self._on_host
@@ -578,6 +645,16 @@ class ToolSteps(DependencyWaits):
                 tool_name=call.name,
             )
         )
+
+
+def _command_summary(args: dict[str, Any], riders: list[str]) -> str:
+    """A command's line in the Web UI with the file calls that ran before it in its activity:
+    `run_command: pytest -q (after write_file: a.py)`, or their count when that is too long."""
+    after = f" (after {'; '.join(riders)})"
+    if len(after) > SUMMARY_MAX_CHARS // 2 or len(after.encode()) != len(after):
+        after = f" (after {len(riders)} file call{'s' if len(riders) > 1 else ''})"
+    text = call_summary("run_command", args, limit=SUMMARY_MAX_CHARS - len(after)) + after
+    return text if len(text.encode()) <= SUMMARY_MAX_BYTES else call_summary("run_command", args)
 
 
 def _mcp_down(error: BaseException) -> bool:

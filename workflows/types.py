@@ -594,11 +594,21 @@ class ToolCallInput(BaseModel):
     snapshot: SnapshotRequest | None = None
     """A built-in tool that is its step's last call: the step's snapshot, taken after the
     call in the same activity (workflows/snapshot_steps.py); the outcome carries it."""
+    riding: list[RidingCall] = Field(default_factory=list)
+    """run_command only: the step's file calls, run in order before the command in its activity
+    (workflows/tool_steps.py, `_riders`); the outcome carries theirs in `riding`."""
 
     @field_validator("run_folder")
     @classmethod
     def _one_folder(cls, value: str) -> str:
         return one_folder_name(value)
+
+
+class RidingCall(BaseModel):
+    """A file tool's call that runs inside its step's `run_command` activity, before the command."""
+
+    tool: str
+    call: ToolCallInput
 
 
 NOT_RUN = "not run: "
@@ -621,6 +631,8 @@ class ToolOutcome(BaseModel):
     """A read tool's cached answer: when it was fetched (ISO time). The run records a degradation."""
     snapshot: SnapshotTaken | None = None
     """The step's snapshot, when the call's input asked for it and it could be taken."""
+    riding: list[ToolOutcome] = Field(default_factory=list)
+    """The outcomes of the input's `riding` calls, in their order."""
     interrupted: bool = False
     """A command whose worker died under it: it may have partly run, and was not run again here
     (the run's `commands.on_interrupt` decides what follows)."""

@@ -40,7 +40,7 @@ from activities.tools.command import INTERRUPTED, CommandRunner
 from activities.tools.sandbox import CommandLimits
 from activities.workspace import WorkspaceError, WorkspaceRefused, check_allowed, workspace_roots
 from workflows.tool_specs import ToolArgumentError, validate_arguments
-from workflows.types import ToolCallInput, ToolOutcome
+from workflows.types import RidingCall, ToolCallInput, ToolOutcome
 
 __all__ = ["INTERRUPTED", "ToolActivities"]
 
@@ -87,6 +87,13 @@ class ToolActivities:
         self._max_list_entries = max_list_entries
         self._max_search_matches = max_search_matches
         self._snapshots = snapshots if snapshots is not None else SnapshotActivities(self._roots)
+        self._file_tools: dict[str, FileTool] = {
+            "read_file": files.read_file,
+            "write_file": files.write_file,
+            "edit_file": files.edit_file,
+            "list_files": self._list_files,
+            "search_files": self._search_files,
+        }
 
     def all(self) -> list[Callable[..., Awaitable[object]]]:
         return [
@@ -113,23 +120,23 @@ class ToolActivities:
 
     @activity.defn(name="read_file")
     async def read_file(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("read_file", input, partial(_file_tool, files.read_file))
+        return await self._serve_file("read_file", input)
 
     @activity.defn(name="write_file")
     async def write_file(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("write_file", input, partial(_file_tool, files.write_file))
+        return await self._serve_file("write_file", input)
 
     @activity.defn(name="edit_file")
     async def edit_file(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("edit_file", input, partial(_file_tool, files.edit_file))
+        return await self._serve_file("edit_file", input)
 
     @activity.defn(name="list_files")
     async def list_files(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("list_files", input, partial(_file_tool, self._list_files))
+        return await self._serve_file("list_files", input)
 
     @activity.defn(name="search_files")
     async def search_files(self, input: ToolCallInput) -> ToolOutcome:
-        return await self._serve("search_files", input, partial(_file_tool, self._search_files))
+        return await self._serve_file("search_files", input)
 
     @activity.defn(name="run_command")
     async def run_command(self, input: ToolCallInput) -> ToolOutcome:
@@ -148,6 +155,9 @@ class ToolActivities:
         )
         return await CALLS_HERE.outcome_of(key, served)
 
+    async def _serve_file(self, name: str, input: ToolCallInput) -> ToolOutcome:
+        return await self._serve(name, input, partial(_file_tool, self._file_tools[name]))
+
     async def _serve(
         self,
         name: str,
@@ -164,10 +174,26 @@ class ToolActivities:
         file-system work in: one hop to a thread per call, not two.
         """
         async with heartbeating(*([details] if details else []), release_sticky=release_sticky):
+            riding = [await self._ride(rider) for rider in input.riding]
             outcome = await self._outcome(name, input, work)
             if input.snapshot is not None:  # the step's last call: its snapshot, after the call's effects
                 outcome.snapshot = await self._snapshots.after_tool(input.snapshot)
+            outcome.riding = riding
             return outcome
+
+    async def _ride(self, rider: RidingCall) -> ToolOutcome:
+        """A file call of the step, run before its command in the command's activity: each is
+        exactly once on its own key (a retry of the activity finds the done ones recorded).
+        What a retry may cure is raised before the command begins; a bug is the call's error,
+        as the run reports a file tool's failed activity."""
+        if rider.tool not in self._file_tools:
+            return ToolOutcome(ok=False, error=f"{rider.tool} failed: it cannot run with a command")
+        try:
+            return await self._outcome(rider.tool, rider.call, partial(_file_tool, self._file_tools[rider.tool]))
+        except ApplicationError as e:
+            if not e.non_retryable:
+                raise
+            return ToolOutcome(ok=False, error=f"{rider.tool} failed: {e.message}")
 
     async def _outcome(self, name: str, input: ToolCallInput, work: Work) -> ToolOutcome:
         try:

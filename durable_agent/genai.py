@@ -109,6 +109,14 @@ def tool_attributes(tool: str, request: ToolCallInput, outcome: ToolOutcome | No
     return attributes
 
 
+def riders(request: ToolCallInput, outcome: ToolOutcome | None) -> list[tuple[str, ToolCallInput, ToolOutcome]]:
+    """The file calls that ran inside a command's activity, before it, each with its outcome
+    (workflows/tool_steps.py, `_riders`): each is a tool call of its own in spans and metrics."""
+    if outcome is None or len(outcome.riding) != len(request.riding):
+        return []
+    return [(r.tool, r.call, done) for r, done in zip(request.riding, outcome.riding, strict=True)]
+
+
 def invoke_agent_attributes(workflow_id: str, result: Any, error: str | None) -> Attributes:
     """The run's span: its id, final state and usage (`result` is an `AgentResult`)."""
     attributes: Attributes = {

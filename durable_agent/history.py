@@ -233,6 +233,13 @@ class _RecordingOutbound(WorkflowOutboundInterceptor):
                 call.error = genai.error_type(task.exception())
             elif isinstance(task.result(), ModelReply | ToolOutcome):
                 call.result = task.result()
+                if isinstance(call.request, ToolCallInput):  # the file calls that ran in a command's activity
+                    self._inbound.record.calls += [
+                        RecordedCall(
+                            activity=tool, request=request, start_ns=call.start_ns, end_ns=call.end_ns, result=done
+                        )
+                        for tool, request, done in genai.riders(call.request, call.result)
+                    ]
 
         handle.add_done_callback(finished)
         return handle

@@ -140,9 +140,11 @@ class _MetricsActivityInbound(ActivityInboundInterceptor):
             label = genai.tool_outcome(outcome)
             if label == "interrupted":
                 count_recoveries(meter, "command_interrupted", 1)
-            meter.create_counter("durable_agent_tool_calls", "tool calls by tool and outcome").add(
-                1, {"tool": info.activity_type, "outcome": label}
-            )
+            calls = meter.create_counter("durable_agent_tool_calls", "tool calls by tool and outcome")
+            calls.add(1, {"tool": info.activity_type, "outcome": label})
+            request = input.args[0]
+            for tool, _, done in genai.riders(request, outcome) if isinstance(request, ToolCallInput) else []:
+                calls.add(1, {"tool": tool, "outcome": genai.tool_outcome(done)})
 
 
 def record_tool_cost(tool: str, cost_usd: float) -> None:

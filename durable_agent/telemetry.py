@@ -371,10 +371,21 @@ class _GenAiActivityInbound(ActivityInboundInterceptor):
                 span.set_attributes(genai.tool_attributes(name, request, None, genai.error_type(e)))
                 span.set_status(otel.Status(otel.StatusCode.ERROR, str(e)[:200]))
                 raise
-            span.set_attributes(
-                genai.tool_attributes(name, request, outcome if isinstance(outcome, ToolOutcome) else None, None)
-            )
-            return outcome
+            done = outcome if isinstance(outcome, ToolOutcome) else None
+            span.set_attributes(genai.tool_attributes(name, request, done, None))
+        self._riders(span, request, done)
+        return outcome
+
+    def _riders(self, command: Any, request: ToolCallInput, outcome: ToolOutcome | None) -> None:
+        """A span per file call that ran inside the command's activity, beside the command's
+        span and timed as it (the activity reports no time of its own for each)."""
+        for tool, call, done in genai.riders(request, outcome):
+            self._tracer.start_span(
+                genai.tool_span_name(tool),
+                kind=otel.SpanKind.INTERNAL,
+                attributes=genai.tool_attributes(tool, call, done, None),
+                start_time=command.start_time,
+            ).end(end_time=command.end_time)
 
 
 def client_interceptors() -> list[Interceptor | Any]:

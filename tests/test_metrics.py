@@ -81,6 +81,12 @@ async def test_a_scripted_runs_metrics(
         [
             tools(("write_file", {"path": "a.txt", "content": "a"}), ("list_files", {}), input_tokens=100),
             fails_once(tools(("run_command", {"command": "cat a.txt"}), input_tokens=200)),
+            # b.txt is written inside the command's activity, before it: a tool call all the same
+            tools(
+                ("write_file", {"path": "b.txt", "content": "b"}),
+                ("run_command", {"command": "echo b"}),
+                input_tokens=100,
+            ),
             Reply(content="done", no_usage=True),  # its tokens are estimated, and counted as such
         ]
     )
@@ -92,7 +98,7 @@ async def test_a_scripted_runs_metrics(
             task_queue,
             goal="metrics",
             workspace=str(workspace),
-            approval={"tools": ["run_command"]},
+            approval={"commands": ["^cat"]},
             limits={"soft_steps": 2, "hard_steps": 10},
         )
         status = await wait_for(handle, lambda s: bool(s.pending_approvals))
@@ -106,21 +112,21 @@ async def test_a_scripted_runs_metrics(
             waiting.cancel()
         await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
         result = await handle.result()
-    assert result.state == "completed" and result.steps == 3
+    assert result.state == "completed" and result.steps == 4
 
     samples = scrape(port)
     mine = {"task_queue": task_queue}
     model = {**mine, "model": "gpt-4.1-mini"}
-    assert value(samples, "durable_agent_model_calls", outcome="ok", **model) == 3
+    assert value(samples, "durable_agent_model_calls", outcome="ok", **model) == 4
     assert value(samples, "durable_agent_model_calls", outcome="error", error_type="ModelHttp500", **model) == 1
     assert value(samples, "durable_agent_tokens", direction="input", **model) == result.usage.input_tokens
     assert value(samples, "durable_agent_tokens", direction="output", **model) == result.usage.output_tokens
     assert result.usage.estimated_calls == 1
     estimated_input = value(samples, "durable_agent_tokens_estimated", direction="input", **model)
-    assert estimated_input == result.usage.input_tokens - 300 > 0  # all but the scripted 100 and 200
+    assert estimated_input == result.usage.input_tokens - 400 > 0  # all but the scripted 100, 200 and 100
     assert value(samples, "durable_agent_cost_usd_sum", **model) == pytest.approx(result.usage.cost_usd)
-    assert value(samples, "durable_agent_model_call_duration_count", **model) == 4
-    assert value(samples, "durable_agent_tool_calls", tool="run_command", outcome="ok", **mine) == 1
+    assert value(samples, "durable_agent_model_call_duration_count", **model) == 5
+    assert value(samples, "durable_agent_tool_calls", tool="run_command", outcome="ok", **mine) == 2
     # Counted in workflow tasks (the local tools run in them too): exact, plus one per task
     # the server dropped after the worker had run it.
     again = await tasks_run_again(handle)
@@ -128,9 +134,9 @@ async def test_a_scripted_runs_metrics(
     def metric(expected: int, name: str, **labels: str) -> None:
         counted(f"{name} {labels}", value(samples, name, **labels), expected, again)
 
-    for tool in ("write_file", "list_files"):
-        metric(1, "durable_agent_tool_calls", tool=tool, outcome="ok", **mine)
-    metric(3, "durable_agent_steps", **mine)
+    metric(2, "durable_agent_tool_calls", tool="write_file", outcome="ok", **mine)  # one local, one with the command
+    metric(1, "durable_agent_tool_calls", tool="list_files", outcome="ok", **mine)
+    metric(4, "durable_agent_steps", **mine)
     metric(1, "durable_agent_waits", state="awaiting_approval", **mine)
     metric(1, "durable_agent_wait_duration_count", state="awaiting_approval", **mine)
     assert value(samples, "durable_agent_wait_duration_sum", state="awaiting_approval", **mine) > 0

@@ -85,7 +85,12 @@ def two_tool_steps() -> Script:
     return Script(
         [
             tools(("write_file", {"path": "a.txt", "content": "hi\n"}), ("list_files", {}), input_tokens=100),
-            tools(("run_command", {"command": "cat a.txt"}), input_tokens=200),
+            # b.txt is written inside the command's activity, before it: a span of its own all the same
+            tools(
+                ("write_file", {"path": "b.txt", "content": "b"}),
+                ("run_command", {"command": "cat a.txt b.txt"}),
+                input_tokens=200,
+            ),
         ],
         final="all done",
     )
@@ -128,10 +133,11 @@ async def test_a_run_is_one_trace_of_genai_spans_under_its_invoke_agent_span(
         "execute_tool list_files",
         "execute_tool run_command",
         "execute_tool write_file",
+        "execute_tool write_file",
     ]
     assert all(genai_parent(s, by_id) is run for s in tool_spans)
     assert all(s.attributes["durable_agent.tool.outcome"] == "ok" for s in tool_spans)
-    assert len({s.attributes["gen_ai.tool.call.id"] for s in tool_spans}) == 3
+    assert len({s.attributes["gen_ai.tool.call.id"] for s in tool_spans}) == 4
     # No message content unless opted in.
     assert not any("gen_ai.input.messages" in s.attributes for s in chats)
 
@@ -153,7 +159,7 @@ async def test_no_span_is_emitted_twice_when_every_workflow_task_is_a_replay(
     ):
         counted(name, counts[name], expected, again)
     assert counts["chat gpt-4.1-mini"] == 3
-    assert counts["execute_tool run_command"] == 1
+    assert counts["execute_tool run_command"] == 1 and counts["execute_tool write_file"] == 2
     ids = Counter(s.context.span_id for s in spans)
     assert max(ids.values()) <= 1 + again
 
@@ -240,7 +246,7 @@ async def test_trace_from_history_yields_the_live_runs_span_tree(
     replayed = InMemorySpanExporter()
     provider = tracer_provider([replayed], batch=False)
     chain = await replay_chain(traced_client, handle.id)  # the worker is gone: history only
-    assert emit_spans(chain, provider.get_tracer("test")) == 7  # 3 chat, 3 execute_tool, invoke_agent
+    assert emit_spans(chain, provider.get_tracer("test")) == 8  # 3 chat, 4 execute_tool, invoke_agent
     provider.shutdown()
     again = replayed.get_finished_spans()
 

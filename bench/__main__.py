@@ -25,6 +25,7 @@ COMMANDS = {
     "redaction": ("bench.redaction", "what redaction costs per KiB of tool output, ordinary and hex-like"),
     "eager": ("bench.eager", "eager activity execution on and off, on two servers side by side"),
     "outage": ("bench.outage", "200 runs wait out a model endpoint outage: probes per minute per worker, exact end"),
+    "pair": ("bench.pair", "this checkout's durable-agent against another checkout's, runs alternating"),
     "steps": ("bench.steps", "where a 0 ms step's time goes, from history: durable-agent beside the plain loops"),
 }
 

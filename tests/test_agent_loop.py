@@ -20,6 +20,7 @@ from tests.scripts import Script, answer, tool_results, tools
 from tests.test_replay import replayer
 from worker import build_worker
 from workflows.compaction import run_folder
+from workflows.options import RIDING_MAX_CHARS
 from workflows.types import AgentInput, AgentResult, AgentStatus, Message, ToolCallInput
 
 
@@ -339,3 +340,28 @@ async def test_a_commands_file_calls_keep_their_outcome_when_its_activity_fails_
     ]
     assert summaries.count("run_command: cat a.txt (after edit_file: a.txt)") == 1
     assert summaries.count("edit_file: a.txt") == 1  # asked for alone once, after the command's activity failed
+
+
+async def test_a_large_file_call_beside_a_command_runs_alone(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    """File calls ride in the command's activity only while its input stays small: a large write
+    runs as its own local activity (a payload of its own), a small one still rides."""
+    big = "x" * (RIDING_MAX_CHARS + 1)
+    step = tools(
+        ("write_file", {"path": "big.txt", "content": big}),
+        ("write_file", {"path": "small.txt", "content": "s"}),
+        ("run_command", {"command": "wc -c < big.txt; cat small.txt"}),
+    )
+    model_server.responder = Script([step, answer("ok")])
+    handle = await start(client, task_queue, goal="big", workspace=str(workspace))
+    assert (await handle.result()).state == "completed"
+    converter = client.data_converter.payload_converter
+    summaries = [
+        converter.from_payload(e.user_metadata.summary, str)
+        for e in (await handle.fetch_history()).events
+        if e.HasField("user_metadata") and e.user_metadata.HasField("summary")
+    ]
+    assert "write_file: big.txt" in summaries
+    assert "run_command: wc -c < big.txt; cat small.txt (after write_file: small.txt)" in summaries
+    assert tool_results(model_server.requests[1])[2].splitlines()[-2:] == [str(len(big)), "s"]

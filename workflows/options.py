@@ -103,7 +103,9 @@ Chromium) each is a "Local Activity" row with its summary (`write_file: notes.md
 event history, and a point labelled with the tool name on the Timeline; a regular
 activity would show its summary there too, and show as pending while it runs.
 `run_command` stays a regular activity: it runs for seconds to minutes, heartbeats, and
-is what a replacement worker takes over (durable_agent/takeover.py)."""
+is what a replacement worker takes over (durable_agent/takeover.py). Beside a command that
+takes its step's snapshot, the step's file calls run inside the command's activity instead
+(FILE_CALLS_WITH_COMMAND_PATCH)."""
 SKILLS_PATCH = "skills-catalog"
 """`workflow.patched` id: runs recorded before skills existed list none at their start."""
 SKILLS_TIMEOUT = timedelta(seconds=30)
@@ -149,6 +151,10 @@ TOOL_CANCELLATION = ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
 DEFAULT_COMMAND_TIMEOUT_S = 120.0
 
 
+RIDING_MAX_CHARS = 256_000
+"""The most arguments (in characters, the command's own counted) the file calls riding with a
+command may bring into its activity's input: a server refuses a payload over 2 MB, and a
+workflow task whose command it refuses fails; past it, a file call runs alone."""
 RIDING_CALL_TIME = timedelta(seconds=30)
 """What each file call riding with a command adds to the command activity's start-to-close:
 the most a file call may take (FILE_TOOL_TIME_LIMIT_S, activities/tools/__init__.py)."""

@@ -366,10 +366,16 @@ class ToolSteps(DependencyWaits):
         """The places of the file calls that run inside the step's command's activity, before the
         command: that saves each a local activity's round in the worker and the workflow
         activation that records it (docs/fleet.md measures it). Only beside a command that takes
-        the snapshot (`_snapshot_carrier`): the step's calls are then built-in, none gated."""
+        the snapshot (`_snapshot_carrier`): the step's calls are then built-in, none gated; and
+        only while the command's input stays small (a large write runs alone, in its own payload)."""
         if not self._calls_with_command or calls[last].name != "run_command":
             return []
-        return [place for place, call in enumerate(calls) if place != last and self._parses(call)]
+        riders, size = [], len(calls[last].arguments)
+        for place, call in enumerate(calls):
+            if place != last and self._parses(call) and size + len(call.arguments) <= options.RIDING_MAX_CHARS:
+                riders.append(place)
+                size += len(call.arguments)
+        return riders
 
     def _parses(self, call: ToolCall) -> bool:
         try:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from temporalio import activity
-from temporalio.client import Client, WorkflowFailureError
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import ApplicationError
 from temporalio.worker import ActivityInboundInterceptor, ExecuteActivityInput, Interceptor, Worker
 
@@ -228,12 +228,7 @@ async def test_every_model_call_and_tool_call_is_labelled_for_the_web_ui(
     model_server.responder = Script([step, answer("ok")])
     handle = await start(client, task_queue, goal="label", workspace=str(workspace))
     await handle.result()
-    converter = client.data_converter.payload_converter
-    summaries = [
-        converter.from_payload(e.user_metadata.summary, str)
-        for e in (await handle.fetch_history()).events
-        if e.HasField("user_metadata") and e.user_metadata.HasField("summary")
-    ]
+    summaries = await event_summaries(client, handle)
     # The run's own summary is its goal; then the workspace check, the listing of skills, one
     # line per model call and file tool (local activities: markers) and per command (an
     # activity), a snapshot where no call took it, and the cleanup at the close, as the Web UI lists them.
@@ -300,6 +295,16 @@ async def test_search_attributes_follow_state_at_once_and_the_step_at_most_every
     assert described.search_attributes["AgentStep"] == [result.steps]
 
 
+async def event_summaries(client: Client, handle: WorkflowHandle) -> list[str]:
+    """The summaries of the run's events, in order, as the Web UI's event list shows them."""
+    converter = client.data_converter.payload_converter
+    return [
+        converter.from_payload(e.user_metadata.summary, str)
+        for e in (await handle.fetch_history()).events
+        if e.HasField("user_metadata") and e.user_metadata.HasField("summary")
+    ]
+
+
 class _FailCommandsAfterTheyRan(Interceptor):
     """A command's activity that fails once its file calls and command have run (a fault injected)."""
 
@@ -332,12 +337,7 @@ async def test_a_commands_file_calls_keep_their_outcome_when_its_activity_fails_
     assert edited == "replaced 1 occurrence of old_text in a.txt", edited
     assert command == "ERROR: run_command failed: injected after the command ran", command
     assert (workspace / "a.txt").read_text() == "xx"
-    converter = client.data_converter.payload_converter
-    summaries = [
-        converter.from_payload(e.user_metadata.summary, str)
-        for e in (await handle.fetch_history()).events
-        if e.HasField("user_metadata") and e.user_metadata.HasField("summary")
-    ]
+    summaries = await event_summaries(client, handle)
     assert summaries.count("run_command: cat a.txt (after edit_file: a.txt)") == 1
     assert summaries.count("edit_file: a.txt") == 1  # asked for alone once, after the command's activity failed
 
@@ -356,12 +356,7 @@ async def test_a_large_file_call_beside_a_command_runs_alone(
     model_server.responder = Script([step, answer("ok")])
     handle = await start(client, task_queue, goal="big", workspace=str(workspace))
     assert (await handle.result()).state == "completed"
-    converter = client.data_converter.payload_converter
-    summaries = [
-        converter.from_payload(e.user_metadata.summary, str)
-        for e in (await handle.fetch_history()).events
-        if e.HasField("user_metadata") and e.user_metadata.HasField("summary")
-    ]
+    summaries = await event_summaries(client, handle)
     assert "write_file: big.txt" in summaries
     assert "run_command: wc -c < big.txt; cat small.txt (after write_file: small.txt)" in summaries
     assert tool_results(model_server.requests[1])[2].splitlines()[-2:] == [str(len(big)), "s"]

@@ -43,7 +43,7 @@ from typing import Any, NoReturn
 import opentelemetry.trace as otel
 from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from temporalio import activity, workflow
@@ -376,7 +376,7 @@ class _GenAiActivityInbound(ActivityInboundInterceptor):
         self._riders(span, request, done)
         return outcome
 
-    def _riders(self, command: Any, request: ToolCallInput, outcome: ToolOutcome | None) -> None:
+    def _riders(self, command: ReadableSpan, request: ToolCallInput, outcome: ToolOutcome | None) -> None:
         """A span per file call that ran inside the command's activity, beside the command's
         span and timed as it (the activity reports no time of its own for each)."""
         for tool, call, done in genai.riders(request, outcome):

@@ -159,8 +159,8 @@ class AgentWorkflow(
         self._reporter = ParentReporter(None)
         self._baseline: frozenset[str] | None = None
         self._tool_waits: dict[str, str] = {}
-        self._riders_done = []
         """Tools whose calls wait for a worker to poll their task queue, and since when."""
+        self._riders_done = []
         try:
             self._start(_parse_input(raw_input))
         except ApplicationError as e:

@@ -489,9 +489,10 @@ class ToolSteps(DependencyWaits):
             )
             request = with_shell(request, self._agent, self._carry, self._patched)
             if riders:
-                riding = [RidingCall(tool=r.name, call=self._call_input(r, self._arguments(r), 0)) for r in riders]
+                parsed = [(r, self._arguments(r)) for r in riders]
+                riding = [RidingCall(tool=r.name, call=self._call_input(r, a, 0)) for r, a in parsed]
                 request = request.model_copy(update={"riding": riding})
-                summary = _command_summary(args, [call_summary(r.name, self._arguments(r)) for r in riders])
+                summary = _command_summary(args, [call_summary(r.name, a) for r, a in parsed])
         if (spec := self._catalog_specs().get(call.name)) is not None:
             update = {"step": self._carry.step, "mcp": spec.mcp} if spec.mcp else {"step": self._carry.step}
             return await self._call_catalog_tool(spec, request.model_copy(update=update), args)

@@ -258,6 +258,35 @@ async def test_a_process_left_running_cannot_outlive_the_run(client: Client, att
     assert host_processes_named(marker) == []
 
 
+async def test_a_command_cannot_open_what_the_sandboxs_pid_1_holds(client: Client, attacked: Attacked) -> None:
+    """The helper is PID 1 of the run's sandbox and of the commands' uid; not dumpable, so its
+    descriptors (the worker's control socket among them), memory and environment stay closed."""
+    probe = (
+        "import os, sys\n"
+        "def tried(open_):\n"
+        "    try:\n"
+        "        open_()\n"
+        "        return 'opened'\n"
+        "    except OSError as e:\n"
+        "        return os.strerror(e.errno)\n"
+        "for pid in ('1', 'self'):\n"
+        "    for name in ('environ', 'mem'):\n"
+        "        print(f'/proc/{pid}/{name}', tried(lambda: open(f'/proc/{pid}/{name}', 'rb').close()))\n"
+        "    fds = [0, 1, 2, 3, 4, 5]  # PID 1's: the worker's control socket is among them\n"
+        "    seen = {tried(lambda: os.readlink(f'/proc/{pid}/fd/{fd}')) for fd in fds}\n"
+        "    seen |= {tried(lambda: os.open(f'/proc/{pid}/fd/{fd}', os.O_RDONLY)) for fd in fds}\n"
+        "    print(f'/proc/{pid}/fd/N', ','.join(sorted(seen)))\n"
+    )
+    result, _ = await attack(client, attacked, command(f"python3 -c {shlex.quote(probe)} > pid1.txt 2>&1"))
+    assert result.state == "completed"
+    seen = dict(line.split(" ", 1) for line in (attacked.workspace / "pid1.txt").read_text().splitlines())
+    denied = "Permission denied"
+    assert seen["/proc/1/environ"] == seen["/proc/1/mem"] == seen["/proc/1/fd/N"] == denied, seen
+    # The same opens of a process of that uid that is dumpable (the probe itself) succeed.
+    assert seen["/proc/self/environ"] == seen["/proc/self/mem"] == "opened", seen
+    assert "opened" in seen["/proc/self/fd/N"], seen
+
+
 def processes_called(name: str) -> list[int]:
     """Host processes whose argv[0] is `name` (`exec -a`)."""
     return [pid for pid in host_processes_named(name) if _argv0(pid) == name]

@@ -19,10 +19,10 @@ directory and `=dropped`, a name no variable has, when it is over STATE_SEND_MAX
 `{"end": grace_s}` on that socket, or the socket closing, ends the command's process group:
 SIGTERM, SIGKILL after the grace, then `ended`. The control socket closing ends the sandbox.
 What the helper sends is plain bytes, never `marshal`, whose reader is not made for data from
-inside a sandbox. Its start is paid at every run's start, so it imports C modules only (and
-ctypes, for the one `prctl`): `_socket` and `_signal` in place of `socket` and `signal`, whose
-Python layers import `enum` and `selectors` (as `json` would import `re`). That is 12 ms of CPU
-of its 33 ms start-up, the interpreter's own included (`python3 -I -S -c "import …"`).
+inside a sandbox. Its start is paid at every run's start, so it imports C modules only:
+`_socket` and `_signal` in place of `socket` and `signal`, whose Python layers import `enum` and
+`selectors` (as `json` would import `re`); `_ctypes` for the one `prctl`, where `ctypes` and
+`array` (descriptors are packed with `int.to_bytes`) would each import `collections`.
 
 A request `{"standby": true}` with the `cgroup.procs` files of the NEXT command's cgroups
 forks a standby child that joins them at once and waits: joining a cgroup waits for an RCU
@@ -33,10 +33,9 @@ if the standby is gone (a command of the run killed it), the command is forked a
 its cgroups as usual (the request carries their files either way).
 """
 
+import _ctypes
 import _signal as signal
 import _socket
-import array
-import ctypes
 import marshal
 import os
 import resource
@@ -45,6 +44,8 @@ import sys
 import time
 
 PR_SET_DUMPABLE = 4
+FD_BYTES = 4
+"""A descriptor in SCM_RIGHTS data: a C int."""
 STATE_SEND_MAX = 64 * 1024
 """Below what one SOCK_SEQPACKET message takes (~200 KB with Linux's default buffers); the
 worker keeps no variables of a state over 32,000 characters anyway (MAX_STATE_CHARS)."""
@@ -69,8 +70,29 @@ class Command:
         self.killed = False
 
 
+class _CInt(_ctypes._SimpleCData):
+    _type_ = "i"
+
+
+class _CFunction(_ctypes.CFuncPtr):
+    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+    _restype_ = _CInt
+
+
+class _ThisProcess:
+    """The C library's symbols, as `ctypes.CDLL(None)` finds them."""
+
+    _handle = _ctypes.dlopen(None, _ctypes.RTLD_LOCAL)
+
+
+def not_dumpable():
+    """No process of the sandbox's uid may open this one's descriptors, memory or environment."""
+    if _CFunction(("prctl", _ThisProcess))(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(_ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
 def main():
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    not_dumpable()
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # PID 1: a default disposition drops it
     wake_read, wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_write)
@@ -310,16 +332,18 @@ def signal_group(pgid, sig):
 
 def recv_fds(sock, size, max_fds):
     """A message and the descriptors that came with it (what `socket.recv_fds` does)."""
-    fds = array.array("i")
-    message, ancillary, _, _ = sock.recvmsg(size, _socket.CMSG_LEN(max_fds * fds.itemsize))
+    fds = []
+    message, ancillary, _, _ = sock.recvmsg(size, _socket.CMSG_LEN(max_fds * FD_BYTES))
     for level, kind, data in ancillary:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
-    return message, list(fds)
+            whole = len(data) - len(data) % FD_BYTES
+            fds += [int.from_bytes(data[i : i + FD_BYTES], sys.byteorder) for i in range(0, whole, FD_BYTES)]
+    return message, fds
 
 
 def send_fds(sock, message, fds):
-    sock.sendmsg([message], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array.array("i", fds))])
+    data = b"".join(fd.to_bytes(FD_BYTES, sys.byteorder) for fd in fds)
+    sock.sendmsg([message], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, data)])
 
 
 def send(sock, message):

@@ -334,7 +334,7 @@ AFTER_TOOL_MARGIN_S = 10.0
 """What a call's snapshot leaves of its attempt's time: the outcome must reach the server."""
 
 
-def _time_left_s() -> float | None:
+def time_left_s() -> float | None:
     """Of the current attempt's start-to-close timeout; None without one."""
     info = activity.info()
     if info.start_to_close_timeout is None:
@@ -359,7 +359,7 @@ class SnapshotActivities:
         """The step's snapshot taken by its last tool call's activity; None when it cannot be,
         or not within the call's time left less AFTER_TOOL_MARGIN_S (the run then asks
         `snapshot_workspace` for it, which reports why): the call's outcome never depends on it."""
-        left = _time_left_s()
+        left = time_left_s()
         if left is not None and left < AFTER_TOOL_MARGIN_S:
             return None
         try:

@@ -38,6 +38,7 @@ from activities.host_pollers import host_pollers
 from activities.mcp_tools import McpActivities
 from activities.model import ModelActivities
 from activities.redaction import RedactingInterceptor
+from activities.run_opening import RunOpeningActivities
 from activities.skills import SkillActivities
 from activities.snapshots import SnapshotActivities
 from activities.stopped import StoppedAttemptInterceptor
@@ -53,6 +54,8 @@ from durable_agent.worker_settings import configured_host
 from workflows import context_handoff
 from workflows.agent import AgentWorkflow
 from workflows.hosts import host_queue
+from workflows.run_opening import OPEN_RUN_ACTIVITY
+from workflows.snapshots import SNAPSHOT_ACTIVITY
 
 PLUGIN_NAME = "durable_agent.DurableAgentPlugin"
 
@@ -116,7 +119,7 @@ class DurableAgentPlugin(SimplePlugin):
         given = [*(config.get("activities") or []), *self._agents, *ours]
         needed = [*workflow_activities(), tools.tool_catalog, tools.run_tool_here, *mcp.all()]
         needed.append(tools.dependencies.wait_for_dependency)  # activity tools' dependencies, by URL
-        config["activities"] = with_missing(given, needed)
+        config["activities"] = with_run_opening(with_missing(given, needed))
         ours_around = (
             interceptors(self._model_task_queue) if self._worker_interceptors is None else self._worker_interceptors
         )
@@ -214,6 +217,16 @@ def with_missing(activities: list[Callable[..., Any]], needed: list[Callable[...
     for function in [*activities, *needed]:
         chosen.setdefault(activity_name(function), function)
     return list(chosen.values())
+
+
+def with_run_opening(activities: list[Callable[..., Any]]) -> list[Callable[..., Any]]:
+    """`activities` and `open_run`, made of the `check_workspace`, `snapshot_workspace` and
+    `discover_skills` among them (activities/run_opening.py), unless they hold one."""
+    by_name = {activity_name(function): function for function in activities}
+    if OPEN_RUN_ACTIVITY in by_name:
+        return activities
+    opening = RunOpeningActivities(by_name["check_workspace"], by_name[SNAPSHOT_ACTIVITY], by_name["discover_skills"])
+    return [*activities, *opening.all()]
 
 
 def activity_name(function: Callable[..., Any]) -> str:

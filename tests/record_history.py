@@ -4,7 +4,8 @@
 shrunk by a spike, the skip rung and a check command that fails once; `--mcp`: a run with an
 MCP server's tools, tests/mcp_fixture_server.py; `--snapshots`: the default scenario on
 baseline-6, whose steps' last calls take the steps' snapshots where they can; `--riding`:
-steps whose file calls run inside their command's activity, on baseline-7).
+steps whose file calls run inside their command's activity, on baseline-7; `--opening`: a run
+that opens with one `open_run` (the workspace check, step 0's snapshot and a skill), on baseline-8).
 
 The scenario touches every kind of command the workflow emits: parallel tool activities,
 an approval (update), a pause and a user message (signals), raised limits, a model
@@ -43,6 +44,7 @@ DONE_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_done.json")
 MCP_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_mcp.json")
 SNAPSHOTS_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_snapshot_with_tools.json")
 RIDING_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_file_calls_with_command.json")
+OPENING_HISTORY_FILE = HISTORY_FILE.with_name("agent_run_open_run.json")
 """The default scenario on baseline-6: a step's last call takes the step's snapshot where it can."""
 DELEGATE_FILES = (
     Path(__file__).parent / "histories" / "delegate" / "parent.json",
@@ -109,6 +111,22 @@ async def record_riding(client: Client, task_queue: str, workspace: Path, model:
     handle = await start_agent(client, agent, f"replay-{uuid.uuid4().hex[:8]}", task_queue)
     status = await wait_for(handle, lambda s: bool(s.pending_approvals))
     await handle.execute_update("approve", {"call_id": status.pending_approvals[0].call_id, "approved": True})
+    await handle.result()
+    return await handle.fetch_history()
+
+
+async def record_opening(client: Client, task_queue: str, workspace: Path, model: ModelServer) -> WorkflowHistory:
+    """A run whose opening checks the workspace, takes step 0's snapshot and lists its one skill
+    in `open_run`; a step that loads the skill and runs a command; a final answer."""
+    skill = workspace / "skills" / "greet" / "SKILL.md"
+    skill.parent.mkdir(parents=True)
+    skill.write_text("---\nname: greet\ndescription: says hello\n---\nSay hello.\n")
+    model.responder = Script(
+        [tools(("load_skill", {"name": "greet"}), ("run_command", {"command": "echo hello > hello.txt"}))],
+        final="recorded",
+    )
+    agent = AgentInput(goal="record the opening", workspace=str(workspace))
+    handle = await start_agent(client, agent, f"replay-{uuid.uuid4().hex[:8]}", task_queue)
     await handle.result()
     return await handle.fetch_history()
 
@@ -253,6 +271,7 @@ async def main(kind: str) -> None:
                     "agent": record,
                     "snapshots": record,
                     "riding": record_riding,
+                    "opening": record_opening,
                 }
                 histories = await recorders[kind](client, "record", workspace, model)
     finally:
@@ -266,6 +285,7 @@ async def main(kind: str) -> None:
         "agent": (HISTORY_FILE,),
         "snapshots": (SNAPSHOTS_HISTORY_FILE,),
         "riding": (RIDING_HISTORY_FILE,),
+        "opening": (OPENING_HISTORY_FILE,),
     }[kind]
     if not isinstance(histories, tuple):
         histories = (histories,)
@@ -278,7 +298,7 @@ async def main(kind: str) -> None:
 
 
 if __name__ == "__main__":
-    known = ("--compaction", "--delegate", "--agent-file", "--done", "--mcp", "--snapshots", "--riding")
+    known = ("--compaction", "--delegate", "--agent-file", "--done", "--mcp", "--snapshots", "--riding", "--opening")
     kinds = [a.removeprefix("--") for a in sys.argv[1:] if a in known]
     asyncio.run(main(kinds[0] if kinds else "agent"))
     sys.stdout.flush()

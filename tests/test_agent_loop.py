@@ -229,14 +229,13 @@ async def test_every_model_call_and_tool_call_is_labelled_for_the_web_ui(
     handle = await start(client, task_queue, goal="label", workspace=str(workspace))
     await handle.result()
     summaries = await event_summaries(client, handle)
-    # The run's own summary is its goal; then the workspace check, the listing of skills, one
-    # line per model call and file tool (local activities: markers) and per command (an
-    # activity), a snapshot where no call took it, and the cleanup at the close, as the Web UI lists them.
+    # The run's own summary is its goal; then its opening (the workspace check, step 0's snapshot:
+    # the workspace as the run found it, for durable-agent fork; the skills), one line per model
+    # call and file tool (local activities: markers) and per command (an activity), a snapshot
+    # where no call took it, and the cleanup at the close, as the Web UI lists them.
     assert summaries == [
         "label",
-        f"check_workspace: {workspace}",
-        "snapshot_workspace: step 0",  # the workspace as the run found it (durable-agent fork)
-        "discover_skills",
+        f"open_run (check, snapshot of step 0, skills): {workspace}"[:120],
         "call_model: gpt-4.1-mini step 1",
         "time cap: max_duration_s",  # the run's one timer (workflows/time_cap.py), started ...
         # write_file ran inside the command's activity, before it; the command took the step's snapshot

@@ -502,18 +502,29 @@ def test_fork_input_takes_the_model_and_counts_budgets_from_the_step_unless_fres
     assert carry.usage.tokens == 1000 and carry.paused  # the source's state is not changed
 
 
+def snapshots_of_local_activities(events: list[Any]) -> list[dict[str, Any]]:
+    """The snapshots that local activities took, in order: `snapshot_workspace`'s, and step 0's
+    in the run's opening (`open_run`)."""
+    taken = []
+    for event in events:
+        details = event.marker_recorded_event_attributes.details
+        if event.event_type != EventType.EVENT_TYPE_MARKER_RECORDED or "data" not in details:
+            continue
+        kind = json.loads(details["data"].payloads[0].data)["activity_type"]
+        result = json.loads(details["result"].payloads[0].data)
+        if kind == "snapshot_workspace":
+            taken.append(result)
+        elif kind == "open_run" and result.get("snapshot"):
+            taken.append(result["snapshot"])
+    return taken
+
+
 async def test_snapshots_are_recorded_by_digest_and_add_no_workflow_task(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
     source = await six_step_run(client, task_queue, model_server, workspace)
     events = (await client.get_workflow_handle(source).fetch_history()).events
-    details = [
-        e.marker_recorded_event_attributes.details
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED and "data" in e.marker_recorded_event_attributes.details
-    ]
-    snapshots = [d for d in details if json.loads(d["data"].payloads[0].data)["activity_type"] == "snapshot_workspace"]
-    on_their_own = [json.loads(d["result"].payloads[0].data) for d in snapshots]
+    on_their_own = snapshots_of_local_activities(events)
     # Each tool step's one command took the step's snapshot after itself, in its own activity.
     with_commands = [
         json.loads(e.activity_task_completed_event_attributes.result.payloads[0].data)["snapshot"]
@@ -555,14 +566,7 @@ async def test_a_steps_last_call_takes_its_snapshot_after_the_others_where_it_ca
     assert (await handle.result()).state == "completed"
 
     events = (await handle.fetch_history()).events
-    on_their_own = [
-        json.loads(e.marker_recorded_event_attributes.details["result"].payloads[0].data)["step"]
-        for e in events
-        if e.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
-        and "data" in e.marker_recorded_event_attributes.details
-        and json.loads(e.marker_recorded_event_attributes.details["data"].payloads[0].data)["activity_type"]
-        == "snapshot_workspace"
-    ]
+    on_their_own = [taken["step"] for taken in snapshots_of_local_activities(events)]
     assert on_their_own == [0, 2, 3]  # step 1's was its command's, step 4's its write's
     steps = await chain_steps(client, handle.id)
     assert [p.step for p in steps.points] == [0, 1, 2, 3, 4]

@@ -45,7 +45,8 @@ async def test_committed_histories_replay(path: Path) -> None:
     # agent_run_wait_limit.json is paused until a lowered max_wait_s stops it (baseline-3);
     # agent_run_snapshot_with_tools.json takes steps' snapshots in their last calls (baseline-6);
     # agent_run_file_calls_with_command.json runs a step's file calls inside its command's
-    # activity (baseline-7, `python -m tests.record_history --riding`).
+    # activity (baseline-7, `python -m tests.record_history --riding`); agent_run_open_run.json
+    # opens with one `open_run`: the check, step 0's snapshot and a skill (baseline-8, `--opening`).
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     assert await replay_failure(history) is None
 

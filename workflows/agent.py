@@ -55,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.plan_steps import PlanSteps
     from workflows.quota_steps import QuotaSteps
     from workflows.run_metrics import RunMetrics
+    from workflows.run_opening import OPEN_RUN_ACTIVITY, OPEN_RUN_TIMEOUT, RunOpened, RunOpening
     from workflows.shell import shell_schemas
     from workflows.skills import (
         CATALOG_KIND,
@@ -161,6 +162,8 @@ class AgentWorkflow(
         self._tool_waits: dict[str, str] = {}
         """Tools whose calls wait for a worker to poll their task queue, and since when."""
         self._riders_done = []
+        self._opened_skills: SkillCatalog | None = None
+        """The skill catalog `open_run` listed, for `_list_skills`."""
         try:
             self._start(_parse_input(raw_input))
         except ApplicationError as e:
@@ -191,6 +194,7 @@ class AgentWorkflow(
         self._snapshots_on = self._patched(SNAPSHOT_PATCH)
         self._snapshot_with_tools = self._snapshots_on and self._patched(options.SNAPSHOT_WITH_TOOLS_PATCH)
         self._calls_with_command = self._snapshot_with_tools and self._patched(options.FILE_CALLS_WITH_COMMAND_PATCH)
+        self._opens_at_once = self._patched(options.OPEN_RUN_PATCH)
         self._caps_on = self._patched(options.LIMITS_PATCH)
         try:
             await self._begin()
@@ -217,7 +221,10 @@ class AgentWorkflow(
             workflow.continue_as_new(self._input_for_next_run(), task_timeout=options.WORKFLOW_TASK_TIMEOUT)
         self._publish_host()
         if self._patched(options.WORKSPACE_CHECK_PATCH):
-            await self._check_workspace()
+            if self._opens_at_once and self._agent.host is None and self._patched(options.LOCAL_START_UP_PATCH):
+                await self._open_run()
+            else:
+                await self._check_workspace()
         await self._resolve_tools()
         if self._carry.snapshot is None and self._carry.step == 0:
             await self._snapshot()  # step 0: the workspace as the run found it
@@ -304,6 +311,34 @@ class AgentWorkflow(
             raise_if_cancelled(e)
             raise ApplicationError(failure_message(e), type="WorkspaceRefused", non_retryable=True) from None
 
+    async def _open_run(self) -> None:
+        """The workspace check, and with it step 0's snapshot and the skills where nothing runs
+        between them (workflows/run_opening.py); what it did not bring, `_begin` and
+        `_list_skills` ask for on their own. A refusal closes the run as the check's does."""
+        workspace = self._agent.workspace
+        resolves = self._carry.catalog is None and bool(self._agent.tools_to_resolve() or self._agent.mcp_servers)
+        takes_snapshot = self._snapshots_on and self._carry.snapshot is None and self._carry.step == 0
+        opening = RunOpening(
+            workspace=workspace,
+            snapshot=self._snapshot_request() if takes_snapshot and not resolves else None,
+            skills=SkillCatalogRequest(workspace=workspace) if self._lists_skills() and not resolves else None,
+        )
+        parts = ["check"] + ["snapshot of step 0"] * bool(opening.snapshot) + ["skills"] * bool(opening.skills)
+        try:
+            opened = await short_local_activity(
+                OPEN_RUN_ACTIVITY,
+                opening,
+                RunOpened,
+                OPEN_RUN_TIMEOUT,
+                options.TOOL_RETRY,
+                f"{OPEN_RUN_ACTIVITY} ({', '.join(parts)}): {workspace}"[:120],
+            )
+        except ACTIVITY_FAILED as e:
+            raise_if_cancelled(e)
+            raise ApplicationError(failure_message(e), type="WorkspaceRefused", non_retryable=True) from None
+        self._taken_in_a_call = opened.snapshot
+        self._opened_skills = opened.skills
+
     async def _local_or_regular(
         self,
         patch: str,
@@ -372,15 +407,28 @@ class AgentWorkflow(
                 await self._flush_signals()
                 workflow.continue_as_new(self._input_for_next_run())
 
+    def _lists_skills(self) -> bool:
+        """Whether the run lists the skills at its start: once per chain, where the model may load them."""
+        if self._carry.skills_listed or "load_skill" not in self._agent.enabled_tools():
+            return False
+        return self._patched(options.SKILLS_PATCH)
+
     async def _list_skills(self) -> None:
         """Once per chain: the skills the model may load, as a system message."""
-        if self._carry.skills_listed or "load_skill" not in self._agent.enabled_tools():
-            return
-        if not self._patched(options.SKILLS_PATCH):
+        if not self._lists_skills():
             return
         self._doing = "listing skills"
+        catalog, self._opened_skills = self._opened_skills, None
+        if catalog is None:
+            catalog = await self._discover_skills()
+        self._carry.skills_listed = True
+        text = catalog_text(catalog)
+        if text is not None:
+            self._carry.view.messages.insert(1, Message(role="system", content=text, step=0, kind=CATALOG_KIND))
+
+    async def _discover_skills(self) -> SkillCatalog:
         try:
-            catalog = await self._local_or_regular(
+            return await self._local_or_regular(
                 options.LOCAL_START_UP_PATCH,
                 "discover_skills",
                 SkillCatalogRequest(workspace=self._agent.workspace),
@@ -390,11 +438,7 @@ class AgentWorkflow(
             )
         except ACTIVITY_FAILED as e:
             raise_if_cancelled(e)
-            catalog = SkillCatalog(problems=[f"the skill folders could not be listed: {failure_message(e)}"])
-        self._carry.skills_listed = True
-        text = catalog_text(catalog)
-        if text is not None:
-            self._carry.view.messages.insert(1, Message(role="system", content=text, step=0, kind=CATALOG_KIND))
+            return SkillCatalog(problems=[f"the skill folders could not be listed: {failure_message(e)}"])
 
     # --- limits ------------------------------------------------------------------------
 

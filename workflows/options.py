@@ -286,7 +286,15 @@ command's activity, before it (workflows/tool_steps.py, `_riders`)."""
 BASELINE_7_PATCH = "baseline-7"
 """Baseline 6's patches and the one added since; runs started on this code record only it."""
 BASELINE_7_PATCHES = BASELINE_6_PATCHES | {FILE_CALLS_WITH_COMMAND_PATCH}
+OPEN_RUN_PATCH = "open-run"
+"""`workflow.patched` id: runs recorded before it checked the workspace, took step 0's snapshot
+and listed skills in three local activities; since, one (`open_run`, workflows/run_opening.py)
+where nothing runs between them and the run has no host."""
+BASELINE_8_PATCH = "baseline-8"
+"""Baseline 7's patches and the one added since; runs started on this code record only it."""
+BASELINE_8_PATCHES = BASELINE_7_PATCHES | {OPEN_RUN_PATCH}
 BASELINES = (
+    (BASELINE_8_PATCH, BASELINE_8_PATCHES),
     (BASELINE_7_PATCH, BASELINE_7_PATCHES),
     (BASELINE_6_PATCH, BASELINE_6_PATCHES),
     (BASELINE_5_PATCH, BASELINE_5_PATCHES),

@@ -39,8 +39,9 @@ class SnapshotSteps:
 
     _snapshots_on = False
     _snapshot_with_tools = False
-    _taken_with_tools: SnapshotTaken | None = None
-    """The current step's snapshot, taken by its last call (`ToolOutcome.snapshot`)."""
+    _taken_in_a_call: SnapshotTaken | None = None
+    """The current step's snapshot, taken by its last call (`ToolOutcome.snapshot`) or, at step 0,
+    by the run's opening (`open_run`, workflows/run_opening.py)."""
     _on_step_point: Callable[[Any], None] | None = None
     """Called at each step's snapshot with the workflow: the replay that reads a run's steps
     back (durable_agent/step_history.py) keeps its state there."""
@@ -80,7 +81,7 @@ class SnapshotSteps:
         if not self._snapshots_on:
             return
         request = self._snapshot_request()
-        taken, self._taken_with_tools = self._taken_with_tools, None
+        taken, self._taken_in_a_call = self._taken_in_a_call, None
         if taken is None or taken.step != request.step:
             try:
                 taken = await self._on_host_or_local(

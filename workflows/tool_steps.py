@@ -431,7 +431,7 @@ class ToolSteps(DependencyWaits):
                 outcome = await self._execute_tool(call, args, retry, takes_snapshot)
             if outcome.interrupted:
                 # A person may have been asked, and changed files, after the snapshot was taken.
-                self._taken_with_tools = None
+                self._taken_in_a_call = None
             remember_shell(self._carry, outcome)
             if reruns:
                 outcome = rerun_note(outcome, reruns, asked=self._agent.commands.on_interrupt == "ask")
@@ -440,7 +440,7 @@ class ToolSteps(DependencyWaits):
             streak = self._carry.livelock.record(key, None if outcome.ok else outcome.error, step)
             if streak < LIVELOCK_REPEATS:
                 return outcome
-            self._taken_with_tools = None  # a person decides after the call: the step takes its own
+            self._taken_in_a_call = None  # a person decides after the call: the step takes its own
             resolution = await self._needs_attention(
                 f"{self._carry.step}:{call.id}",
                 what=f"{call_summary(call.name, args)} failed {streak} times in a row",
@@ -502,11 +502,11 @@ class ToolSteps(DependencyWaits):
             if call.name == "plan":
                 return self._plan_tool(args)
             if takes_snapshot:
-                self._taken_with_tools = None  # an earlier run of the call took one: this run's effects are not in it
+                self._taken_in_a_call = None  # an earlier run of the call took one: this run's effects are not in it
                 request = request.model_copy(update={"snapshot": self._snapshot_request()})
             outcome = await self._builtin_activity(call.name, request, args, summary or call_summary(call.name, args))
             if takes_snapshot:
-                self._taken_with_tools = outcome.snapshot
+                self._taken_in_a_call = outcome.snapshot
             if riders and len(outcome.riding) == len(riders):
                 self._riders_done = list(outcome.riding)
             return outcome.model_copy(update={"riding": []})

@@ -220,31 +220,34 @@ class RunSandbox:
 
     @classmethod
     async def start(cls, workspace_root: str, network: bool) -> RunSandbox:
+        """bubblewrap started straight from the worker (`vfork`), the seccomp filter open on
+        a descriptor it names: no shell before it, as a command's own sandbox needs for its
+        cgroups and limits (sandbox.LAUNCHER)."""
         control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        seccomp = os.open(filter_file(), os.O_RDONLY | os.O_CLOEXEC)
         try:
-            if theirs.fileno() == 3:  # 3 is where bubblewrap reads the seccomp filter
-                theirs = socket.socket(fileno=os.dup(theirs.detach()))
             argv = [
-                *bwrap_options(bwrap_binary(), workspace_root, network),
+                *bwrap_options(bwrap_binary(), workspace_root, network, seccomp_fd=seccomp),
                 "--as-pid-1",
                 "--",
                 *(sandbox_python(), "-I", "-S", "-c", HELPER_LOADER, str(theirs.fileno())),
             ]
             process = await asyncio.create_subprocess_exec(
-                *("bash", "-c", 'exec "$@" 3<"$0"', filter_file(), *argv),
+                *argv,
                 cwd=workspace_root,
                 env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
-                pass_fds=(theirs.fileno(),),
+                pass_fds=(theirs.fileno(), seccomp),
             )
         except BaseException:
             control.close()
             raise
         finally:
             theirs.close()
+            os.close(seccomp)
         assert process.stdin is not None
         process.stdin.write(HELPER.encode())
         process.stdin.close()

@@ -81,12 +81,12 @@ SANDBOX_UID = 1000
 what it creates in the workspace belongs to the worker's user on the host, and it is root
 nowhere, whichever user the worker is."""
 SECCOMP_FD = 3
-"""Where bubblewrap reads the seccomp filter: the launcher's `3<` redirection opens it."""
+"""Where a command's bubblewrap reads the seccomp filter: the launcher's `3<` redirection opens it."""
 CONFINED = (
     "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
-    "--cap-drop", "ALL", "--seccomp", str(SECCOMP_FD),
+    "--cap-drop", "ALL",
 )  # fmt: skip
-"""No capability, not root, no user namespace of its own, and the seccomp filter
+"""No capability, not root, no user namespace of its own, and (`--seccomp`) the seccomp filter
 (activities/tools/seccomp.py); bubblewrap also sets no_new_privs, so a setuid binary
 cannot raise any of it."""
 
@@ -126,9 +126,10 @@ def bwrap_argv(bwrap: str, workspace_root: str, network: bool) -> list[str]:
     return [*bwrap_options(bwrap, workspace_root, network), "--", "bash", "-c"]
 
 
-def bwrap_options(bwrap: str, workspace_root: str, network: bool) -> list[str]:
-    """bubblewrap and its options, without the program it runs (a run's sandbox adds its own)."""
-    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", *CONFINED]
+def bwrap_options(bwrap: str, workspace_root: str, network: bool, seccomp_fd: int = SECCOMP_FD) -> list[str]:
+    """bubblewrap and its options, without the program it runs (a run's sandbox adds its own);
+    it reads the seccomp filter from `seccomp_fd`."""
+    argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", *CONFINED, "--seccomp", str(seccomp_fd)]
     if network:
         argv.append("--share-net")
     for folder in SYSTEM_DIRS:

@@ -105,6 +105,16 @@ class _Terminate(Exception):
     """A person chose `terminate` while the run needed attention; unwinds to `run`."""
 
 
+@contextmanager
+def _refusal_closes_the_run() -> Iterator[None]:
+    """A workspace check that failed for good closes the run with its reason."""
+    try:
+        yield
+    except ACTIVITY_FAILED as e:
+        raise_if_cancelled(e)
+        raise ApplicationError(failure_message(e), type="WorkspaceRefused", non_retryable=True) from None
+
+
 @workflow.defn(name=WORKFLOW_TYPE)
 class AgentWorkflow(
     ContextSteps,
@@ -298,7 +308,7 @@ class AgentWorkflow(
 
     async def _check_workspace(self) -> None:
         """The worker confirms the workspace lies in its roots; a refusal closes the run."""
-        try:
+        with _refusal_closes_the_run():
             await self._local_or_regular(
                 options.LOCAL_START_UP_PATCH,
                 "check_workspace",
@@ -307,9 +317,6 @@ class AgentWorkflow(
                 options.WORKSPACE_CHECK_TIMEOUT,
                 f"check_workspace: {self._agent.workspace}"[:120],
             )
-        except ACTIVITY_FAILED as e:
-            raise_if_cancelled(e)
-            raise ApplicationError(failure_message(e), type="WorkspaceRefused", non_retryable=True) from None
 
     async def _open_run(self) -> None:
         """The workspace check, and with it step 0's snapshot and the skills where nothing runs
@@ -324,7 +331,7 @@ class AgentWorkflow(
             skills=SkillCatalogRequest(workspace=workspace) if self._lists_skills() and not resolves else None,
         )
         parts = ["check"] + ["snapshot of step 0"] * bool(opening.snapshot) + ["skills"] * bool(opening.skills)
-        try:
+        with _refusal_closes_the_run():
             opened = await short_local_activity(
                 OPEN_RUN_ACTIVITY,
                 opening,
@@ -333,9 +340,6 @@ class AgentWorkflow(
                 options.TOOL_RETRY,
                 f"{OPEN_RUN_ACTIVITY} ({', '.join(parts)}): {workspace}"[:120],
             )
-        except ACTIVITY_FAILED as e:
-            raise_if_cancelled(e)
-            raise ApplicationError(failure_message(e), type="WorkspaceRefused", non_retryable=True) from None
         self._taken_in_a_call = opened.snapshot
         self._opened_skills = opened.skills
 

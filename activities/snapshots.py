@@ -36,6 +36,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import TypeVar
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -330,6 +331,8 @@ def _walk(root: str, exclude: Sequence[str] = ()) -> Iterator[tuple[str, os.stat
                     yield path, st, entry.path
 
 
+_T = TypeVar("_T")
+
 AFTER_TOOL_MARGIN_S = 10.0
 """What a call's snapshot leaves of its attempt's time: the outcome must reach the server."""
 
@@ -341,6 +344,21 @@ def time_left_s() -> float | None:
         return None
     ends = info.started_time + info.start_to_close_timeout
     return (ends - datetime.now(UTC)).total_seconds()
+
+
+async def within_time_left(part: Callable[[], Awaitable[_T]], what: str, then_s: float = 0.0) -> _T | None:
+    """`part()`, a part of an activity its outcome does not depend on (a snapshot after a tool
+    call, the parts of a run's opening after its check); None when it would leave less than
+    AFTER_TOOL_MARGIN_S and `then_s` of the attempt's time, or fails (logged as "no `what`"):
+    the run then asks the part's own activity, which reports why."""
+    left = time_left_s()
+    if left is not None and left < AFTER_TOOL_MARGIN_S + then_s:
+        return None
+    try:
+        return await asyncio.wait_for(part(), None if left is None else left - AFTER_TOOL_MARGIN_S - then_s)
+    except Exception as e:  # noqa: BLE001 - the activity is done whatever this part does
+        activity.logger.warning("no %s: %s", what, e or type(e).__name__)
+        return None
 
 
 class SnapshotActivities:
@@ -359,16 +377,9 @@ class SnapshotActivities:
         """The step's snapshot taken by its last tool call's activity; None when it cannot be,
         or not within the call's time left less AFTER_TOOL_MARGIN_S (the run then asks
         `snapshot_workspace` for it, which reports why): the call's outcome never depends on it."""
-        left = time_left_s()
-        if left is not None and left < AFTER_TOOL_MARGIN_S:
-            return None
-        try:
-            return await asyncio.wait_for(self.take(request), None if left is None else left - AFTER_TOOL_MARGIN_S)
-        except Exception as e:  # noqa: BLE001 - the call is done whatever the snapshot does
-            activity.logger.warning(
-                "no snapshot of step %s with its tool call: %s", request.step, e or type(e).__name__
-            )
-            return None
+        return await within_time_left(
+            functools.partial(self.take, request), f"snapshot of step {request.step} with its tool call"
+        )
 
     async def take(self, request: SnapshotRequest) -> SnapshotTaken:
         try:

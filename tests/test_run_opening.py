@@ -32,9 +32,10 @@ from workflows.snapshots import SnapshotRequest
 SKILL = "---\nname: greet\ndescription: says hello\n---\nSay hello.\n"
 
 
-def opening_activities(roots: list[str], store: Path) -> RunOpeningActivities:
-    """Made as a worker's plugin makes it: of its check, snapshot and skills activities."""
-    snapshots = SnapshotActivities(roots, Store(store))
+def opening_activities(roots: list[str], store: Path, snapshot_roots: list[str] | None = None) -> RunOpeningActivities:
+    """Made as a worker's plugin makes it: of its check, snapshot and skills activities
+    (`snapshot_roots`: the snapshot's own, where they differ from the check's)."""
+    snapshots = SnapshotActivities(snapshot_roots or roots, Store(store))
     tools = ToolActivities(roots=roots, snapshots=snapshots)
     return RunOpeningActivities(tools.check_workspace, snapshots.snapshot_workspace, SkillActivities().discover_skills)
 
@@ -79,7 +80,8 @@ async def test_one_activity_checks_the_workspace_takes_step_0_and_lists_the_skil
 async def test_a_refused_workspace_fails_it_before_anything_is_read(tmp_path: Path) -> None:
     outside = with_skill(tmp_path / "outside")
     store = tmp_path / "store"
-    activities = opening_activities([str(tmp_path / "roots")], store)
+    # The snapshot's roots hold the workspace: only the check's refusal, coming first, keeps it out of the store.
+    activities = opening_activities([str(tmp_path / "roots")], store, snapshot_roots=[str(tmp_path)])
     with pytest.raises(ApplicationError) as refused:
         await env().run(activities.open_run, opening(outside))
     assert refused.value.type == "WorkspaceRefused" and refused.value.non_retryable

@@ -11,8 +11,8 @@ A killed worker is replaced by a new process only after a random 0.5-3 s, so the
 worker has to take over. During the first server restart one more worker starts while the
 server is down, and the server comes back only once that worker waits for it. Afterwards,
 for every run: it completed; its result equals an uninterrupted run's (same output, steps,
-usage); its ledger holds every step exactly once; and for the single run, model calls <=
-steps + kills. Exit code 1 if any check fails.
+usage); its ledger holds every step exactly once; and it made no more model calls than
+its steps plus the faults it lived through (kills and restarts). Exit code 1 if any check fails.
 
 `python -m bench chaos --soak 30`: 30 minutes of continuous runs instead (no kills), the
 worker's RSS sampled throughout and reported, with whether it stayed flat.
@@ -371,15 +371,12 @@ def check_chaos(report: Report, extra_calls: list[int]) -> None:
     f, plan = report.figures, report.plan
     if f["completed"] < plan.agents:
         report.failures.append(f"only {f['completed']} of {plan.agents} runs completed")
-    if plan.agents == 1 and extra_calls and extra_calls[0] > f["worker_kills"]:
-        report.failures.append(
-            f"model calls {f['model_calls']} > steps + kills "
-            f"({f['model_calls'] - extra_calls[0]} + {f['worker_kills']})"
-        )
     faults = f["worker_kills"] + f["server_restarts"]
     over = [n for n in extra_calls if n > faults]
     if over:
-        # A fault interrupts at most one model call of each run: the one in flight.
+        # A fault repeats at most one model call of each run: the one in flight. A server
+        # restart counts: an outage that outlasts the call's heartbeat timeout (10 s, less the
+        # time since its last beat) gives the attempt up, and a retry on another worker asks again.
         report.failures.append(f"{len(over)} run(s) repeated more model calls ({max(over)}) than faults ({faults})")
     if f.get("unexpected_worker_exits"):
         report.failures.append(f"{f['unexpected_worker_exits']} worker(s) exited without being killed")

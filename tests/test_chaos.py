@@ -30,7 +30,9 @@ async def test_run_survives_worker_kills_and_a_server_restart() -> None:
     assert report.figures["unexpected_worker_exits"] == 0
     assert report.figures["side_effects_duplicated"] == 0
     assert report.figures["side_effects_missing"] == 0
-    assert report.figures["model_calls_beyond_steps"] <= 3
+    # At most one repeated model call per fault: the one in flight when it struck. The
+    # restart counts: an outage past the call's heartbeat timeout gives its attempt up.
+    assert report.figures["model_calls_beyond_steps"] <= 3 + 1
 
 
 def _request(goal: str, turns: list[list[tuple[str, bool]]]) -> dict[str, Any]:

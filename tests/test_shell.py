@@ -13,7 +13,9 @@ import os
 import resource
 import shlex
 import signal
+import subprocess
 import uuid
+from importlib.util import MAGIC_NUMBER
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
 from activities.tools import ToolActivities
-from activities.tools.run_sandbox import RUN_SANDBOXES, RunSandboxes
+from activities.tools.run_sandbox import HELPER_LOADER, RUN_SANDBOXES, RunSandboxes, helper_input, sandbox_python
 from activities.tools.sandbox import CGROUP_PREFIX, CommandLimits
 from durable_agent.model_server import ModelServer
 from tests.helpers import host_processes_named, skip_without, start
@@ -324,6 +326,32 @@ async def test_a_command_cannot_see_or_signal_another_runs_sandbox(workspace: Pa
     finally:
         other.cancel()
         await RUN_SANDBOXES.end_run(str(workspace), other_run)
+
+
+@pytest.mark.parametrize(("magic", "runs"), [(None, "the code compiled by the worker"), (b"\0\0\r\n", "the source")])
+def test_the_helpers_loader_runs_the_workers_code_only_in_an_interpreter_of_the_same_bytecode(
+    magic: bytes | None, runs: str
+) -> None:
+    """The sandbox's python3 is the host's, not the worker's: where their bytecode differs,
+    the helper is compiled from its source in the sandbox."""
+    shown = "import sys; sys.stdout.write(sys._getframe().f_code.co_filename)"
+    given = helper_input(shown) if magic is None else helper_input(shown, magic)
+    loaded = subprocess.run(
+        [sandbox_python(), "-I", "-S", "-c", HELPER_LOADER], input=given, capture_output=True, check=True
+    )
+    theirs = subprocess.run(
+        [
+            sandbox_python(),
+            "-I",
+            "-S",
+            "-c",
+            "import sys, _frozen_importlib_external as b; sys.stdout.buffer.write(b.MAGIC_NUMBER)",
+        ],
+        capture_output=True,
+        check=True,
+    ).stdout
+    compiled_here = magic is None and theirs == MAGIC_NUMBER  # a host's python3 of another version compiles
+    assert loaded.stdout == (b"shell_helper.py" if compiled_here else b"<string>"), runs
 
 
 async def test_one_sandbox_serves_all_of_a_runs_commands(workspace: Path) -> None:

@@ -14,7 +14,9 @@ Layout under the store (`DURABLE_AGENT_SNAPSHOT_STORE`, default `DURABLE_AGENT_H
 An entry is `[mode, size, mtime_ns, ctime_ns, inode, sha256]`. Those stat fields are the stat
 cache: a file whose stat matches the previous snapshot's entry, and whose mtime is older than
 that snapshot's start, is not read again (git's "racy" rule: a file changed during the walk, in
-the clock tick the walk began, is hashed again next time). Not kept: empty folders, special
+the clock tick the walk began, is hashed again next time). A run's first snapshot has no
+previous one: it takes the stat cache from this worker's latest snapshot of the same folder
+(another run's), trusting an entry only once its blob is found in the store. Not kept: empty folders, special
 files, ownership. `docs/fork.md` has the figures that chose this over git's object store.
 """
 
@@ -95,11 +97,17 @@ class Store:
         verified_ns = _coarse_now_ns()
         before = self._previous(root, previous)
         old_files, depth, old_verified = before[1], before[2], before[3]
+        known, known_verified = (old_files, old_verified) if previous is not None else self._stat_hints(root)
         added = 0
         files: Files = {}
         for rel, st, full in _walk(root, exclude):
-            old = old_files.get(rel)
-            if old is not None and _same_stat(old, st) and old[_MTIME] < old_verified:
+            old = known.get(rel)
+            if (
+                old is not None
+                and _same_stat(old, st)
+                and old[_MTIME] < known_verified
+                and (previous is not None or self._has_blob(old[_DIGEST]))
+            ):
                 files[rel] = old
                 continue
             digest, written = self._put_blob(full, st)
@@ -128,6 +136,18 @@ class Store:
             return cached
         manifest = self._manifest(previous)
         return (previous, self.files(previous), int(manifest["depth"]), int(manifest.get("verified_ns", 0)))
+
+    def _stat_hints(self, root: str) -> tuple[Files, int]:
+        """For a run's first snapshot: the file entries of the latest snapshot this worker took
+        of the same folder (another run's, most often the run before on the same repository),
+        so that its unchanged files are not read and hashed again. Their blobs belong to
+        another chain, which `durable-agent gc` may have removed since: each is checked."""
+        with self._lock:
+            cached = self._latest.get(root)
+        return (cached[1], cached[3]) if cached is not None else ({}, 0)
+
+    def _has_blob(self, digest: str) -> bool:
+        return (self.root / "blobs" / digest[:2] / digest[2:]).exists()
 
     def _remember(self, root: str, digest: str, files: Files, depth: int, verified_ns: int) -> None:
         with self._lock:

@@ -7,6 +7,9 @@ the bytes the store grew by per step, against the bytes changed. Two stores:
 - `git`: git's object model through the `git` binary (`add -A`, `write-tree`, `commit-tree`
   on a private GIT_DIR and index), what a store built on git would do per step.
 
+Then a run's first snapshot (step 0): the first run's on a new worker against each later
+run's on the same worker, which takes the stat cache from the run before's.
+
 `--runs N --files F`: one store serving N runs in turn, as one worker does, each a workspace of
 F files with one changed per step: CPU ms per snapshot, which tells whether every run's latest
 snapshot stays in the worker's memory (a run that is not reads its manifests back).
@@ -132,6 +135,24 @@ def bench_many_runs(root: Path, runs: int, files: int, steps: int) -> list[float
     return cpu_ms
 
 
+def bench_first_snapshots(workspace: Path, store_root: Path, runs: int = 5) -> tuple[float, list[float]]:
+    """CPU ms of a run's first snapshot (step 0, no previous one): the first run's on a new
+    worker, then each later run's on the same worker, the workspace unchanged between runs
+    but for one file."""
+    store = Store(store_root)
+    time.sleep(0.05)  # the workspace's files older than the first snapshot's start: not "racy"
+    cpu = _cpu_s()
+    store.take(str(workspace), None, chain="run-0")
+    first = (_cpu_s() - cpu) * 1000
+    later: list[float] = []
+    for run in range(1, runs + 1):
+        change_one(workspace, run)
+        cpu = _cpu_s()
+        store.take(str(workspace), None, chain=f"run-{run}")
+        later.append((_cpu_s() - cpu) * 1000)
+    return first, later
+
+
 def report(name: str, f: Figures) -> str:
     p95 = sorted(f.wall)[int(len(f.wall) * 0.95) - 1]
     over = statistics.mean(g - c for g, c in zip(f.grown, f.changed, strict=True))
@@ -164,6 +185,14 @@ def main() -> None:
             workspace = Path(tmp) / "ws"
             make_workspace(workspace)
             print(report(name, run(workspace, Path(tmp) / "store", args.steps)), flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        workspace = Path(tmp) / "ws"
+        make_workspace(workspace)
+        first, later = bench_first_snapshots(workspace, Path(tmp) / "store")
+    print(
+        f"a run's first snapshot (step 0), CPU ms: {first:.1f} on a new worker, "
+        f"{statistics.median(later):.1f} (median of {len(later)}) for each later run on the same worker"
+    )
 
 
 if __name__ == "__main__":

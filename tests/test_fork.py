@@ -171,6 +171,41 @@ def test_one_changed_file_costs_its_bytes_and_an_unchanged_tree_nothing(tmp_path
     assert excluded == second  # nothing but excluded names changed
 
 
+def test_a_runs_first_snapshot_reads_only_what_changed_since_the_workers_last_of_that_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run after run on one repository: a run's step-0 snapshot takes the stat cache from the
+    run before's, so an unchanged file is neither read nor hashed, unless gc removed its blob
+    since (it is written again); the snapshot is a whole one of its own chain."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    for i in range(50):
+        (workspace / f"f{i}.txt").write_text(f"file {i}\n" * 100)
+    time.sleep(0.05)  # older than the snapshot's start: not "racy"
+    store = Store(tmp_path / "store")
+    first, _ = store.take(str(workspace), None, chain="run-a")
+    hashed: list[str] = []
+    put_blob = store._put_blob
+
+    def counted(full: str, st: os.stat_result) -> tuple[str, int]:
+        hashed.append(os.path.relpath(full, workspace))
+        return put_blob(full, st)
+
+    monkeypatch.setattr(store, "_put_blob", counted)
+    (workspace / "f3.txt").write_text("changed by the run before")
+    removed = store.files(first)["f5.txt"][-1]
+    (store.root / "blobs" / removed[:2] / removed[2:]).unlink()  # as gc would, the run before's chain gone
+
+    second, _ = store.take(str(workspace), None, chain="run-b")
+
+    assert sorted(hashed) == ["f3.txt", "f5.txt"]
+    assert store._manifest(second)["parent"] is None and store._manifest(second)["depth"] == 0
+    restored = tmp_path / "restored"
+    restored.mkdir()
+    store.restore(second, str(restored))
+    assert tree(restored) == tree(workspace)
+
+
 def test_a_worker_with_many_runs_keeps_each_runs_latest_snapshot_warm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

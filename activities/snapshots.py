@@ -147,7 +147,7 @@ class Store:
         return (cached[1], cached[3]) if cached is not None else ({}, 0)
 
     def _has_blob(self, digest: str) -> bool:
-        return (self.root / "blobs" / digest[:2] / digest[2:]).exists()
+        return os.path.exists(f"{os.fspath(self.root)}/blobs/{digest[:2]}/{digest[2:]}")
 
     def _remember(self, root: str, digest: str, files: Files, depth: int, verified_ns: int) -> None:
         with self._lock:
@@ -168,12 +168,14 @@ class Store:
         return digest, self._write_object("manifests", digest, data)
 
     def _write_object(self, kind: str, digest: str, data: bytes) -> int:
-        path = self.root / kind / digest[:2] / digest[2:]
-        if path.exists():
+        folder = f"{os.fspath(self.root)}/{kind}/{digest[:2]}"
+        path = f"{folder}/{digest[2:]}"
+        if os.path.exists(path):  # most blobs of a snapshot are there already: strings, not Path
             return 0
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        temporary.write_bytes(data)
+        os.makedirs(folder, exist_ok=True)
+        temporary = f"{folder}/.{digest[2:]}.{os.getpid()}.tmp"
+        with open(temporary, "wb") as f:
+            f.write(data)
         os.replace(temporary, path)  # whole or absent: a reader never sees half an object
         return len(data)
 

@@ -73,6 +73,12 @@ def store_path() -> Path:
     return Path(home).resolve() / "snapshots"
 
 
+def _writer() -> str:
+    """Names a temporary file by process and thread: two runs' snapshots in one worker may
+    write the same blob at once (the same file in two workspaces), each into its own."""
+    return f"{os.getpid()}-{threading.get_ident()}"
+
+
 def _coarse_now_ns() -> int:
     """The clock file times are stamped with (a coarse one on Linux): a file stamped at or
     after this instant may still change within the same tick."""
@@ -173,7 +179,7 @@ class Store:
         if os.path.exists(path):  # most blobs of a snapshot are there already: strings, not Path
             return 0
         os.makedirs(folder, exist_ok=True)
-        temporary = f"{folder}/.{digest[2:]}.{os.getpid()}.tmp"
+        temporary = f"{folder}/.{digest[2:]}.{_writer()}.tmp"
         with open(temporary, "wb") as f:
             f.write(data)
         os.replace(temporary, path)  # whole or absent: a reader never sees half an object
@@ -182,7 +188,7 @@ class Store:
     def _write_ref(self, chain: str, digest: str) -> None:
         path = self.root / "refs" / chain
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{chain}.{os.getpid()}.tmp")
+        temporary = path.with_name(f".{chain}.{_writer()}.tmp")
         temporary.write_text(digest)
         os.replace(temporary, path)
 

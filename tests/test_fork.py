@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -204,6 +205,38 @@ def test_a_runs_first_snapshot_reads_only_what_changed_since_the_workers_last_of
     restored.mkdir()
     store.restore(second, str(restored))
     assert tree(restored) == tree(workspace)
+
+
+def _write_at_once(store: Store, digest: str, data: bytes, writers: int) -> list[OSError]:
+    """`writers` threads storing one blob at the same moment; what they raised."""
+    barrier = threading.Barrier(writers)
+    failures: list[OSError] = []
+
+    def write() -> None:
+        barrier.wait()
+        try:
+            store._write_object("blobs", digest, data)
+        except OSError as e:
+            failures.append(e)
+
+    threads = [threading.Thread(target=write) for _ in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return failures
+
+
+def test_threads_writing_the_same_blob_at_once_each_write_their_own_temporary_file(tmp_path: Path) -> None:
+    """Two runs' snapshots in one worker may store the same content at once (one file in two
+    workspaces); named by process only, their temporary files were one, and a rename failed."""
+    data = os.urandom(4 << 20)
+    for trial in range(10):
+        store = Store(tmp_path / f"store{trial}")
+        digest = f"{trial:02d}" + "e" * 62
+        assert _write_at_once(store, digest, data, writers=4) == []
+        assert store.blob(digest) == data
+        assert [p.name for p in (store.root / "blobs" / digest[:2]).iterdir()] == [digest[2:]]
 
 
 def test_a_worker_with_many_runs_keeps_each_runs_latest_snapshot_warm(

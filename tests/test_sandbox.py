@@ -45,7 +45,7 @@ from activities.tools.sandbox import (
     launcher_argv,
     remove_stale_cgroups,
 )
-from activities.workspace import ROOTS_ENV, workspace_roots
+from activities.workspace import ROOTS_ENV, WorkspaceRefused, check_allowed, workspace_roots
 from durable_agent.model_server import ModelServer
 from durable_agent.runs import start_agent
 from durable_agent.server import EmbeddedServer, temporal_binary
@@ -470,6 +470,23 @@ def test_roots_come_from_the_environment_or_the_working_directory(
     monkeypatch.delenv(ROOTS_ENV)
     monkeypatch.chdir(tmp_path)
     assert workspace_roots() == [str(tmp_path)]
+
+
+@pytest.mark.parametrize("roots", [[""], ["relative"], ["/usr/"], ["/"]])
+def test_a_root_given_empty_or_relative_holds_nothing_and_none_holds_a_system_folder(
+    tmp_path: Path, roots: list[str]
+) -> None:
+    """Roots given to the activities directly (a plugin's) are not resolved as the
+    environment's are: an empty or relative one must not open every folder."""
+    for folder in (tmp_path, Path("/usr/lib"), Path("/etc")):
+        refused = folder != tmp_path or roots != ["/"]
+        if refused:
+            with pytest.raises(WorkspaceRefused):
+                check_allowed(str(folder), roots)
+        else:
+            check_allowed(str(folder), roots)
+    (tmp_path / "root").mkdir()
+    check_allowed(str(tmp_path / "root" / "."), [str(tmp_path) + "/"])  # a root's trailing slash is fine
 
 
 async def test_without_a_sandbox_commands_are_refused_unless_the_operator_says_so(

@@ -152,8 +152,13 @@ class Store:
             cached = self._latest.get(root)
         return (cached[1], cached[3]) if cached is not None else ({}, 0)
 
+    def object_path(self, kind: str, digest: str) -> str:
+        """Where the store keeps an object (`blobs` or `manifests`). A string, not a Path: a
+        snapshot asks for one per file, where building a Path cost more than its `stat`."""
+        return f"{os.fspath(self.root)}/{kind}/{digest[:2]}/{digest[2:]}"
+
     def _has_blob(self, digest: str) -> bool:
-        return os.path.exists(f"{os.fspath(self.root)}/blobs/{digest[:2]}/{digest[2:]}")
+        return os.path.exists(self.object_path("blobs", digest))
 
     def _remember(self, root: str, digest: str, files: Files, depth: int, verified_ns: int) -> None:
         with self._lock:
@@ -174,10 +179,10 @@ class Store:
         return digest, self._write_object("manifests", digest, data)
 
     def _write_object(self, kind: str, digest: str, data: bytes) -> int:
-        folder = f"{os.fspath(self.root)}/{kind}/{digest[:2]}"
-        path = f"{folder}/{digest[2:]}"
-        if os.path.exists(path):  # most blobs of a snapshot are there already: strings, not Path
+        path = self.object_path(kind, digest)
+        if os.path.exists(path):  # most blobs of a snapshot are there already
             return 0
+        folder = os.path.dirname(path)
         os.makedirs(folder, exist_ok=True)
         temporary = f"{folder}/.{digest[2:]}.{_writer()}.tmp"
         with open(temporary, "wb") as f:
@@ -195,9 +200,9 @@ class Store:
     # --- reading ------------------------------------------------------------------------
 
     def _manifest(self, digest: str) -> dict:
-        path = self.root / "manifests" / digest[:2] / digest[2:]
         try:
-            return json.loads(zlib.decompress(path.read_bytes()))
+            with open(self.object_path("manifests", digest), "rb") as f:
+                return json.loads(zlib.decompress(f.read()))
         except FileNotFoundError:
             raise SnapshotError(f"snapshot {digest[:12]} is not in the store {self.root}") from None
         except (zlib.error, ValueError) as e:
@@ -219,7 +224,8 @@ class Store:
 
     def blob(self, digest: str) -> bytes:
         try:
-            return (self.root / "blobs" / digest[:2] / digest[2:]).read_bytes()
+            with open(self.object_path("blobs", digest), "rb") as f:
+                return f.read()
         except FileNotFoundError:
             raise SnapshotError(f"file content {digest[:12]} is not in the store {self.root}") from None
 

@@ -161,8 +161,8 @@ def _inside(path: str, root: str) -> bool:
 
 def _under_resolved(real: str, folder: str) -> bool:
     """`_inside` for a path `os.path.realpath` gave and a folder as it gives them (absolute,
-    no `.`, `..` or doubled slashes): a prefix test, a twentieth of `commonpath`'s cost on
-    the check every tool call makes."""
+    no `.`, `..` or doubled slashes): a prefix test, far cheaper than `commonpath` on the
+    check every tool call makes."""
     if not folder.startswith("/"):
         return False  # a root given relative or empty holds nothing (commonpath raised)
     return real == folder or real.startswith(folder if folder.endswith("/") else folder + "/")

@@ -86,7 +86,7 @@ def _unreachable(store: Store, refs: list[Path]) -> list[Path]:
         digest: str | None = ref.read_text().strip()
         while digest and digest not in manifests:
             manifests.add(digest)
-            manifest = json.loads(zlib.decompress((store.root / "manifests" / digest[:2] / digest[2:]).read_bytes()))
+            manifest = json.loads(zlib.decompress(Path(store.object_path("manifests", digest)).read_bytes()))
             entries = manifest.get("files") or manifest.get("changes") or {}
             blobs.update(entry[-1] for entry in entries.values() if entry is not None)
             digest = manifest["parent"]

@@ -75,8 +75,8 @@ runs the code the worker compiled; any other compiles the source."""
 
 def helper_input(source: str, magic: bytes = MAGIC_NUMBER) -> bytes:
     """What the helper's loader reads: the bytecode's magic number, the length of the code,
-    the code compiled here, then the source. Compiling the helper took ~4 ms of each run's
-    start; loading its code takes ~0.05 ms."""
+    the code compiled here, then the source. Loading compiled code spares every run's sandbox
+    compiling the helper (docs/fleet.md measures it)."""
     # Not this module's `from __future__` flags, nor the worker's -O: as the sandbox would compile it.
     code = marshal.dumps(compile(source, "shell_helper.py", "exec", dont_inherit=True, optimize=0))
     return magic + len(code).to_bytes(4, "big") + code + source.encode()

@@ -39,7 +39,8 @@ async def test_an_outage_longer_than_outage_wait_s_needs_a_person(
 ) -> None:
     model_server.responder = Script([], final="back")
     model_server.down = True
-    handle = await start(client, task_queue, goal="x", workspace=str(workspace), limits={"outage_wait_s": 10})
+    # Long enough that `durable-agent status`, a new process on a loaded machine, sees the wait.
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace), limits={"outage_wait_s": 25})
     waiting = await wait_for(handle, lambda s: s.activity.startswith("waiting for the model endpoint"))
     assert waiting.state == "running"
     # The Web UI's Current Details of the run say it too.
@@ -47,7 +48,7 @@ async def test_an_outage_longer_than_outage_wait_s_needs_a_person(
     assert "waiting for the model endpoint since" in metadata.current_details, metadata.current_details
     shown = await durable_agent("status", handle.id)  # and `durable-agent status`
     assert "now: waiting for the model endpoint since" in shown.stdout, shown
-    status = await wait_for(handle, lambda s: s.state == "needs_attention", timeout_s=30)
+    status = await wait_for(handle, lambda s: s.state == "needs_attention", timeout_s=60)
     assert status.attention is not None and "limits.outage_wait_s" in status.attention.last_error, status.attention
     model_server.down = False
     await handle.execute_update("resolve", {"action": "retry"})

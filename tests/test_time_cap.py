@@ -13,13 +13,36 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
 from temporalio.worker import Worker
 
 from durable_agent.model_server import ModelServer, Reply
 from tests.helpers import host_processes_named, recorded_run_s, start, until, wait_for
 from tests.scripts import Script, tools
 from workflows.types import AgentStatus, Message
+
+
+async def after_the_cap(handle: WorkflowHandle[Any, Any], cap_s: float) -> list[str]:
+    """The run's events from its `max_duration_s` timer firing to its close (their type names),
+    checking that the timer was the cap's and ran `cap_s` at most. What the run did once its time
+    was up, in order: a loaded machine stretches the seconds between them, never their order."""
+    events = [e async for e in handle.fetch_history_events()]
+    started = [
+        e
+        for e in events
+        if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+        and b"time cap: max_duration_s" in e.user_metadata.summary.data
+    ]
+    assert len(started) == 1, started
+    assert started[0].timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds() <= cap_s
+    timer_id = started[0].timer_started_event_attributes.timer_id
+    fired = next(
+        i
+        for i, e in enumerate(events)
+        if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED and e.timer_fired_event_attributes.timer_id == timer_id
+    )
+    return [EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in events[fired + 1 :]]
 
 
 async def test_a_six_second_cap_stops_a_long_command_and_kills_it(
@@ -32,7 +55,11 @@ async def test_a_six_second_cap_stops_a_long_command_and_kills_it(
     result = await asyncio.wait_for(handle.result(), 30)
     took = await recorded_run_s(handle)
     assert result.state == "stopped" and result.stop_reason == "time_limit", result
-    assert took <= 8, f"the run took {took:.1f} s to stop at its 6 s cap"
+    assert took < 60, f"the run took {took:.1f} s to stop at its 6 s cap, as if it waited for the command"
+    # At the cap: no activity after it, the close within the workflow tasks the command's end takes.
+    after = await after_the_cap(handle, 6)
+    assert after[-1] == "WORKFLOW_EXECUTION_COMPLETED" and "ACTIVITY_TASK_SCHEDULED" not in after, after
+    assert after.count("WORKFLOW_TASK_COMPLETED") <= 2, after
     assert not host_processes_named(f"sleep {marker}"), "the command outlived the run"
     # The model's context says what became of the call: a result for it, never a dangling call.
     transcript = await handle.query("transcript", result_type=list[Message])
@@ -57,7 +84,11 @@ async def test_a_model_call_past_the_cap_is_cancelled(
     result = await asyncio.wait_for(handle.result(), 60)
     assert asked.is_set()
     assert result.state == "stopped" and result.stop_reason == "time_limit", result
-    assert await recorded_run_s(handle) <= 6
+    assert await recorded_run_s(handle) < 60  # not at the reply, two minutes in
+    # At the cap: the call abandoned, and the run closed in the first workflow task after it.
+    after = await after_the_cap(handle, 4)
+    assert after[-1] == "WORKFLOW_EXECUTION_COMPLETED" and after.count("WORKFLOW_TASK_COMPLETED") == 1, after
+    assert "ACTIVITY_TASK_CANCEL_REQUESTED" in after and "ACTIVITY_TASK_COMPLETED" not in after, after
     assert result.usage.model_calls == 0  # the reply never came: nothing charged
 
 

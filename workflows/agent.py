@@ -453,7 +453,7 @@ class AgentWorkflow(
     def _usage_now(self, now: datetime | None = None) -> Usage:
         """Usage with the time the run has run: waits for a person (paused, awaiting
         approval, needs attention) are left out; the time limit is for runaway runs."""
-        now = now or workflow.now()
+        now = now or self._now()
         waited = self._waited_s
         if self._waiting and self._wait_began is not None:
             waited += max(0.0, (now - self._wait_began).total_seconds())

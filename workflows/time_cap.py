@@ -10,19 +10,26 @@ cancelled with `WAIT_CANCELLATION_COMPLETED`, so its process tree is killed befo
 closes. Waits for a person stop the clock: the watcher then times the wait instead, and a
 timer that fires while a person was waiting just sets the next one. One timer per run and
 per change of state (a wait, `raise_limits`), not one per call.
+
+The timer firing is itself the verdict: the watcher does not read the clock again to check.
+An activation can carry the previous workflow task's time: a query that reaches a worker
+while the run's next task is scheduled, not yet started, brings that task's new events with
+it, and Core hands them to the cached run at once, at the old time. A clock check there would
+set another timer live where a replay (at the task's recorded time) stops the run: a
+nondeterminism error that leaves the run unable to replay (docs/limits.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.types import AgentResult, Message, StopReason
+    from workflows.types import AgentResult, Limits, Message, StopReason
 
 MIN_CALL_TIMEOUT = timedelta(seconds=1)
 """The shortest start-to-close a clipped call gets: a zero or negative timeout is refused."""
@@ -33,6 +40,14 @@ class TimeCap:
 
     _time_up: StopReason | None = None
     """Why the watcher cancelled the loop; None while it has not."""
+    _clock_floor: datetime | None = None
+    """The moment the watcher's last timer was set to fire, once it has fired: the time is at
+    least this, whatever an activation's clock says."""
+
+    def _now(self) -> datetime:
+        """`workflow.now()`, never before a moment a fired timer has shown past."""
+        now = workflow.now()
+        return max(now, self._clock_floor) if self._clock_floor is not None else now
 
     def _time_left_s(self) -> float:
         return self._limits.max_duration_s - self._usage_now().elapsed_s
@@ -74,23 +89,35 @@ class TimeCap:
             limits, waiting = self._limits, self._waiting > 0
             reason: StopReason = "wait_limit" if waiting else "time_limit"
             left = self._wait_left_s() if waiting else self._time_left_s()
-            if left <= 0:
+            if left <= 0 or await self._timer_fired(left, limits, waiting):
                 self._time_up = reason
                 self._doing = f"stopping: {reason}"
                 loop.cancel()
                 return
-            try:
-                await workflow.wait_condition(
-                    lambda: self._limits is not limits or (self._waiting > 0) != waiting,  # noqa: B023
-                    timeout=timedelta(seconds=left),
-                    timeout_summary=f"time cap: {'max_wait_s' if waiting else 'max_duration_s'}",
-                )
-            except TimeoutError:
-                pass
+
+    async def _timer_fired(self, left_s: float, limits: Limits, waiting: bool) -> bool:
+        """Waits `left_s`, or until the limits or the waiting change: True when the timer fired
+        with neither changed (the time is up), False when the watcher must look again."""
+        fires_at = self._now() + timedelta(seconds=left_s)
+
+        def changed() -> bool:
+            return self._limits is not limits or (self._waiting > 0) != waiting
+
+        try:
+            await workflow.wait_condition(
+                changed,
+                timeout=timedelta(seconds=left_s),
+                timeout_summary=f"time cap: {'max_wait_s' if waiting else 'max_duration_s'}",
+            )
+        except TimeoutError:
+            self._clock_floor = max(fires_at, self._clock_floor or fires_at)
+            return not changed()
+        return False
 
     def _wait_left_s(self) -> float:
-        began = self._wait_began or workflow.now()
-        return self._limits.max_wait_s - (workflow.now() - began).total_seconds()
+        now = self._now()
+        began = self._wait_began or now
+        return self._limits.max_wait_s - (now - began).total_seconds()
 
     def _answer_open_calls(self, reason: StopReason) -> None:
         """Tool calls the cancel cut short get a result: the API wants one per call, and a

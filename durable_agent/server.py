@@ -103,6 +103,12 @@ class EmbeddedServer:
             self.process.wait()
 
 
+PORT_RACE_ATTEMPTS = 3
+"""Launches of the server when one exits on a port taken while it started: the server picks
+its HTTP API port as a random free one, which another process can bind first (seen with
+several test servers starting at once). Our own `port` must still be free to try again."""
+
+
 def start_server(
     home: Path,
     port: int = DEFAULT_PORT,
@@ -134,21 +140,32 @@ def start_server(
     for key, value in DYNAMIC_CONFIG.items():
         args += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]  # values are JSON
     args += extra_args or []
-    with open(os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log:
-        # umask 077: the database holds every run's history, in clear without a key.
-        process = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, umask=0o077
+    for attempt in range(1, PORT_RACE_ATTEMPTS + 1):
+        process = _launch(args, log_file)
+        server = EmbeddedServer(
+            process=process,
+            address=f"127.0.0.1:{port}",
+            ui_url=f"http://127.0.0.1:{ui_port}" if ui_port is not None else None,
+            db_file=db_file,
+            log_file=log_file,
         )
-    server = EmbeddedServer(
-        process=process,
-        address=f"127.0.0.1:{port}",
-        ui_url=f"http://127.0.0.1:{ui_port}" if ui_port is not None else None,
-        db_file=db_file,
-        log_file=log_file,
-    )
-    _wait_ready(server, ready_timeout_s)
+        try:
+            _wait_ready(server, ready_timeout_s)
+            break
+        except ServerError as e:
+            lost_a_race = "address already in use" in str(e) and not port_open("127.0.0.1", port)
+            if not lost_a_race or attempt == PORT_RACE_ATTEMPTS:
+                raise
     _record(home, port, ui_port, process.pid)
     return server
+
+
+def _launch(args: list[str], log_file: Path) -> subprocess.Popen[bytes]:
+    with open(os.open(log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log:
+        # umask 077: the database holds every run's history, in clear without a key.
+        return subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, umask=0o077
+        )
 
 
 def _record(home: Path, port: int, ui_port: int | None, pid: int) -> None:

@@ -167,6 +167,9 @@ class _Watched(TimeCap):
     def _usage_now(self) -> Usage:
         return Usage(elapsed_s=(self._now() - self._started_at).total_seconds())
 
+    def _patched(self, patch: str) -> bool:
+        return True  # a run started on this code
+
 
 async def test_the_cap_timer_firing_stops_the_run_whatever_the_activation_clock_says(
     monkeypatch: pytest.MonkeyPatch,
@@ -192,3 +195,41 @@ async def test_the_cap_timer_firing_stops_the_run_whatever_the_activation_clock_
     assert timers == [timedelta(seconds=3.97)]
     # What the run reports as its time: at least the cap it was stopped at.
     assert run._usage_now().elapsed_s >= 4
+
+
+async def test_a_wait_that_began_as_the_cap_fired_does_not_outlive_it_but_new_limits_do(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cap's timer and a model call's failure in one activation: the loop asks a person
+    (a wait, which stops the clock) before the watcher runs. The time was up first: the run
+    stops, it does not wait up to `max_wait_s` (seen under load: a 7-day timer after the cap's).
+    New limits in that activation are a person's word, and the watcher looks again."""
+    began = datetime(2026, 1, 1, tzinfo=UTC)
+    monkeypatch.setattr(time_cap.workflow, "now", lambda: began + timedelta(seconds=4))
+    run = _Watched(began, max_duration_s=4.5)
+    timers: list[timedelta] = []
+
+    async def fires_as_a_wait_begins(condition: Any, *, timeout: timedelta, timeout_summary: str) -> None:
+        timers.append(timeout)
+        run._waiting += 1
+        raise TimeoutError
+
+    monkeypatch.setattr(time_cap.workflow, "wait_condition", fires_as_a_wait_begins)
+    loop = asyncio.get_running_loop().create_future()
+    await run._watch_clock(loop)
+    assert loop.cancelled() and run._time_up == "time_limit" and len(timers) == 1
+
+    run = _Watched(began, max_duration_s=4.5)
+    timers.clear()
+
+    async def fires_as_limits_are_raised(condition: Any, *, timeout: timedelta, timeout_summary: str) -> None:
+        timers.append(timeout)
+        if len(timers) == 1:
+            run._limits = Limits(max_duration_s=4.75)
+        raise TimeoutError
+
+    monkeypatch.setattr(time_cap.workflow, "wait_condition", fires_as_limits_are_raised)
+    loop = asyncio.get_running_loop().create_future()
+    await run._watch_clock(loop)
+    assert loop.cancelled() and run._time_up == "time_limit"
+    assert timers == [timedelta(seconds=0.5), timedelta(seconds=0.25)]  # the second from the new limits

@@ -293,6 +293,11 @@ where nothing runs between them and the run has no host."""
 BASELINE_8_PATCH = "baseline-8"
 """Baseline 7's patches and the one added since; runs started on this code record only it."""
 BASELINE_8_PATCHES = BASELINE_7_PATCHES | {OPEN_RUN_PATCH}
+CAP_FIRED_FIRST_PATCH = "cap-fired-first"
+"""`workflow.patched` id, asked only when the cap's timer fires in the activation where a wait
+for a person begins or ends: runs recorded before it timed the new state (a 7-day `max_wait_s`
+timer after the cap's); since, the time is up (workflows/time_cap.py). Checked on its own, so
+only runs that meet the case record it."""
 BASELINES = (
     (BASELINE_8_PATCH, BASELINE_8_PATCHES),
     (BASELINE_7_PATCH, BASELINE_7_PATCHES),

@@ -7,11 +7,12 @@ command's own timeout and a model call's start-to-close are clipped to the time 
 one watcher per run races the loop: a timer to the moment the time is up, which cancels the
 loop wherever it is. Its running activities are cancelled with it; `run_command` is
 cancelled with `WAIT_CANCELLATION_COMPLETED`, so its process tree is killed before the run
-closes. Waits for a person stop the clock: the watcher then times the wait instead, and a
-timer that fires while a person was waiting just sets the next one. One timer per run and
-per change of state (a wait, `raise_limits`), not one per call.
+closes. Waits for a person stop the clock: the watcher then times the wait instead. One
+timer per run and per change of state (a wait, `raise_limits`), not one per call.
 
-The timer firing is itself the verdict: the watcher does not read the clock again to check.
+The timer firing is itself the verdict: the watcher does not read the clock again to check,
+and a wait that began in the same activation (the loop asking a person about a failure that
+arrived with the firing) began after the time was up. Only new limits make it look again.
 An activation can carry the previous workflow task's time: a query that reaches a worker
 while the run's next task is scheduled, not yet started, brings that task's new events with
 it, and Core hands them to the cached run at once, at the old time. A clock check there would
@@ -29,6 +30,7 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from workflows import options
     from workflows.types import AgentResult, Limits, Message, StopReason
 
 MIN_CALL_TIMEOUT = timedelta(seconds=1)
@@ -97,21 +99,21 @@ class TimeCap:
 
     async def _timer_fired(self, left_s: float, limits: Limits, waiting: bool) -> bool:
         """Waits `left_s`, or until the limits or the waiting change: True when the timer fired
-        with neither changed (the time is up), False when the watcher must look again."""
+        under the same limits (the time is up), False when the watcher must look again."""
         fires_at = self._now() + timedelta(seconds=left_s)
-
-        def changed() -> bool:
-            return self._limits is not limits or (self._waiting > 0) != waiting
-
         try:
             await workflow.wait_condition(
-                changed,
+                lambda: self._limits is not limits or (self._waiting > 0) != waiting,
                 timeout=timedelta(seconds=left_s),
                 timeout_summary=f"time cap: {'max_wait_s' if waiting else 'max_duration_s'}",
             )
         except TimeoutError:
             self._clock_floor = max(fires_at, self._clock_floor or fires_at)
-            return not changed()
+            if self._limits is not limits:
+                return False
+            if (self._waiting > 0) != waiting:
+                return self._patched(options.CAP_FIRED_FIRST_PATCH)
+            return True
         return False
 
     def _wait_left_s(self) -> float:

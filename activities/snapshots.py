@@ -140,7 +140,7 @@ class Store:
             return ("", {}, 0, 0)
         if cached is not None and cached[0] == previous:
             return cached
-        manifest = self._manifest(previous)
+        manifest = self.manifest(previous)
         return (previous, self.files(previous), int(manifest["depth"]), int(manifest.get("verified_ns", 0)))
 
     def _stat_hints(self, root: str) -> tuple[Files, int]:
@@ -199,7 +199,8 @@ class Store:
 
     # --- reading ------------------------------------------------------------------------
 
-    def _manifest(self, digest: str) -> dict:
+    def manifest(self, digest: str) -> dict:
+        """A snapshot's manifest, decoded: what `durable-agent gc` walks too."""
         try:
             with open(self.object_path("manifests", digest), "rb") as f:
                 return json.loads(zlib.decompress(f.read()))
@@ -210,9 +211,9 @@ class Store:
 
     def files(self, digest: str) -> Files:
         """Every file of a snapshot: its base, then each delta after it, applied in order."""
-        chain = [self._manifest(digest)]
+        chain = [self.manifest(digest)]
         while "files" not in chain[-1]:
-            chain.append(self._manifest(chain[-1]["parent"]))
+            chain.append(self.manifest(chain[-1]["parent"]))
         files = dict(chain.pop()["files"])
         for manifest in reversed(chain):
             for path, entry in manifest["changes"].items():

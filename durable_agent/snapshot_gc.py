@@ -10,11 +10,9 @@ blobs before the manifest and ref that will reach them.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
-import zlib
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -86,7 +84,7 @@ def _unreachable(store: Store, refs: list[Path]) -> list[Path]:
         digest: str | None = ref.read_text().strip()
         while digest and digest not in manifests:
             manifests.add(digest)
-            manifest = json.loads(zlib.decompress(Path(store.object_path("manifests", digest)).read_bytes()))
+            manifest = store.manifest(digest)
             entries = manifest.get("files") or manifest.get("changes") or {}
             blobs.update(entry[-1] for entry in entries.values() if entry is not None)
             digest = manifest["parent"]

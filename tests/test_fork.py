@@ -200,7 +200,7 @@ def test_a_runs_first_snapshot_reads_only_what_changed_since_the_workers_last_of
     second, _ = store.take(str(workspace), None, chain="run-b")
 
     assert sorted(hashed) == ["f3.txt", "f5.txt"]
-    assert store._manifest(second)["parent"] is None and store._manifest(second)["depth"] == 0
+    assert store.manifest(second)["parent"] is None and store.manifest(second)["depth"] == 0
     restored = tmp_path / "restored"
     restored.mkdir()
     store.restore(second, str(restored))
@@ -246,14 +246,14 @@ def test_a_worker_with_many_runs_keeps_each_runs_latest_snapshot_warm(
     file entries, not a number of workspaces); past CACHED_FILES the least recent goes first."""
     store = Store(tmp_path / "store")
     manifests_read = 0
-    read_manifest = store._manifest
+    read_manifest = store.manifest
 
     def counted(digest: str) -> dict:
         nonlocal manifests_read
         manifests_read += 1
         return read_manifest(digest)
 
-    monkeypatch.setattr(store, "_manifest", counted)
+    monkeypatch.setattr(store, "manifest", counted)
     workspaces = [tmp_path / f"ws{n}" for n in range(100)]
     latest = {}
     for workspace in workspaces:

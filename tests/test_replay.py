@@ -46,7 +46,10 @@ async def test_committed_histories_replay(path: Path) -> None:
     # agent_run_snapshot_with_tools.json takes steps' snapshots in their last calls (baseline-6);
     # agent_run_file_calls_with_command.json runs a step's file calls inside its command's
     # activity (baseline-7, `python -m tests.record_history --riding`); agent_run_open_run.json
-    # opens with one `open_run`: the check, step 0's snapshot and a skill (baseline-8, `--opening`).
+    # opens with one `open_run`: the check, step 0's snapshot and a skill (baseline-8, `--opening`);
+    # agent_run_cap_then_wait.json, recorded before `cap-fired-first` on a loaded machine: its
+    # 4 s cap fired with the model call's failure, and it went on to wait for a person (a 7-day
+    # max_wait_s timer) where a run on this code stops (docs/limits.md).
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     assert await replay_failure(history) is None
 

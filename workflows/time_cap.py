@@ -108,7 +108,7 @@ class TimeCap:
                 timeout_summary=f"time cap: {'max_wait_s' if waiting else 'max_duration_s'}",
             )
         except TimeoutError:
-            self._clock_floor = max(fires_at, self._clock_floor or fires_at)
+            self._clock_floor = fires_at  # later than any floor before: `_now()` includes it
             if self._limits is not limits:
                 return False
             if (self._waiting > 0) != waiting:

@@ -28,9 +28,11 @@ from workflows.types import AgentStatus, Limits, Message, Usage
 
 
 async def after_the_cap(handle: WorkflowHandle[Any, Any], cap_s: float) -> list[str]:
-    """The run's events from its `max_duration_s` timer firing to its close (their type names),
-    checking that the timer was the cap's and ran `cap_s` at most. What the run did once its time
-    was up, in order: a loaded machine stretches the seconds between them, never their order."""
+    """The run's events from the moment its time was up to its close (their type names),
+    checking that the `max_duration_s` timer was the cap's and ran `cap_s` at most. That moment is
+    the timer firing; or, when a call clipped to the time left ended at the cap first and the
+    check before the next step stopped the run, the start of the task that cancelled the timer.
+    What the run did then, in order: a loaded machine stretches the seconds between, never the order."""
     events = [e async for e in handle.fetch_history_events()]
     started = [
         e
@@ -41,12 +43,15 @@ async def after_the_cap(handle: WorkflowHandle[Any, Any], cap_s: float) -> list[
     assert len(started) == 1, started
     assert started[0].timer_started_event_attributes.start_to_fire_timeout.ToTimedelta().total_seconds() <= cap_s
     timer_id = started[0].timer_started_event_attributes.timer_id
-    fired = next(
+    ends = {EventType.EVENT_TYPE_TIMER_FIRED: "timer_fired", EventType.EVENT_TYPE_TIMER_CANCELED: "timer_canceled"}
+    up = next(
         i
         for i, e in enumerate(events)
-        if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED and e.timer_fired_event_attributes.timer_id == timer_id
+        if e.event_type in ends and getattr(e, f"{ends[e.event_type]}_event_attributes").timer_id == timer_id
     )
-    return [EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in events[fired + 1 :]]
+    if events[up].event_type == EventType.EVENT_TYPE_TIMER_CANCELED:
+        up = max(i for i in range(up) if events[i].event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED)
+    return [EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in events[up + 1 :]]
 
 
 def started_after_the_cap(after: list[str]) -> list[str]:

@@ -18,6 +18,7 @@ from temporalio.client import WorkflowHandle, WorkflowQueryFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
+from durable_agent.activation_guard import STALE_ACTIVATION
 from workflows.context_handoff import MODEL_CONTEXT_QUERY, context_ref
 from workflows.types import ModelContext, ModelContextRef, ModelContextRequest
 
@@ -76,14 +77,17 @@ async def _query_page(handle: WorkflowHandle[Any, Any], request: ModelContextReq
         try:
             return await handle.query(MODEL_CONTEXT_QUERY, request, result_type=ModelContext)
         except WorkflowQueryFailedError as e:
-            # The run holds another call's context: this attempt is stale and cannot succeed.
-            stale = f"the run no longer waits for this call: {e}"
-            raise ApplicationError(stale, type="StaleContext", non_retryable=True) from e
+            if STALE_ACTIVATION not in str(e):
+                # The run holds another call's context: this attempt is stale and cannot succeed.
+                stale = f"the run no longer waits for this call: {e}"
+                raise ApplicationError(stale, type="StaleContext", non_retryable=True) from e
+            unanswered: Exception = e  # the worker refused to answer from a stale activation, and replays the run
         except RPCError as e:
-            if time.monotonic() + wait_s > deadline:
-                raise ApplicationError(
-                    f"could not read the context from the run: {e}", type="ContextUnavailable"
-                ) from e
-            activity.logger.info("the run's context is not readable yet (%s); asking again in %g s", e, wait_s)
+            unanswered = e
+        if time.monotonic() + wait_s > deadline:
+            raise ApplicationError(
+                f"could not read the context from the run: {unanswered}", type="ContextUnavailable"
+            ) from unanswered
+        activity.logger.info("the run's context is not readable yet (%s); asking again in %g s", unanswered, wait_s)
         await asyncio.sleep(wait_s)
         wait_s = min(wait_s * 2, 10.0)

@@ -26,6 +26,7 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -811,6 +812,8 @@ async def export_run(args: argparse.Namespace, console: Console) -> int:
     except RPCError as e:
         message = f"no worker answered the run's queries ({e.message}); start one with `durable-agent worker`"
         raise CliError(message) from None
+    except WorkflowQueryFailedError as e:
+        raise CliError(f"the run's worker did not answer its queries ({e}); ask again") from None
     except HistoryError as e:
         raise CliError(str(e)) from None
     # Redacted again with this machine's secrets: runs recorded before redaction existed.

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from temporalio.api.enums.v1 import TaskQueueType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
-from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFailedError
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowQueryFailedError, WorkflowUpdateFailedError
 from temporalio.service import RPCError
 
 from activities.snapshots import STORE_ENV
@@ -131,7 +131,7 @@ async def _status(client: Client, run_id: str) -> AgentStatus | None:
     try:
         handle = client.get_workflow_handle(run_id)
         return await asyncio.wait_for(handle.query("status", result_type=AgentStatus), 5)
-    except (RPCError, TimeoutError):
+    except (RPCError, WorkflowQueryFailedError, TimeoutError):
         return None
 
 

@@ -6,7 +6,8 @@
 On the client: the data converter (pydantic JSON, compressed, encrypted with
 `DURABLE_AGENT_ENCRYPTION_KEY` when set) and the tracing interceptors. On each worker:
 `AgentWorkflow`, its activities (the model call, the built-in tools, the archive, the
-skills, the cleanup, `tool_catalog`, the MCP calls), the metrics and redaction interceptors, and, while the
+skills, the cleanup, `tool_catalog`, the MCP calls), the metrics and redaction interceptors, the
+workflow runner behind the stale-activation guard (durable_agent/activation_guard.py), and, while the
 worker runs, one activity worker per given tool on the tool's own task queue
 (durable_agent/tools.py). With a host name (`DURABLE_AGENT_HOST`), one more activity worker
 polls the host's own queue for the activities of runs pinned to it (workflows/hosts.py).
@@ -26,7 +27,7 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.converter import DataConverter
 from temporalio.plugin import SimplePlugin
-from temporalio.worker import Interceptor, Worker, WorkerConfig
+from temporalio.worker import Interceptor, UnsandboxedWorkflowRunner, Worker, WorkerConfig
 
 from activities import model_context
 from activities.agents import AgentActivities
@@ -45,6 +46,7 @@ from activities.stopped import StoppedAttemptInterceptor
 from activities.tools import ToolActivities
 from activities.user_tools import UserToolActivities, redact_tool_outcome
 from durable_agent import telemetry
+from durable_agent.activation_guard import guarded
 from durable_agent.codecs import EncryptionKeys
 from durable_agent.connection import data_converter
 from durable_agent.metrics import MetricsInterceptor
@@ -125,6 +127,10 @@ class DurableAgentPlugin(SimplePlugin):
         )
         # The host check outermost, whatever the interceptors: a local try on the wrong host never runs.
         config["interceptors"] = [HostCheckInterceptor(self.host), *(config.get("interceptors") or []), *ours_around]
+        config["workflow_runner"] = guarded(config.get("workflow_runner"))
+        config["unsandboxed_workflow_runner"] = guarded(
+            config.get("unsandboxed_workflow_runner"), default=UnsandboxedWorkflowRunner
+        )
         self._configured[queue] = config
         return config
 

@@ -138,7 +138,8 @@ async def test_every_runner_of_an_agent_worker_is_guarded_and_stays_guarded(clie
 
 @workflow.defn
 class Gate:
-    """Waits for `open`; the count of queries it answered is its result."""
+    """Waits for `open`, with no timer or activity pending meanwhile: a query then goes to the
+    worker as a legacy query task."""
 
     def __init__(self) -> None:
         self.opened = False

@@ -13,11 +13,12 @@ timer per run and per change of state (a wait, `raise_limits`), not one per call
 The timer firing is itself the verdict: the watcher does not read the clock again to check,
 and a wait that began in the same activation (the loop asking a person about a failure that
 arrived with the firing) began after the time was up. Only new limits make it look again.
-An activation can carry the previous workflow task's time: a query that reaches a worker
-while the run's next task is scheduled, not yet started, brings that task's new events with
-it, and Core hands them to the cached run at once, at the old time. A clock check there would
-set another timer live where a replay (at the task's recorded time) stops the run: a
-nondeterminism error that leaves the run unable to replay (docs/limits.md).
+An activation can carry the previous workflow task's time: a legacy query task can bring the
+events recorded since the run's last task, and Core hands them to the cached run at once, at
+the old time. A clock check there would set another timer live where a replay (at the task's
+recorded time) stops the run: a nondeterminism error that leaves the run unable to replay.
+The worker refuses such activations (durable_agent/activation_guard.py, docs/limits.md); the
+watcher does not rely on it, for the case the guard cannot see.
 """
 
 from __future__ import annotations

@@ -158,11 +158,10 @@ class McpSession:
         self._task = asyncio.create_task(self._serve(ready), name=f"mcp-{self.name}")
         try:
             await asyncio.wait_for(asyncio.shield(ready), START_TIMEOUT_S)
-        except TimeoutError:
-            await self.close()
-            raise McpUnavailable(f"MCP server {self.name} did not answer within {START_TIMEOUT_S:g} s") from None
-        except McpUnavailable:
-            await self.close()
+        except BaseException as e:
+            await self.close()  # a start that fails, times out or is cancelled leaves no server behind
+            if isinstance(e, TimeoutError):
+                raise McpUnavailable(f"MCP server {self.name} did not answer within {START_TIMEOUT_S:g} s") from None
             raise
 
     async def _serve(self, ready: asyncio.Future[None]) -> None:
@@ -206,6 +205,8 @@ class McpSession:
 
     async def close(self) -> None:
         self._stop.set()
+        if self._task is not None and self.session is None:
+            self._task.cancel()  # still starting: it waits on the server, not on `_stop`
         if self._task is not None:
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(self._task, 15)
@@ -224,26 +225,49 @@ class SessionPool:
         self.idle_s = idle_s
         self.starts = 0
         self._sessions: dict[tuple[str, str], McpSession] = {}
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._starting: dict[tuple[str, str], asyncio.Task[McpSession]] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
 
     async def get(self, run: str, name: str, server: McpServer, workspace: str) -> McpSession:
-        """The run's live session with the server, started (again) if there is none."""
+        """The run's live session with the server, started (again) if there is none.
+
+        The start belongs to the pool, not to the caller: an activity cancelled while its server
+        starts (its run left the worker's cache when a workflow task failed, which cancels the
+        run's local activities) leaves the start going, and the attempt that follows takes that
+        session, so the server still starts once."""
         key = (run, name)
-        async with self._locks.setdefault(key, asyncio.Lock()):
-            session = self._sessions.get(key)
-            if session is not None and session.alive():
-                return session
-            if session is not None:
-                await session.close()
-            session = McpSession(name, server, workspace)
-            await session.open()
-            self._sessions[key] = session
-            self.starts += 1
-            logger.info("MCP server %s started for run %s (%d starts on this worker)", name, run, self.starts)
-            self._reap_later()
+        session = self._sessions.get(key)
+        if session is not None and session.alive():
             return session
+        starting = self._starting.get(key)
+        if starting is None:
+            starting = self._starting[key] = asyncio.create_task(self._start(key, server, workspace))
+            starting.add_done_callback(lambda task: self._started(key, task))
+        try:
+            return await asyncio.shield(starting)
+        except asyncio.CancelledError:
+            if starting.cancelled() and not asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise McpUnavailable(f"MCP server {name} was stopped while starting: its run closed") from None
+            raise
+
+    async def _start(self, key: tuple[str, str], server: McpServer, workspace: str) -> McpSession:
+        stale = self._sessions.pop(key, None)
+        if stale is not None:
+            await stale.close()
+        session = McpSession(key[1], server, workspace)
+        await session.open()
+        self._sessions[key] = session
+        self.starts += 1
+        logger.info("MCP server %s started for run %s (%d starts on this worker)", key[1], key[0], self.starts)
+        self._reap_later()
+        return session
+
+    def _started(self, key: tuple[str, str], task: asyncio.Task[McpSession]) -> None:
+        if self._starting.get(key) is task:
+            del self._starting[key]
+        if not task.cancelled():
+            task.exception()  # retrieved here: its callers may all have been cancelled
 
     async def discard(self, run: str, name: str) -> None:
         """A dead or hung session goes; the run's next call starts a new one."""
@@ -253,7 +277,11 @@ class SessionPool:
 
     def close_run(self, run: str) -> int:
         """The run's sessions stop in the background: a server's shutdown (its stdin closed, a
-        wait for its exit) takes a second or two, which the run's close need not wait for."""
+        wait for its exit) takes a second or two, which the run's close need not wait for.
+        A server still starting for the run (for an attempt cancelled meanwhile) is stopped too."""
+        for key, starting in list(self._starting.items()):
+            if key[0] == run:
+                starting.cancel()
         names = [name for (r, name) in self._sessions if r == run]
         for name in names:
             task = asyncio.create_task(self.discard(run, name))
@@ -262,6 +290,10 @@ class SessionPool:
         return len(names)
 
     async def close_all(self) -> None:
+        starting = list(self._starting.values())
+        for task in starting:
+            task.cancel()
+        await asyncio.gather(*starting, return_exceptions=True)
         for run, name in list(self._sessions):
             await self.discard(run, name)
         await asyncio.gather(*self._closing, return_exceptions=True)

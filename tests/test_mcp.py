@@ -649,3 +649,31 @@ def test_the_sdk_is_imported_off_the_event_loop() -> None:
     assert done.returncode == 0, done.stderr
     longest_gap, import_s = map(float, done.stdout.split())
     assert longest_gap < import_s / 4, (longest_gap, import_s)
+
+
+async def test_a_start_outlives_its_cancelled_caller_and_serves_the_next_attempt(workspace: Path) -> None:
+    """A catalog's local activity is cancelled when its run leaves the worker's cache (a workflow
+    task that failed or timed out); the attempt that follows takes the server it was starting."""
+    pool = SessionPool()
+    first = asyncio.create_task(pool.get("run", "fx", McpServer(**fixture()), str(workspace)))
+    await until(lambda: host_processes_named(str(workspace)) != [])
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    session = await pool.get("run", "fx", McpServer(**fixture()), str(workspace))
+    assert rendered(await session.client().call_tool("echo", {"text": "x"})) == "echo: x"
+    assert pool.starts == 1 and starts(workspace) == 1
+    await pool.close_all()
+    assert host_processes_named(str(workspace)) == []
+
+
+async def test_the_runs_close_stops_a_server_still_starting(workspace: Path) -> None:
+    pool = SessionPool()
+    mute = McpServer(command=sys.executable, args=["-c", "import time; time.sleep(3600)"])
+    waiting = asyncio.create_task(pool.get("run", "mute", mute, str(workspace)))
+    await until(lambda: host_processes_named(str(workspace)) != [])
+    assert pool.close_run("run") == 0  # no session yet: only its start
+    with pytest.raises(McpUnavailable, match="stopped while starting: its run closed"):
+        await waiting
+    await until(lambda: host_processes_named(str(workspace)) == [], within_s=30)
+    assert pool.starts == 0

@@ -46,6 +46,7 @@ from activities.tools.seccomp import filter_file
 # import time of every `durable-agent` command and of a worker's start (~1 s of CPU), and
 # only runs with MCP servers use it.
 if TYPE_CHECKING:
+    import anyio
     from mcp import ClientSession, StdioServerParameters
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,12 @@ START_TIMEOUT_S = 60.0
 """Start and handshake of a server: a sandboxed Python server imports `mcp` first (~1 s idle)."""
 SERVER_LIMITS = CommandLimits(cpu_s=24 * 3600)
 """A command's limits, but CPU time for a server living as long as its run."""
+
+
+CLOSE_WAIT_S = 15.0
+"""How long a close waits for its server to end (the SDK's shutdown takes at most ~6 s)."""
+_SERVING: set[asyncio.Task[None]] = set()
+"""Every session's task until it ends: the event loop keeps only weak references to tasks."""
 
 
 class McpUnavailable(Exception):
@@ -151,11 +158,15 @@ class McpSession:
         self.last_used = time.monotonic()
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._handshake: anyio.CancelScope | None = None
 
     async def open(self) -> None:
         await import_mcp_sdk()
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        ready.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen, if this caller left
         self._task = asyncio.create_task(self._serve(ready), name=f"mcp-{self.name}")
+        _SERVING.add(self._task)
+        self._task.add_done_callback(_SERVING.discard)
         try:
             await asyncio.wait_for(asyncio.shield(ready), START_TIMEOUT_S)
         except BaseException as e:
@@ -165,12 +176,21 @@ class McpSession:
             raise
 
     async def _serve(self, ready: asyncio.Future[None]) -> None:
+        """The session's life. It is never cancelled as a task: a cancel during the spawn kills
+        only the outer bubblewrap and leaves the sandbox inside it running, and a second cancel
+        aborts the SDK's shutdown (its shields hold against anyio's cancellation, not asyncio's).
+        A stop is `_stop`, seen once connected, and interrupts the handshake through its scope."""
+        import anyio  # with the SDK, which is imported by now
+
         try:
             async with self._connected() as session:
-                await session.initialize()
-                self.session = session
-                ready.set_result(None)
-                await self._stop.wait()
+                with anyio.CancelScope() as self._handshake:
+                    if not self._stop.is_set():
+                        await session.initialize()
+                if not self._stop.is_set():
+                    self.session = session
+                    ready.set_result(None)
+                    await self._stop.wait()
         except Exception as e:  # noqa: BLE001 - any failure to start is the server's, told whole
             if not ready.done():
                 where = " (its stderr is in the worker's)" if self.server.stdio else ""
@@ -179,6 +199,9 @@ class McpSession:
                 logger.info("MCP server %s ended: %s", self.name, reason_of(e))
         finally:
             self.session = None
+            self._handshake = None
+            if not ready.done():
+                ready.set_exception(McpUnavailable(f"MCP server {self.name} was stopped while starting"))
 
     @contextlib.asynccontextmanager
     async def _connected(self) -> AsyncIterator[ClientSession]:
@@ -204,12 +227,14 @@ class McpSession:
         return self.session is not None and self._task is not None and not self._task.done()
 
     async def close(self) -> None:
+        """Stops the server and waits for its end (the SDK's shutdown: stdin closed, a grace,
+        then the process tree killed), at most CLOSE_WAIT_S. A cancel of the caller cuts the
+        wait short, never the stop."""
         self._stop.set()
-        if self._task is not None and self.session is None:
-            self._task.cancel()  # still starting: it waits on the server, not on `_stop`
-        if self._task is not None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(self._task, 15)
+        if self._handshake is not None:
+            self._handshake.cancel()
+        if self._task is not None and not self._task.done():
+            await asyncio.wait({self._task}, timeout=CLOSE_WAIT_S)
 
     def client(self) -> ClientSession:
         if self.session is None:
@@ -257,6 +282,10 @@ class SessionPool:
             await stale.close()
         session = McpSession(key[1], server, workspace)
         await session.open()
+        if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+            # Stopped as the handshake ended: 3.11's `wait_for` returned the result and kept the cancel.
+            await session.close()
+            raise asyncio.CancelledError
         self._sessions[key] = session
         self.starts += 1
         logger.info("MCP server %s started for run %s (%d starts on this worker)", key[1], key[0], self.starts)

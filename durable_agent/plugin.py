@@ -143,6 +143,9 @@ class DurableAgentPlugin(SimplePlugin):
             return
         tools = self._tool_activities.get(config["task_queue"])  # type: ignore[typeddict-item]
         async with AsyncExitStack() as stack:
+            if tools is not None and tools.mcp is not None:
+                # Pushed first, so run last: after the host's and the tools' workers, which may start servers, stopped.
+                stack.push_async_callback(tools.mcp.pool.close_all)
             for queue, activities in (tools.queues(self.host) if tools else {}).items():
                 worker_of_tool = tool_worker(config["client"], queue, activities, config.get("identity"))  # type: ignore[typeddict-item]
                 await stack.enter_async_context(worker_of_tool)
@@ -150,7 +153,6 @@ class DurableAgentPlugin(SimplePlugin):
                 ours = self._configured.get(config["task_queue"], config)  # type: ignore[typeddict-item]
                 await stack.enter_async_context(self._host_worker({**config, **ours}))
             if tools is not None and tools.mcp is not None:
-                stack.push_async_callback(tools.mcp.pool.close_all)  # the MCP servers end with the worker
                 warming = asyncio.create_task(tools.mcp.warm_up())
                 warming.add_done_callback(_seen)  # a failed import fails the first MCP call, told there
                 stack.callback(warming.cancel)

@@ -30,6 +30,7 @@ from durable_agent.server import EmbeddedServer, free_port
 from tests.helpers import host_processes_named, retried_attempts, stalled, start, until, wait_for
 from tests.scripts import Script, answer, tool_results, tools
 from tests.test_crash import worker_env
+from tests.test_replay import replayer
 from worker import build_worker
 from workflows import options
 
@@ -651,17 +652,23 @@ def test_the_sdk_is_imported_off_the_event_loop() -> None:
     assert longest_gap < import_s / 4, (longest_gap, import_s)
 
 
+MUTE = McpServer(command=sys.executable, args=["-c", "import time; time.sleep(3600)"])
+"""A server that never answers the handshake."""
+
+
 async def test_a_start_outlives_its_cancelled_caller_and_serves_the_next_attempt(workspace: Path) -> None:
     """A catalog's local activity is cancelled when its run leaves the worker's cache (a workflow
     task that failed or timed out); the attempt that follows takes the server it was starting."""
     pool = SessionPool()
     first = asyncio.create_task(pool.get("run", "fx", McpServer(**fixture()), str(workspace)))
     await until(lambda: host_processes_named(str(workspace)) != [])
+    starting = host_processes_named(str(workspace))
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first
     session = await pool.get("run", "fx", McpServer(**fixture()), str(workspace))
     assert rendered(await session.client().call_tool("echo", {"text": "x"})) == "echo: x"
+    assert host_processes_named(str(workspace)) == starting  # the same processes serve it
     assert pool.starts == 1 and starts(workspace) == 1
     await pool.close_all()
     assert host_processes_named(str(workspace)) == []
@@ -669,11 +676,74 @@ async def test_a_start_outlives_its_cancelled_caller_and_serves_the_next_attempt
 
 async def test_the_runs_close_stops_a_server_still_starting(workspace: Path) -> None:
     pool = SessionPool()
-    mute = McpServer(command=sys.executable, args=["-c", "import time; time.sleep(3600)"])
-    waiting = asyncio.create_task(pool.get("run", "mute", mute, str(workspace)))
+    waiting = asyncio.create_task(pool.get("run", "mute", MUTE, str(workspace)))
     await until(lambda: host_processes_named(str(workspace)) != [])
     assert pool.close_run("run") == 0  # no session yet: only its start
     with pytest.raises(McpUnavailable, match="stopped while starting: its run closed"):
         await waiting
-    await until(lambda: host_processes_named(str(workspace)) == [], within_s=30)
+    assert host_processes_named(str(workspace)) == []  # stopped before the caller was told
     assert pool.starts == 0
+
+
+@pytest.mark.parametrize("second", ["close_run", "close_all"])
+async def test_a_second_stop_of_a_stopping_start_still_stops_it(workspace: Path, second: str) -> None:
+    """`mcp_close` runs again when its workflow task is retried, and a worker may stop just
+    after a run's close: a second stop must neither hang nor cut the first one short."""
+    pool = SessionPool()
+    waiting = asyncio.create_task(pool.get("run", "mute", MUTE, str(workspace)))
+    await until(lambda: host_processes_named(str(workspace)) != [])
+    await asyncio.sleep(1.0)  # the server is up; its handshake waits
+    pool.close_run("run")
+    await asyncio.sleep(0.5)  # inside the SDK's shutdown: stdin closed, its grace running
+    if second == "close_run":
+        pool.close_run("run")
+    else:
+        await asyncio.wait_for(pool.close_all(), 30)
+    with pytest.raises(McpUnavailable, match="its run closed"):
+        await asyncio.wait_for(waiting, 30)
+    await until(lambda: host_processes_named(str(workspace)) == [], within_s=30)
+
+
+async def test_a_close_that_meets_the_end_of_the_handshake_is_kept(workspace: Path) -> None:
+    """`close_run` in the few turns of the loop between the handshake's end and the session's
+    entry in the pool: the session is closed, not kept for a run that is gone."""
+    pool = SessionPool()
+    opened: list[McpSession] = []
+    original = McpSession.open
+
+    async def watched(self: McpSession) -> None:
+        opened.append(self)
+        await original(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(McpSession, "open", watched)
+        caller = asyncio.create_task(pool.get("run", "fx", McpServer(**fixture()), str(workspace)))
+        while not opened or opened[0].session is None:
+            await asyncio.sleep(0)
+        pool.close_run("run")
+        with pytest.raises(McpUnavailable, match="its run closed"):
+            await caller
+    assert pool._sessions == {}
+    await until(lambda: host_processes_named(str(workspace)) == [], within_s=30)
+
+
+async def test_a_run_cancelled_while_its_server_starts_stops_it_at_its_close(
+    client: Client,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    configure(tmp_path, monkeypatch, mute={"command": MUTE.command, "args": MUTE.args})
+    async with build_worker(client, task_queue):
+        handle = await start(client, task_queue, goal="g", workspace=str(workspace), mcp_servers=["mute"])
+        await until(lambda: host_processes_named(str(workspace)) != [])
+        await handle.cancel()
+        assert (await handle.result()).state == "cancelled"
+        await until(lambda: host_processes_named(str(workspace)) == [], within_s=30)
+    assert model_server.requests == []
+    history = await handle.fetch_history()
+    summaries = [e.user_metadata.summary.data for e in history.events if e.HasField("marker_recorded_event_attributes")]
+    assert any(b"mcp_close: mute" in summary for summary in summaries)  # its close ran, under the new patch
+    assert (await replayer().replay_workflow(history)).replay_failure is None

@@ -298,6 +298,10 @@ CAP_FIRED_FIRST_PATCH = "cap-fired-first"
 for a person begins or ends: runs recorded before it timed the new state (a 7-day `max_wait_s`
 timer after the cap's); since, the time is up (workflows/time_cap.py). Checked on its own, so
 only runs that meet the case record it."""
+MCP_CLOSE_UNLISTED_PATCH = "mcp-close-unlisted"
+"""`workflow.patched` id, asked only when a run with MCP servers closes before its tools were
+listed (cancelled while its servers started): runs recorded before it skipped `mcp_close`
+then; since, it runs, and stops a start still going (activities/mcp_sessions.py)."""
 BASELINES = (
     (BASELINE_8_PATCH, BASELINE_8_PATCHES),
     (BASELINE_7_PATCH, BASELINE_7_PATCHES),

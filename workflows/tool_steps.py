@@ -177,8 +177,11 @@ class ToolSteps(DependencyWaits):
                 await workflow.sleep(options.MCP_DOWN_RETRY)
 
     async def _close_mcp_sessions(self) -> None:
-        """At the chain's close: its MCP sessions on this worker end (on others, when idle)."""
-        if not self._agent.mcp_servers or self._carry.catalog is None:
+        """At the chain's close: its MCP sessions on this worker end (on others, when idle), and
+        so does a start still going for an attempt of its catalog that was cancelled."""
+        if not self._agent.mcp_servers:
+            return
+        if self._carry.catalog is None and not self._patched(options.MCP_CLOSE_UNLISTED_PATCH):
             return
         try:
             close, summary = McpClose(run_folder=self._run_folder()), f"mcp_close: {', '.join(self._agent.mcp_servers)}"

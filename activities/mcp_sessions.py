@@ -25,6 +25,7 @@ import os
 import shlex
 import sys
 import time
+import weakref
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -253,6 +254,8 @@ class SessionPool:
         self._starting: dict[tuple[str, str], asyncio.Task[McpSession]] = {}
         self._reaper: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
+        self._stopped_because: weakref.WeakKeyDictionary[asyncio.Task[McpSession], str] = weakref.WeakKeyDictionary()
+        """Why a start was stopped, for its callers: the first stop's reason."""
 
     async def get(self, run: str, name: str, server: McpServer, workspace: str) -> McpSession:
         """The run's live session with the server, started (again) if there is none.
@@ -273,7 +276,8 @@ class SessionPool:
             return await asyncio.shield(starting)
         except asyncio.CancelledError:
             if starting.cancelled() and not asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                raise McpUnavailable(f"MCP server {name} was stopped while starting: its run closed") from None
+                why = self._stopped_because.get(starting, "stopped")
+                raise McpUnavailable(f"MCP server {name} was stopped while starting: {why}") from None
             raise
 
     async def _start(self, key: tuple[str, str], server: McpServer, workspace: str) -> McpSession:
@@ -310,7 +314,7 @@ class SessionPool:
         A server still starting for the run (for an attempt cancelled meanwhile) is stopped too."""
         for key, starting in list(self._starting.items()):
             if key[0] == run:
-                starting.cancel()
+                self._stop_start(starting, "its run closed")
         names = [name for (r, name) in self._sessions if r == run]
         for name in names:
             task = asyncio.create_task(self.discard(run, name))
@@ -321,11 +325,15 @@ class SessionPool:
     async def close_all(self) -> None:
         starting = list(self._starting.values())
         for task in starting:
-            task.cancel()
+            self._stop_start(task, "its worker is stopping")
         await asyncio.gather(*starting, return_exceptions=True)
         for run, name in list(self._sessions):
             await self.discard(run, name)
         await asyncio.gather(*self._closing, return_exceptions=True)
+
+    def _stop_start(self, starting: asyncio.Task[McpSession], why: str) -> None:
+        self._stopped_because.setdefault(starting, why)
+        starting.cancel()
 
     def _reap_later(self) -> None:
         if self._reaper is None or self._reaper.done():

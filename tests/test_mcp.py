@@ -685,6 +685,16 @@ async def test_the_runs_close_stops_a_server_still_starting(workspace: Path) -> 
     assert pool.starts == 0
 
 
+async def test_a_stopping_worker_stops_a_server_still_starting_and_says_so(workspace: Path) -> None:
+    pool = SessionPool()
+    waiting = asyncio.create_task(pool.get("run", "mute", MUTE, str(workspace)))
+    await until(lambda: host_processes_named(str(workspace)) != [])
+    await pool.close_all()
+    assert host_processes_named(str(workspace)) == []
+    with pytest.raises(McpUnavailable, match="stopped while starting: its worker is stopping"):
+        await waiting
+
+
 @pytest.mark.parametrize("second", ["close_run", "close_all"])
 async def test_a_second_stop_of_a_stopping_start_still_stops_it(workspace: Path, second: str) -> None:
     """`mcp_close` runs again when its workflow task is retried, and a worker may stop just
@@ -699,8 +709,8 @@ async def test_a_second_stop_of_a_stopping_start_still_stops_it(workspace: Path,
         pool.close_run("run")
     else:
         await asyncio.wait_for(pool.close_all(), 30)
-    with pytest.raises(McpUnavailable, match="its run closed"):
-        await asyncio.wait_for(waiting, 30)
+    with pytest.raises(McpUnavailable, match="stopped while starting: its run closed"):
+        await asyncio.wait_for(waiting, 30)  # the first stop's reason
     await until(lambda: host_processes_named(str(workspace)) == [], within_s=30)
 
 

@@ -18,7 +18,7 @@ from temporalio.client import WorkflowHandle, WorkflowQueryFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 
-from durable_agent.activation_guard import STALE_ACTIVATION
+from durable_agent.stale_queries import STALE_ACTIVATION
 from workflows.context_handoff import MODEL_CONTEXT_QUERY, context_ref
 from workflows.types import ModelContext, ModelContextRef, ModelContextRequest
 

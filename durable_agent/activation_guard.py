@@ -39,10 +39,9 @@ from temporalio.bridge.proto.workflow_completion import WorkflowActivationComple
 from temporalio.worker import UnsandboxedWorkflowRunner, WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-logger = logging.getLogger(__name__)
+from durable_agent.stale_queries import STALE_ACTIVATION
 
-STALE_ACTIVATION = "stale activation"
-"""In the failure a refused activation gives its query: ask again."""
+logger = logging.getLogger(__name__)
 
 _NO_NEW_EVENTS = frozenset({"query_workflow", "remove_from_cache"})
 """Jobs that carry no history event: a query's activation may keep the run's time."""

@@ -25,6 +25,7 @@ from activities.home import home_path
 from durable_agent import telemetry
 from durable_agent.codecs import EncryptionKeys, PayloadCodecChain
 from durable_agent.failures import ShortStackTraces, ShortStackTracesEncodedButKeyNotHeld
+from durable_agent.stale_queries import AskAgainWhenStale
 from workflows.types import TASK_QUEUE
 
 DEFAULT_ADDRESS = "localhost:7233"
@@ -73,11 +74,15 @@ async def connect(
     interceptors: list[Any] | None = None,
 ) -> Client:
     """A client with the data converter (`data_converter()` unless given) and, unless given,
-    the tracing interceptors the OTEL_* variables ask for. `runtime`: a worker's, serving its
+    the tracing interceptors the OTEL_* variables ask for; a query that a worker refused as
+    stale is asked again (durable_agent/stale_queries.py). `runtime`: a worker's, serving its
     metrics (durable_agent/metrics.py); None, the default."""
     return await Client.connect(
         **connect_config(address),
         data_converter=converter or data_converter(),
-        interceptors=telemetry.client_interceptors() if interceptors is None else interceptors,
+        interceptors=[
+            AskAgainWhenStale(),
+            *(telemetry.client_interceptors() if interceptors is None else interceptors),
+        ],
         runtime=runtime,
     )

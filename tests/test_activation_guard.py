@@ -24,7 +24,6 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities import model_context
 from durable_agent.activation_guard import (
-    STALE_ACTIVATION,
     FreshClockRunner,
     GuardedSandboxedRunner,
     GuardedUnsandboxedRunner,
@@ -36,6 +35,7 @@ from durable_agent.activation_guard import (
 )
 from durable_agent.model_server import ModelServer
 from durable_agent.plugin import DurableAgentPlugin
+from durable_agent.stale_queries import STALE_ACTIVATION
 from tests.helpers import start, wait_for
 from tests.scripts import Script, answer, tools
 from worker import build_worker
@@ -186,15 +186,19 @@ async def test_a_refused_query_fails_and_asked_again_is_answered_by_the_replayed
     refused: list[int] = []
     queue = f"guard-{uuid.uuid4().hex[:8]}"
     runner = refusing("query_workflow", refused, let_through=1)
+    plain = Client(client.service_client, namespace=client.namespace, data_converter=client.data_converter)
     async with Worker(client, task_queue=queue, workflows=[Gate], workflow_runner=runner):
         handle = await client.start_workflow(Gate.run, id=f"gate-{uuid.uuid4().hex}", task_queue=queue)
         assert await handle.query(Gate.is_open) is False  # answered: the run is cached, its first task done
-        with pytest.raises(WorkflowQueryFailedError, match=STALE_ACTIVATION):
-            await handle.query(Gate.is_open)
+        with pytest.raises(WorkflowQueryFailedError, match=STALE_ACTIVATION):  # a client that does not ask again
+            await plain.get_workflow_handle(handle.id).query(Gate.is_open)
         assert await handle.query(Gate.is_open) is False  # asked again: answered, from the replayed run
+        assert len(refused) == 1
+        refused.clear()  # the runner refuses the next query's activation too
+        assert await handle.query(Gate.is_open) is False  # `connect`'s client: refused, asked again, answered
+        assert len(refused) == 1
         await handle.signal(Gate.open)
         assert await asyncio.wait_for(handle.result(), 30) == "through"
-    assert len(refused) == 1
     assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED not in await event_types(handle)
 
 

@@ -66,6 +66,12 @@ def data_converter(keys: EncryptionKeys | None = None) -> DataConverter:
     )
 
 
+def client_interceptors() -> list[Any]:
+    """A client's interceptors, ours and the plugin's alike: a query refused as stale asked
+    again (durable_agent/stale_queries.py), and the tracing the OTEL_* variables ask for."""
+    return [AskAgainWhenStale(), *telemetry.client_interceptors()]
+
+
 async def connect(
     address: str | None = None,
     runtime: Runtime | None = None,
@@ -80,9 +86,6 @@ async def connect(
     return await Client.connect(
         **connect_config(address),
         data_converter=converter or data_converter(),
-        interceptors=[
-            AskAgainWhenStale(),
-            *(telemetry.client_interceptors() if interceptors is None else interceptors),
-        ],
+        interceptors=client_interceptors() if interceptors is None else [AskAgainWhenStale(), *interceptors],
         runtime=runtime,
     )

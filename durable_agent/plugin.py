@@ -4,7 +4,8 @@
     worker = Worker(client, task_queue="support", workflows=[MyWorkflow])  # the plugin comes from the client
 
 On the client: the data converter (pydantic JSON, compressed, encrypted with
-`DURABLE_AGENT_ENCRYPTION_KEY` when set) and the tracing interceptors. On each worker:
+`DURABLE_AGENT_ENCRYPTION_KEY` when set) and `connect`'s interceptors (a query refused as stale
+asked again, tracing). On each worker:
 `AgentWorkflow`, its activities (the model call, the built-in tools, the archive, the
 skills, the cleanup, `tool_catalog`, the MCP calls), the metrics and redaction interceptors, the
 workflow runner behind the stale-activation guard (durable_agent/activation_guard.py), and, while the
@@ -45,10 +46,9 @@ from activities.snapshots import SnapshotActivities
 from activities.stopped import StoppedAttemptInterceptor
 from activities.tools import ToolActivities
 from activities.user_tools import UserToolActivities, redact_tool_outcome
-from durable_agent import telemetry
 from durable_agent.activation_guard import guarded
 from durable_agent.codecs import EncryptionKeys
-from durable_agent.connection import data_converter
+from durable_agent.connection import client_interceptors, data_converter
 from durable_agent.metrics import MetricsInterceptor
 from durable_agent.model_queue import ModelQueueInterceptor
 from durable_agent.tools import Tool, load_modules, unique
@@ -96,7 +96,7 @@ class DurableAgentPlugin(SimplePlugin):
         super().__init__(
             PLUGIN_NAME,
             data_converter=_with_codec(converter),
-            interceptors=telemetry.client_interceptors(),
+            interceptors=client_interceptors(),
             workflows=[AgentWorkflow],
         )
         self._tool_activities: dict[str, UserToolActivities] = {}

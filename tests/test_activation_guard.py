@@ -197,6 +197,10 @@ async def test_a_refused_query_fails_and_asked_again_is_answered_by_the_replayed
         refused.clear()  # the runner refuses the next query's activation too
         assert await handle.query(Gate.is_open) is False  # `connect`'s client: refused, asked again, answered
         assert len(refused) == 1
+        users = Client(client.service_client, namespace=client.namespace, plugins=[DurableAgentPlugin()])
+        refused.clear()
+        assert await users.get_workflow_handle(handle.id).query(Gate.is_open) is False  # a user's, by the plugin
+        assert len(refused) == 1
         await handle.signal(Gate.open)
         assert await asyncio.wait_for(handle.result(), 30) == "through"
     assert EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED not in await event_types(handle)

@@ -104,9 +104,15 @@ class EmbeddedServer:
 
 
 PORT_RACE_ATTEMPTS = 3
-"""Launches of the server when one exits on a port taken while it started: the server picks
-its HTTP API port as a random free one, which another process can bind first (seen with
-several test servers starting at once). Our own `port` must still be free to try again."""
+"""Launches of the server when one loses a port it picked while it started: the server picks
+its HTTP API port and its internal services' ports as random free ones, which another process
+can bind first (seen with several test servers starting at once). Our own `port` must still
+be free to try again."""
+
+LISTENER_LOST = "Failed to start gRPC listener"
+"""What the server logs when an internal service could not bind its port. It goes on without
+that listener, answers health checks, and exits with a nil-pointer panic seconds later, when
+the service starts serving: seen with the worker service under parallel tests."""
 
 
 def start_server(
@@ -141,6 +147,7 @@ def start_server(
         args += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]  # values are JSON
     args += extra_args or []
     for attempt in range(1, PORT_RACE_ATTEMPTS + 1):
+        log_start = log_file.stat().st_size if log_file.exists() else 0
         process = _launch(args, log_file)
         server = EmbeddedServer(
             process=process,
@@ -150,7 +157,7 @@ def start_server(
             log_file=log_file,
         )
         try:
-            _wait_ready(server, ready_timeout_s)
+            _wait_ready(server, ready_timeout_s, log_start)
             break
         except ServerError as e:
             lost_a_race = "address already in use" in str(e) and not port_open("127.0.0.1", port)
@@ -190,7 +197,10 @@ def recorded_ui_port(home: Path, port: int) -> int | None:
     return int(ui_port) if isinstance(ui_port, int) else None
 
 
-def _wait_ready(server: EmbeddedServer, timeout_s: float) -> None:
+def _wait_ready(server: EmbeddedServer, timeout_s: float, log_start: int) -> None:
+    """Until the frontend serves. A server that lost one of its internal ports is stopped
+    here (ServerError): it would serve a few seconds, then exit. The services bind their
+    ports when the server is built, before any serves, so the log tells by then."""
     host, port = server.address.rsplit(":", 1)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -198,10 +208,20 @@ def _wait_ready(server: EmbeddedServer, timeout_s: float) -> None:
             tail = server.log_file.read_text(errors="replace")[-2000:]
             raise ServerError(f"the Temporal dev server exited with code {server.process.returncode}:\n{tail}")
         if port_open(host, int(port)) and _frontend_serving(server.address):
+            _check_listeners(server, log_start)
             return
         time.sleep(0.1)
     server.stop(signal.SIGKILL)
     raise ServerError(f"the Temporal dev server did not answer on {server.address} within {timeout_s:.0f} s")
+
+
+def _check_listeners(server: EmbeddedServer, log_start: int) -> None:
+    with open(server.log_file, "rb") as log:
+        log.seek(log_start)
+        lost = [line for line in log.read().decode(errors="replace").splitlines() if LISTENER_LOST in line]
+    if lost:
+        server.stop(signal.SIGKILL)
+        raise ServerError(f"the Temporal dev server lost one of its internal ports and was stopped: {lost[0]}")
 
 
 def _frontend_serving(address: str) -> bool:

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from durable_agent.server import PORT_RACE_ATTEMPTS, ServerError, free_port, start_server
+from durable_agent import server as server_module
+from durable_agent.server import PORT_RACE_ATTEMPTS, ServerError, free_port, port_open, start_server
 
 
 def _http_port(port: int) -> list[str]:
@@ -61,3 +63,39 @@ def test_a_port_that_stays_taken_fails_the_start_with_the_servers_words(tmp_path
             start_server(tmp_path, port=port, ui_port=None, persistent=False, extra_args=_http_port(http_port))
     log = (tmp_path / f"server-{port}.log").read_text(errors="replace")
     assert log.count("address already in use") == PORT_RACE_ATTEMPTS, log[-2000:]  # tried again, then gave up
+
+
+LOST_LISTENER_LINE = (
+    '{"time":"2026-12-03T19:09:30.822454755Z","level":"ERROR","msg":"Failed to start gRPC listener",'
+    '"error":"listen tcp 127.0.0.1:33125: bind: address already in use","service":"worker",'
+    '"address":"127.0.0.1:33125"}\n'
+)
+"""The line a real server logged when its worker service lost its port to another process; it
+answered health checks, then exited with a nil-pointer panic a few seconds later."""
+
+
+def test_a_server_that_lost_an_internal_port_is_stopped_and_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The internal services' ports cannot be named on the command line, so the test cannot
+    take one first: the first launch, a real server, gets the line its log would hold."""
+    launched: list[subprocess.Popen[bytes]] = []
+
+    def launch(args: list[str], log_file: Path) -> subprocess.Popen[bytes]:
+        launched.append(real_launch(args, log_file))
+        if len(launched) == 1:
+            with open(log_file, "a") as log:
+                log.write(LOST_LISTENER_LINE)
+        return launched[-1]
+
+    real_launch = server_module._launch
+    monkeypatch.setattr(server_module, "_launch", launch)
+    port = free_port()
+    server = start_server(tmp_path, port=port, ui_port=None, persistent=False)
+    try:
+        assert len(launched) == 2
+        assert launched[0].poll() is not None  # the server that would have died is gone
+        assert server.process is launched[1] and server.process.poll() is None
+        assert port_open("127.0.0.1", port)
+    finally:
+        server.stop()

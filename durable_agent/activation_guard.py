@@ -1,4 +1,5 @@
-"""A worker refuses an activation whose new events came without their workflow task's time.
+"""A worker refuses an activation that a replay of the run's history would not see the same:
+new events without their workflow task's time, or a local activity's result that comes late.
 
 A query can reach a worker as a *legacy query task* that carries the history recorded
 since the run's last workflow task: when an activity completes, a timer fires or a signal
@@ -20,6 +21,16 @@ the history from the server, at the times recorded there. Until that task starts
 query is refused again after its replay. Who asked can ask again: the model call's context
 query does (`STALE_ACTIVATION` in the failure, activities/model_context.py).
 
+It refuses a second kind the same way: a local activity's result that reaches the run in the
+first activation of a new workflow task, beside that task's new events. Core can record a
+local activity's marker in the task it completes to answer a query that came with the task,
+and hand the result to the workflow only with the next task, whose signal the SDK then applies
+first. A replay resolves the local activity in the task that recorded its marker, before the
+signal: a run that, live, saw a `pause` before the run-opening's result and waited, replays
+as one that saw the result first and called the model (reproduced with a bare workflow in
+tests/test_activation_guard.py, `LocalThenBranch`). Evicted there, the run's next task
+replays the history, with the result in its recorded place, and goes on from it.
+
 An eviction is always safe: a false alarm on a workflow task (the server's clock stepped
 back) costs failed tasks until that clock passes the run's latest time, never a wrong
 decision. What the guard cannot see: when the events that ride along hold a workflow task
@@ -34,7 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from temporalio import workflow
-from temporalio.bridge.proto.workflow_activation import WorkflowActivation
+from temporalio.bridge.proto.workflow_activation import WorkflowActivation, WorkflowActivationJob
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.worker import UnsandboxedWorkflowRunner, WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
@@ -61,6 +72,26 @@ def is_stale(act: WorkflowActivation, last: Stamp | None) -> bool:
     return any(job.WhichOneof("variant") not in _NO_NEW_EVENTS for job in act.jobs)
 
 
+def brings_a_local_result_late(act: WorkflowActivation, last: Stamp | None) -> bool:
+    """Whether `act`, live and the first of a new workflow task (its history grew), hands the run
+    a local activity's result together with new events: a replay would resolve that local
+    activity in the task that recorded its marker, before those events (module docstring)."""
+    if last is None or act.is_replaying or act.history_length <= last[1]:
+        return False
+    local = any(_is_local_result(job) for job in act.jobs)
+    others = any(not _is_local_result(job) and job.WhichOneof("variant") not in _NO_NEW_EVENTS for job in act.jobs)
+    return local and others
+
+
+def _is_local_result(job: WorkflowActivationJob) -> bool:
+    return job.HasField("resolve_activity") and job.resolve_activity.is_local
+
+
+def refused(act: WorkflowActivation, last: Stamp | None) -> bool:
+    """The guard's judge: an activation a replay would not see the same (module docstring)."""
+    return is_stale(act, last) or brings_a_local_result_late(act, last)
+
+
 def stamp(act: WorkflowActivation, last: Stamp | None) -> Stamp:
     """The latest clock and the longest history seen, with `act`'s (an eviction's activation has no clock)."""
     seen = act.timestamp.ToNanoseconds() if act.HasField("timestamp") else 0
@@ -73,7 +104,7 @@ Judge = Callable[[WorkflowActivation, Stamp | None], bool]
 class FreshClockRunner(WorkflowRunner):
     """Any runner's instances, each behind the guard (`judge` says which activation to refuse)."""
 
-    def __init__(self, inner: WorkflowRunner, judge: Judge = is_stale):
+    def __init__(self, inner: WorkflowRunner, judge: Judge = refused):
         self.inner = inner
         self._judge = judge
 
@@ -93,7 +124,7 @@ class _Guarding(WorkflowRunner):
     OpenTelemetry plugin's passthrough, debug mode's) see the runner they know, and keep the guard."""
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        return _GuardedInstance(super().create_instance(det), is_stale)
+        return _GuardedInstance(super().create_instance(det), refused)
 
 
 @dataclass(frozen=True)
@@ -134,19 +165,24 @@ class _GuardedInstance(WorkflowInstance):
                 self._last = (self._last[0], self._last[1] - 2)
             return completion
         info = self._inner.get_info()
+        why = (
+            "a local activity's result came with the next task's events"
+            if brings_a_local_result_late(act, last)
+            else "new events reached the cached run without their workflow task's time"
+        )
         logger.warning(
-            "%s of workflow %s run %s: %d new event(s) at the previous task's time; evicted, to replay from history",
+            "%s of workflow %s run %s: %s (%d new event(s)); evicted, to replay from history",
             STALE_ACTIVATION,
             info.workflow_id,
             act.run_id,
+            why,
             act.history_length - (last[1] if last else 0),
         )
-        refused = WorkflowActivationCompletion(run_id=act.run_id)
-        refused.failed.failure.message = (
-            f"{STALE_ACTIVATION}: new events reached the cached run without their workflow task's time; "
-            "the run was evicted and replays from history; ask again"
+        completion = WorkflowActivationCompletion(run_id=act.run_id)
+        completion.failed.failure.message = (
+            f"{STALE_ACTIVATION}: {why}; the run was evicted and replays from history; ask again"
         )
-        return refused
+        return completion
 
     def get_serialization_context(self, command_info):  # type: ignore[no-untyped-def]
         return self._inner.get_serialization_context(command_info)

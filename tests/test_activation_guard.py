@@ -6,20 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
+import time
 import types
 import uuid
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio import workflow
+from temporalio import activity, workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
 from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError
 from temporalio.contrib.opentelemetry import OpenTelemetryPlugin
 from temporalio.exceptions import ApplicationError
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities import model_context
@@ -29,8 +32,10 @@ from durable_agent.activation_guard import (
     GuardedUnsandboxedRunner,
     Stamp,
     _GuardedInstance,
+    brings_a_local_result_late,
     guarded,
     is_stale,
+    refused,
     stamp,
 )
 from durable_agent.model_server import ModelServer
@@ -38,6 +43,7 @@ from durable_agent.plugin import DurableAgentPlugin
 from durable_agent.stale_queries import STALE_ACTIVATION
 from tests.helpers import start, wait_for
 from tests.scripts import Script, answer, tools
+from tests.test_replay import replay_failure
 from worker import build_worker
 from workflows.types import TERMINAL_STATES, AgentStatus, ModelContext, ModelContextRef, ModelContextRequest
 
@@ -118,6 +124,43 @@ def test_after_a_rejected_update_the_same_length_of_history_can_be_stale() -> No
     instance.activate(activation(T1, 5, "do_update"))  # the speculative task: scheduled 4, started 5
     refused = instance.activate(activation(T1, 5, "fire_timer"))  # timer fired 4, next task scheduled 5
     assert STALE_ACTIVATION in refused.failed.failure.message
+
+
+def with_local_result(act: WorkflowActivation, local: bool = True) -> WorkflowActivation:
+    """`act` with an activity's result among its jobs: a local activity's, or a regular one's."""
+    act.jobs.add().resolve_activity.is_local = local
+    return act
+
+
+def test_a_local_result_that_comes_with_the_next_tasks_events_is_refused_and_nothing_else_is() -> None:
+    def late(*acts: WorkflowActivation) -> list[bool]:
+        last: Stamp | None = None
+        seen = []
+        for act in acts:
+            seen.append(brings_a_local_result_late(act, last))
+            last = stamp(act, last)
+        return seen
+
+    # What the bare workflow below showed: the first task's query, then the next task's first
+    # activation with the signal and the run-opening's result together.
+    assert late(
+        activation(T0, 3, "initialize_workflow"),
+        activation(T0, 3, "query_workflow"),
+        with_local_result(activation(T1, 10, "signal_workflow")),
+    ) == [False, False, True]
+    assert (
+        late(
+            activation(T0, 3, "initialize_workflow"),
+            with_local_result(activation(T0, 3)),  # in its own task: the usual way
+            activation(T1, 8, "signal_workflow"),
+            with_local_result(activation(T1, 11)),  # alone in a new task (after a task's heartbeat)
+            with_local_result(activation(T1, 14, "signal_workflow"), local=False),  # a regular activity's
+            with_local_result(activation(T1, 17, "signal_workflow", replaying=True)),  # replayed
+        )
+        == [False] * 6
+    )
+    first = activation(T0, 3, "initialize_workflow")
+    assert refused(with_local_result(activation(T1, 10, "do_update")), stamp(first, None))
 
 
 async def test_every_runner_of_an_agent_worker_is_guarded_and_stays_guarded(client: Client) -> None:
@@ -219,6 +262,96 @@ async def test_a_refused_workflow_task_fails_once_and_its_retry_replays_to_the_e
     assert (await event_types(handle)).count(EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED) == 1
 
 
+IN_QUERY: dict[str, threading.Event] = {}
+"""By workflow id: set while `LocalThenBranch.is_paused` answers."""
+
+
+@activity.defn
+async def open_quickly() -> None:
+    pass
+
+
+@activity.defn
+async def act_on_it() -> None:
+    pass
+
+
+@workflow.defn(sandboxed=False)
+class LocalThenBranch:
+    """A local activity, then a choice that a signal changes: the shape of an agent run's opening
+    (the `open_run` local activity, then a model call unless a `pause` came)."""
+
+    def __init__(self) -> None:
+        self.paused = False
+
+    @workflow.run
+    async def run(self) -> str:
+        await workflow.execute_local_activity(open_quickly, start_to_close_timeout=timedelta(seconds=30))
+        if self.paused:
+            await workflow.sleep(0.1)
+            return "paused first"
+        await workflow.execute_activity(act_on_it, start_to_close_timeout=timedelta(seconds=30))
+        return "acted first"
+
+    @workflow.signal
+    def pause(self) -> None:
+        self.paused = True
+
+    @workflow.query
+    def is_paused(self) -> bool:
+        IN_QUERY[workflow.info().workflow_id].set()
+        time.sleep(0.5)  # the local activity ends meanwhile, and the signal comes
+        return self.paused
+
+
+async def a_query_with_the_first_task_then_a_signal(client: Client, runner: Any) -> WorkflowHandle[Any, Any]:
+    """The race CI met, made certain: a query that comes with the run's first task, a local
+    activity that ends while the query is answered, and a signal during that task. Core records
+    the local activity's marker in the first task and hands its result to the run only with the
+    next task, after the signal."""
+    queue, workflow_id = f"guard-{uuid.uuid4().hex[:8]}", f"branch-{uuid.uuid4().hex}"
+    IN_QUERY[workflow_id] = threading.Event()
+    handle = await client.start_workflow(LocalThenBranch.run, id=workflow_id, task_queue=queue)
+    asked = asyncio.create_task(handle.query(LocalThenBranch.is_paused))  # no worker yet: it waits for the first task
+    await asyncio.sleep(0.5)
+    worker = Worker(
+        client,
+        task_queue=queue,
+        workflows=[LocalThenBranch],
+        activities=[open_quickly, act_on_it],
+        unsandboxed_workflow_runner=runner,  # the workflow is not sandboxed: its query sleeps
+    )
+    async with worker:
+        await asyncio.to_thread(IN_QUERY[workflow_id].wait, 30)
+        await asyncio.sleep(0.1)
+        await handle.signal(LocalThenBranch.pause)
+        await asyncio.wait_for(handle.result(), 30)
+        assert await asked is False
+    return handle
+
+
+async def test_a_local_result_that_comes_after_a_signal_is_replayed_in_its_recorded_place(client: Client) -> None:
+    """Without the guard the SDK records a history its own replay refuses (a nondeterminism
+    error, and a run no new worker can take over); with it, the run's second task is refused
+    once, its retry replays the first task with the local activity's result where its marker
+    is, and the history replays."""
+    replayer = Replayer(workflows=[LocalThenBranch])
+    bare = await a_query_with_the_first_task_then_a_signal(client, UnsandboxedWorkflowRunner())
+    failure = (await replayer.replay_workflow(await bare.fetch_history(), raise_on_replay_failure=False)).replay_failure
+    assert failure is not None and "Nondeterminism" in str(failure)
+    assert await bare.result() == "paused first"  # live, the signal came first
+
+    handle = await a_query_with_the_first_task_then_a_signal(client, guarded(UnsandboxedWorkflowRunner()))
+    history = await handle.fetch_history()
+    assert (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure is None
+    assert await handle.result() == "acted first"  # as its history has it: the result, then the signal
+    failed = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
+    assert len(failed) == 1
+    assert "a local activity's result came with the next task's events" in (
+        failed[0].workflow_task_failed_event_attributes.failure.message
+    )
+
+
 async def test_on_an_agent_run_the_guard_refuses_exactly_the_activations_without_a_task(
     client: Client, task_queue: str, model_server: ModelServer, workspace: Path
 ) -> None:
@@ -233,7 +366,7 @@ async def test_on_an_agent_run_the_guard_refuses_exactly_the_activations_without
             j.WhichOneof("variant") not in ("query_workflow", "remove_from_cache") for j in act.jobs
         ):
             judged.append((act.history_length, stale))
-        return stale
+        return refused(act, last)
 
     step = [("write_file", {"path": "a.txt", "content": "a\n"}), ("run_command", {"command": "cat a.txt"})]
     model_server.responder = Script([tools(*step), tools(*step), tools(*step), answer("done")])
@@ -252,6 +385,7 @@ async def test_on_an_agent_run_the_guard_refuses_exactly_the_activations_without
     task_started = EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED
     assert len(judged) > 10
     assert [(length, stale) for length, stale in judged if stale != (types[length] != task_started)] == []
+    assert await replay_failure(await handle.fetch_history()) is None
 
 
 async def ask_status_until_done(handle: WorkflowHandle[Any, Any]) -> None:
@@ -259,8 +393,8 @@ async def ask_status_until_done(handle: WorkflowHandle[Any, Any]) -> None:
         try:
             status = await handle.query("status", result_type=AgentStatus)
         except WorkflowQueryFailedError as e:
-            # Once in CI, unreproduced since: a nondeterminism error on a legacy query. The run's
-            # events at the time go with the failure, to tell what the worker was handed.
+            # The run's events go with the failure: a nondeterminism error here (once in CI: the
+            # local result that came late, `LocalThenBranch`) is told by where the events lie.
             raise AssertionError(f"{e}\nthe run's events:\n{await events_in_brief(handle)}") from e
         if status.state in TERMINAL_STATES:
             return

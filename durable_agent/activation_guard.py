@@ -31,6 +31,17 @@ as one that saw the result first and called the model (reproduced with a bare wo
 tests/test_activation_guard.py, `LocalThenBranch`). Evicted there, the run's next task
 replays the history, with the result in its recorded place, and goes on from it.
 
+The activation cannot tell that case from a harmless one of the same shape: a local activity
+that ends just after Core completed a task without it (to answer a query, or as the task's
+heartbeat) has its marker recorded in the next task, and a replay hands it over with that
+task's events as the live run saw them. Refused too, that task fails and the local activity
+runs again on the retry: at least once, as every activity (the file tools' journal returns
+a recorded outcome). A run whose local activity ends that close to each of its tasks, with new
+events in each, is refused each time until the events stop (reproduced only with a proxy
+that delays the server by 150 ms). Not refused, and so still open to the SDK's fault: a late
+result alone in its activation, read against the clock, and two local results of which one
+came late.
+
 An eviction is always safe: a false alarm on a workflow task (the server's clock stepped
 back) costs failed tasks until that clock passes the run's latest time, never a wrong
 decision. What the guard cannot see: when the events that ride along hold a workflow task

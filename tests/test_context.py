@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from tests.helpers import start
 from tests.scripts import Script, tool_results, tools
 from workflows import compaction
 from workflows.context import WireContext, openai_message
+from workflows.context_handoff import context_ref
 from workflows.state import StructuredSummary
 from workflows.types import AgentStatus, Message, ToolCall
 
@@ -40,6 +42,25 @@ def test_each_message_is_rendered_once_and_the_result_follows_the_transcript() -
     messages[1] = Message(role="user", content="replaced")  # a transcript rewritten in place
     third = wire.render(messages)
     assert third[1] == {"role": "user", "content": "replaced"} and len(third) == 4
+
+
+def test_a_calls_digest_from_cached_encodings_is_that_of_the_whole_contexts_json() -> None:
+    """The digest a worker checks a cached or queried context against: byte for byte the one of
+    the list's compact JSON, whether each message's encoding came from the cache or not."""
+    messages = [Message(role="system", content="s"), Message(role="user", content="é ünïcode \u2028", step=1)]
+    wire = WireContext()
+    rendered = wire.render(messages)
+    whole = json.dumps(rendered, separators=(",", ":"), ensure_ascii=False).encode()
+    expected = hashlib.blake2b(whole, digest_size=16).hexdigest()
+    assert context_ref("run", rendered).digest == expected
+    assert context_ref("run", rendered, wire.encode).digest == expected
+    assert context_ref("run", rendered, wire.encode).digest == expected  # now from the cache
+    assert context_ref("run", []).digest == hashlib.blake2b(b"[]", digest_size=16).hexdigest()
+
+    messages.append(Message(role="assistant", content="more", step=1))
+    longer = wire.render(messages)
+    assert context_ref("run", longer, wire.encode) == context_ref("run", longer)
+    assert context_ref("run", longer).digest != expected
 
 
 def test_an_assistant_message_without_text_or_calls_sends_empty_text() -> None:

@@ -593,7 +593,7 @@ class AgentWorkflow(
                 local_retry_threshold=options.LOCAL_RETRY_THRESHOLD,
                 summary=summary,
             )
-        ref = context_handoff.context_ref(workflow.info().run_id, messages)
+        ref = context_handoff.context_ref(workflow.info().run_id, messages, self._wire.encode)
         self._in_flight = ModelContext(ref=ref, messages=messages)
         context_handoff.offer(ref, messages)
         try:

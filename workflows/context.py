@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from workflows.context_handoff import encode_message
 from workflows.types import AgentInput, Message
 
 DEFAULT_SYSTEM_PROMPT = (
@@ -34,11 +35,16 @@ def estimate_tokens(messages: list[Message]) -> int:
     """Offline, nothing downloaded: about four characters a token plus a little per
     message. The provider's reported usage is the truth; `calibrated` scales this by how
     the last call's estimate compared with what the provider then reported."""
-    texts = []
+    # Counted in one pass, without building the texts: a step estimates its whole context
+    # several times (the request, the hard stop, the status), so this loop is on every step.
+    chars = texts = 0
     for m in messages:
-        texts.append(m.content or "")
-        texts.extend(call.name + call.arguments for call in m.tool_calls)
-    return tokens_of(texts)
+        chars += len(m.content or "")
+        texts += 1
+        for call in m.tool_calls:
+            chars += len(call.name) + len(call.arguments)
+            texts += 1
+    return (chars + 16 * texts) // 4 + 1
 
 
 def tokens_of(texts: Iterable[str]) -> int:
@@ -90,11 +96,13 @@ def openai_message(message: Message) -> dict[str, Any]:
 
 
 class WireContext:
-    """The transcript in wire format, each message rendered once rather than at every call:
-    a 200-step run sends ~600 messages per call."""
+    """The transcript in wire format, each message rendered once rather than at every call, and
+    encoded for the call's digest once (`encode`): a 200-step run sends ~600 messages per call.
+    Messages are never changed in place (an edit replaces one), which is what makes the cache exact."""
 
     def __init__(self) -> None:
         self._rendered: dict[int, tuple[Message, dict[str, Any]]] = {}
+        self._encoded: dict[int, tuple[dict[str, Any], bytes]] = {}
 
     def render(self, messages: list[Message]) -> list[dict[str, Any]]:
         rendered: dict[int, tuple[Message, dict[str, Any]]] = {}
@@ -103,4 +111,16 @@ class WireContext:
             # `is` guards against a new message reusing a dropped one's id.
             rendered[id(message)] = hit if hit is not None and hit[0] is message else (message, openai_message(message))
         self._rendered = rendered
+        kept = {id(wire) for _, wire in rendered.values()}
+        self._encoded = {key: hit for key, hit in self._encoded.items() if key in kept}
         return [wire for _, wire in rendered.values()]
+
+    def encode(self, wire: dict[str, Any]) -> bytes:
+        """`encode_message(wire)` (workflows/context_handoff.py), from the cache for a message
+        this context rendered."""
+        hit = self._encoded.get(id(wire))
+        if hit is not None and hit[0] is wire:
+            return hit[1]
+        encoded = encode_message(wire)
+        self._encoded[id(wire)] = (wire, encoded)
+        return encoded

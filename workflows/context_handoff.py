@@ -43,11 +43,25 @@ def install_sink(sink: ContextSink | None) -> None:
     _sink = sink
 
 
-def context_ref(run_id: str, messages: list[dict[str, Any]]) -> ModelContextRef:
-    """Deterministic: the workflow computes it, in replay too."""
-    encoded = json.dumps(messages, separators=(",", ":"), ensure_ascii=False).encode()
-    digest = hashlib.blake2b(encoded, digest_size=16).hexdigest()
-    return ModelContextRef(run_id=run_id, message_count=len(messages), digest=digest)
+def encode_message(message: dict[str, Any]) -> bytes:
+    """One wire message as the digest reads it: compact JSON, UTF-8."""
+    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def context_ref(
+    run_id: str, messages: list[dict[str, Any]], encode: Callable[[dict[str, Any]], bytes] = encode_message
+) -> ModelContextRef:
+    """Deterministic: the workflow computes it, in replay too. The digest is that of the list's
+    compact JSON, hashed a message at a time, so that `encode` may be a cache of each message's
+    encoding (workflows/context.py `WireContext.encode`): a long run's call re-encoded hundreds of
+    unchanged messages at every step."""
+    digest = hashlib.blake2b(b"[", digest_size=16)
+    for i, message in enumerate(messages):
+        if i:
+            digest.update(b",")
+        digest.update(encode(message))
+    digest.update(b"]")
+    return ModelContextRef(run_id=run_id, message_count=len(messages), digest=digest.hexdigest())
 
 
 def offer(ref: ModelContextRef, messages: list[dict[str, Any]]) -> None:

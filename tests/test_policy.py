@@ -6,7 +6,7 @@ import pytest
 
 from workflows import limits
 from workflows.approval import approval_reason
-from workflows.context import estimate_tokens, last_answer, model_context, openai_message
+from workflows.context import estimate_tokens, last_answer, model_context, openai_message, tokens_of
 from workflows.livelock import LIVELOCK_REPEATS, LivelockTracker, call_key
 from workflows.state import Carry
 from workflows.tool_specs import ToolArgumentError, parse_tool_call, unique_call_ids
@@ -139,6 +139,10 @@ def test_estimate_tokens_counts_text_and_tool_calls() -> None:
     call = ToolCall(id="c", name="run_command", arguments="x" * 400)
     assert estimate_tokens([Message(role="user", content="y" * 400)]) == (400 + 16) // 4 + 1
     assert estimate_tokens([Message(role="assistant", tool_calls=[call])]) > 100
+    # The transcript's estimate is that of its texts: each content (empty when none), each call's name and arguments.
+    messages = [Message(role="assistant", content=None, tool_calls=[call, call]), Message(role="tool", content="ok")]
+    texts = ["", "run_command" + "x" * 400, "run_command" + "x" * 400, "ok"]
+    assert estimate_tokens(messages) == tokens_of(texts) == (2 * 411 + 2 + 16 * 4) // 4 + 1
 
 
 def test_wire_format_of_tool_calls_and_results() -> None:

@@ -44,13 +44,22 @@ def estimate_tokens(messages: list[Message]) -> int:
         for call in m.tool_calls:
             chars += len(call.name) + len(call.arguments)
             texts += 1
-    return (chars + 16 * texts) // 4 + 1
+    return _estimate(chars, texts)
 
 
 def tokens_of(texts: Iterable[str]) -> int:
     """The estimate for texts (a message's content, a tool call's name and arguments each):
     also what a model call whose endpoint reported no usage is counted as."""
-    return sum(len(text) + 16 for text in texts) // 4 + 1
+    chars = count = 0
+    for text in texts:
+        chars += len(text)
+        count += 1
+    return _estimate(chars, count)
+
+
+def _estimate(chars: int, texts: int) -> int:
+    """About four characters a token, and 16 characters' worth for each text's framing."""
+    return (chars + 16 * texts) // 4 + 1
 
 
 CALIBRATION_BOUNDS = (0.5, 2.0)

@@ -35,7 +35,10 @@ in the socket's buffer and are then taken together. Each wake-up of the worker's
 for one event cost ~0.2 ms of CPU (`python -m bench stream --interval-ms 2`), over ten times
 the parsing of the event. The end of a reply is seen at most this much later."""
 NETWORK_WAIT_S = 0.001
-"""A piece that took longer than this came off the network, not from what was buffered."""
+"""A piece that took longer than this may have come off the network, not from what was
+buffered. One such read is not enough to tell: on a busy worker a read of what has already
+arrived waits one or two switch intervals (5 ms each) for the GIL, about once in every 5 ms
+of the reader's work. Two in a row are a reply that trickles in."""
 MAX_LINE_BYTES = 8 * 1024 * 1024
 """One event's line: a whole reply in one chunk fits (escaped JSON of the largest reply a
 step may record), an endless line does not."""
@@ -247,7 +250,8 @@ async def _read_events(
     """Reads the events into `reply`; the rest of the body, unread, if it stopped at the end marker."""
     pieces = response.iter_bytes()  # an async generator: the tail task closes it
     pending = bytearray()
-    last_wait = 0.0
+    last_pause = 0.0
+    waited_before = False
     while True:
         asked = time.monotonic()
         data = await anext(pieces, None)
@@ -256,10 +260,13 @@ async def _read_events(
         if _take(data, pending, reply, progress):
             return pieces
         got = time.monotonic()
-        if got - asked > NETWORK_WAIT_S:
-            if got - last_wait < READ_PACE_S:
-                await asyncio.sleep(READ_PACE_S - (got - last_wait))
-            last_wait = time.monotonic()
+        waited = got - asked > NETWORK_WAIT_S
+        if waited and waited_before:
+            if got - last_pause < READ_PACE_S:
+                await asyncio.sleep(READ_PACE_S - (got - last_pause))
+            last_pause = time.monotonic()
+            waited = False
+        waited_before = waited
     tail = pending.decode(errors="replace")
     if tail.startswith("data:"):
         _event(tail[5:], reply, progress)

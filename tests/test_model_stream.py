@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -427,3 +428,49 @@ async def test_a_followed_reply_that_ends_no_line_beats_at_the_usual_pace(
     [details] = await DataConverter.default.decode(pending.heartbeat_details.payloads)
     assert details.get("receiving_for_s", math.inf) >= 2.5, details  # the live pace would have beaten at ~1 s
     assert (await asyncio.wait_for(handle.result(), 60)).output == "word " * 160
+
+
+class _ArrivingBody:
+    """A response body whose `pieces` arrive `gap_s` apart and are each read at once once
+    they have arrived; every `slow_every`-th read first blocks for `read_s`, as a read does
+    on a busy worker whose other threads hold the GIL. Counts the reads that waited for a
+    piece to arrive."""
+
+    def __init__(self, pieces: list[bytes], gap_s: float, read_s: float = 0.0, slow_every: int = 1) -> None:
+        self.pieces, self.gap_s, self.read_s, self.slow_every = pieces, gap_s, read_s, slow_every
+        self.waits = 0
+
+    async def iter_bytes(self) -> AsyncIterator[bytes]:
+        started = time.monotonic()
+        for i, piece in enumerate(self.pieces):
+            if i % self.slow_every == 0:
+                time.sleep(self.read_s)
+            arrives = started + i * self.gap_s
+            if time.monotonic() < arrives:
+                self.waits += 1
+                await asyncio.sleep(arrives - time.monotonic())
+            yield piece
+
+
+def _events(count: int) -> list[bytes]:
+    return [b'data: {"choices": [{"delta": {"content": "abcd"}}]}\n\n'] * count + [b"data: [DONE]\n\n"]
+
+
+async def test_a_trickling_reply_is_read_in_batches() -> None:
+    """Each wake-up of the event loop for one event costs more CPU than parsing it
+    (`python -m bench stream --interval-ms 2`): events that trickle in gather between reads."""
+    body = _ArrivingBody(_events(20), gap_s=0.02)
+    reply = StreamedReply(10_000)
+    await model_stream._read_events(body, reply, StreamProgress())
+    assert reply.done and "".join(reply.content or ()) == "abcd" * 20
+    assert body.waits <= 10, body.waits  # one read per event would wait 20 times
+
+
+async def test_a_reply_already_arrived_is_read_without_pauses_on_a_busy_worker() -> None:
+    """Reads of what has arrived that are slow because other threads hold the GIL are not
+    taken for a trickle: a 2,000-call reply once took 10-14 s to read beside busy tests."""
+    body = _ArrivingBody(_events(40), gap_s=0.0, read_s=0.005, slow_every=4)
+    reply = StreamedReply(10_000)
+    started = time.monotonic()
+    await model_stream._read_events(body, reply, StreamProgress())
+    assert reply.done and time.monotonic() - started < 0.6  # paced after each slow read, it took ~2 s

@@ -265,8 +265,9 @@ async def _read_events(
             if got - last_pause < READ_PACE_S:
                 await asyncio.sleep(READ_PACE_S - (got - last_pause))
             last_pause = time.monotonic()
-            waited = False
-        waited_before = waited
+            waited_before = False  # the pause gathered what came: the next read starts a new count
+        else:
+            waited_before = waited
     tail = pending.decode(errors="replace")
     if tail.startswith("data:"):
         _event(tail[5:], reply, progress)

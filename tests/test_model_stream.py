@@ -468,7 +468,7 @@ async def test_a_trickling_reply_is_read_in_batches() -> None:
 
 async def test_a_reply_already_arrived_is_read_without_pauses_on_a_busy_worker() -> None:
     """Reads of what has arrived that are slow because other threads hold the GIL are not
-    taken for a trickle: a 2,000-call reply once took 10-14 s to read beside busy tests."""
+    taken for a trickle: each would pause the read of a reply that has already arrived."""
     body = _ArrivingBody(_events(40), gap_s=0.0, read_s=0.005, slow_every=4)
     reply = StreamedReply(10_000)
     started = time.monotonic()

@@ -1,6 +1,6 @@
 """Many agents against a slow model: durable-agent beside a plain Temporal loop, in one run.
 
-`python -m bench fleet [--agents 200] [--steps 4] [--latency-ms 3000] [--rounds 1]
+`python -m bench fleet [--agents 200] [--steps 4 [M ...]] [--latency-ms 3000] [--rounds 1]
 [--task-slots N ...]`: the
 benchmark agent (bench/harness.py: per step one model call, `write_file`, `run_command`)
 run by `--agents` agents at once, `--steps` steps each, against the stub model answering
@@ -30,6 +30,12 @@ waited over 1 s and went to the shared queue) and, for durable-agent, history by
 step; and the TCP connections the stub model accepted (a worker that keeps its
 connections between calls opens one per agent it serves at once). Ratios are
 durable-agent ÷ plain loop, per round.
+
+With `--steps N M ...` (two or more step counts), each round measures every contender at each
+count, and the CPU of a run (worker, its children, server) is fitted per contender as a cost
+per run plus a cost per step (least squares over the counts and rounds): which of the two
+makes a contender dearer than another. A run of N steps makes N + 1 model calls (the last
+answers), so the cost per run holds that last call's, for every contender alike.
 
 With `--task-slots N ...`, durable-agent alone instead, once per workflow-task slot count
 (`DURABLE_AGENT_MAX_CONCURRENT_WORKFLOW_TASKS`), each its own worker and task queue: the
@@ -215,20 +221,13 @@ async def run(
     agents: int, steps: int, latency_ms: int, rounds: int, slots: list[int] | None = None, hosts: int = 0
 ) -> dict[str, Any]:
     load_before = os.getloadavg()
-    results: dict[str, list[dict[str, Any]]] = {}
     with bench(StepScript(steps)) as b:
         client = await connect(b.server.address)
         every = slot_contenders(b, slots) if slots else contenders(b) + host_contenders(b, hosts)
-        for c in every:  # warm up: worker start-up and first-run costs are in no figure
-            await asyncio.gather(*(timed_run(client, c, i, steps) for i in range(2)))
-        b.model.latency_s = latency_ms / 1000
-        for r in range(rounds):
-            order = every[r % len(every) :] + every[: r % len(every)]
-            for c in order:
-                log(f"round {r + 1}: {c.name}, {agents} agents x {steps} steps at {latency_ms} ms")
-                figures = await measure(b, client, c, agents, steps)
-                log(json.dumps(figures))
-                results.setdefault(c.name, []).append(figures)
+        results = {
+            name: by_steps[steps]
+            for name, by_steps in (await measure_rounds(b, client, every, agents, [steps], latency_ms, rounds)).items()
+        }
     measured = {
         "commit": git_commit(),
         "agents": agents,
@@ -269,6 +268,87 @@ async def run(
     }
 
 
+async def run_per_run_and_per_step(agents: int, step_counts: list[int], latency_ms: int, rounds: int) -> dict[str, Any]:
+    """The three contenders at each step count, and each one's run CPU fitted per run and per step."""
+    load_before = os.getloadavg()
+    with bench(StepScript(step_counts[0])) as b:
+        client = await connect(b.server.address)
+        results = await measure_rounds(b, client, contenders(b), agents, step_counts, latency_ms, rounds)
+    fits = {name: fit_per_run_and_per_step(agents, by_steps) for name, by_steps in results.items()}
+    return {
+        "commit": git_commit(),
+        "agents": agents,
+        "steps": step_counts,
+        "latency_ms": latency_ms,
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        "results": {name: {str(n): rows for n, rows in by_steps.items()} for name, by_steps in results.items()},
+        "cpu_ms_fitted": fits,
+        "ratio_cpu_ms_fitted": {
+            other: {
+                part: {term: _ratio(fits[DURABLE][part][term], fits[other][part][term]) for term in FIT_TERMS}
+                for part in RUN_CPU_PARTS
+            }
+            for other in (PLAIN, PLAIN_PRODUCT_TOOLS)
+        },
+    }
+
+
+async def measure_rounds(
+    b: Bench, client: Client, every: list[Contender], agents: int, step_counts: list[int], latency_ms: int, rounds: int
+) -> dict[str, dict[int, list[dict[str, Any]]]]:
+    """Each round: every step count, every contender at it in rotating order (after a warm-up
+    whose worker start-up and first-run costs are in no figure)."""
+    script: StepScript = b.model.responder
+    script.steps = step_counts[0]
+    for c in every:
+        await asyncio.gather(*(timed_run(client, c, i, step_counts[0]) for i in range(2)))
+    b.model.latency_s = latency_ms / 1000
+    results: dict[str, dict[int, list[dict[str, Any]]]] = {c.name: {n: [] for n in step_counts} for c in every}
+    for r in range(rounds):
+        order = every[r % len(every) :] + every[: r % len(every)]
+        for steps in step_counts:
+            script.steps = steps
+            for c in order:
+                log(f"round {r + 1}: {c.name}, {agents} agents x {steps} steps at {latency_ms} ms")
+                figures = await measure(b, client, c, agents, steps)
+                log(json.dumps(figures))
+                results[c.name][steps].append(figures)
+    return results
+
+
+RUN_CPU_PARTS = ("total", "worker", "children", "server")
+"""`worker` is the worker process's own CPU; `children` its commands, sandboxes and their helpers."""
+FIT_TERMS = ("per_run", "per_step")
+
+
+def run_cpu_ms(agents: int, figures: dict[str, Any]) -> dict[str, float]:
+    """One measurement's CPU per run, by part, from its figures per model call."""
+    per_run = figures["model_calls"] / agents
+    worker_and_children = figures["worker_cpu_ms_per_model_call"] * per_run
+    children = figures["worker_children_cpu_ms_per_model_call"] * per_run
+    return {
+        "total": figures["cpu_ms_per_model_call"] * per_run,
+        "worker": worker_and_children - children,
+        "children": children,
+        "server": figures["server_cpu_ms_per_model_call"] * per_run,
+    }
+
+
+def fit_per_run_and_per_step(agents: int, by_steps: dict[int, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """CPU of a run = per_run + per_step x steps, by least squares over every measurement."""
+    points = [(steps, run_cpu_ms(agents, f)) for steps, rows in by_steps.items() for f in rows]
+    xs = [steps for steps, _ in points]
+    fitted = {}
+    for part in RUN_CPU_PARTS:
+        slope, intercept = statistics.linear_regression(xs, [cpu[part] for _, cpu in points])
+        fitted[part] = {"per_run": round(intercept, 1), "per_step": round(slope, 1)}
+    return fitted
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 2) if b > 0 else None
+
+
 def host_contenders(b: Bench, hosts: int) -> list[Contender]:
     """With hosts: the runs pinned to them, and with two or more, as many workers without a host."""
     if not hosts:
@@ -288,7 +368,9 @@ def ratios(durable: list[dict[str, Any]], other: list[dict[str, Any]], figure: s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--agents", type=int, default=200)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument(
+        "--steps", type=int, nargs="+", default=[4], help="two or more: CPU fitted per run and per step"
+    )
     parser.add_argument("--latency-ms", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
@@ -297,7 +379,16 @@ def main() -> None:
         "--hosts", type=int, choices=(1, 2), default=0, help="also durable-agent on N host workers (root)"
     )
     args = parser.parse_args()
-    figures = asyncio.run(run(args.agents, args.steps, args.latency_ms, args.rounds, args.task_slots, args.hosts))
+    if len(args.steps) > 1:
+        if args.task_slots or args.hosts:
+            parser.error("several --steps counts measure the three contenders only: no --task-slots or --hosts")
+        figures = asyncio.run(
+            run_per_run_and_per_step(args.agents, sorted(set(args.steps)), args.latency_ms, args.rounds)
+        )
+    else:
+        figures = asyncio.run(
+            run(args.agents, args.steps[0], args.latency_ms, args.rounds, args.task_slots, args.hosts)
+        )
     text = json.dumps(figures, indent=2)
     print(text, flush=True)
     if args.out:

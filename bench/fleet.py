@@ -379,7 +379,9 @@ def main() -> None:
         "--hosts", type=int, choices=(1, 2), default=0, help="also durable-agent on N host workers (root)"
     )
     args = parser.parse_args()
-    if len(args.steps) > 1:
+    if min(args.steps) < 1:
+        parser.error("--steps counts are 1 or more")
+    if len(set(args.steps)) > 1:
         if args.task_slots or args.hosts:
             parser.error("several --steps counts measure the three contenders only: no --task-slots or --hosts")
         figures = asyncio.run(

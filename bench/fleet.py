@@ -229,11 +229,7 @@ async def run(
             for name, by_steps in (await measure_rounds(b, client, every, agents, [steps], latency_ms, rounds)).items()
         }
     measured = {
-        "commit": git_commit(),
-        "agents": agents,
-        "steps": steps,
-        "latency_ms": latency_ms,
-        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        **what_was_run(agents, steps, latency_ms, load_before),
         "hosts": hosts,
         "results": results,
     }
@@ -276,11 +272,7 @@ async def run_per_run_and_per_step(agents: int, step_counts: list[int], latency_
         results = await measure_rounds(b, client, contenders(b), agents, step_counts, latency_ms, rounds)
     fits = {name: fit_per_run_and_per_step(agents, by_steps) for name, by_steps in results.items()}
     return {
-        "commit": git_commit(),
-        "agents": agents,
-        "steps": step_counts,
-        "latency_ms": latency_ms,
-        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+        **what_was_run(agents, step_counts, latency_ms, load_before),
         "results": {name: {str(n): rows for n, rows in by_steps.items()} for name, by_steps in results.items()},
         "cpu_ms_fitted": fits,
         "ratio_cpu_ms_fitted": {
@@ -290,6 +282,19 @@ async def run_per_run_and_per_step(agents: int, step_counts: list[int], latency_
             }
             for other in (PLAIN, PLAIN_PRODUCT_TOOLS)
         },
+    }
+
+
+def what_was_run(
+    agents: int, steps: int | list[int], latency_ms: int, load_before: tuple[float, ...]
+) -> dict[str, Any]:
+    """The figures' heading: the commit measured, the options, the load average before and after."""
+    return {
+        "commit": git_commit(),
+        "agents": agents,
+        "steps": steps,
+        "latency_ms": latency_ms,
+        "load_average_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
     }
 
 

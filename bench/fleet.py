@@ -65,6 +65,7 @@ from bench.harness import Bench, StepScript, bench, bench_input
 from bench.hosts import HOSTS, host_folders, spawn_hosts
 from bench.plain_temporal import PLAIN_WORKFLOW, PlainCall, spawn_plain_worker
 from bench.report import git_commit
+from bench.run_costs import FIT_TERMS, RUN_CPU_PARTS, fit_per_run_and_per_step
 from bench.task import goal_for
 from durable_agent.connection import connect
 from durable_agent.runs import start_agent
@@ -319,35 +320,6 @@ async def measure_rounds(
                 log(json.dumps(figures))
                 results[c.name][steps].append(figures)
     return results
-
-
-RUN_CPU_PARTS = ("total", "worker", "children", "server")
-"""`worker` is the worker process's own CPU; `children` its commands, sandboxes and their helpers."""
-FIT_TERMS = ("per_run", "per_step")
-
-
-def run_cpu_ms(agents: int, figures: dict[str, Any]) -> dict[str, float]:
-    """One measurement's CPU per run, by part, from its figures per model call."""
-    per_run = figures["model_calls"] / agents
-    worker_and_children = figures["worker_cpu_ms_per_model_call"] * per_run
-    children = figures["worker_children_cpu_ms_per_model_call"] * per_run
-    return {
-        "total": figures["cpu_ms_per_model_call"] * per_run,
-        "worker": worker_and_children - children,
-        "children": children,
-        "server": figures["server_cpu_ms_per_model_call"] * per_run,
-    }
-
-
-def fit_per_run_and_per_step(agents: int, by_steps: dict[int, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
-    """CPU of a run = per_run + per_step x steps, by least squares over every measurement."""
-    points = [(steps, run_cpu_ms(agents, f)) for steps, rows in by_steps.items() for f in rows]
-    xs = [steps for steps, _ in points]
-    fitted = {}
-    for part in RUN_CPU_PARTS:
-        slope, intercept = statistics.linear_regression(xs, [cpu[part] for _, cpu in points])
-        fitted[part] = {"per_run": round(intercept, 1), "per_step": round(slope, 1)}
-    return fitted
 
 
 def _ratio(a: float, b: float) -> float | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.fleet import fit_per_run_and_per_step, run_cpu_ms
+from bench.run_costs import fit_per_run_and_per_step, run_cpu_ms
 
 
 def figures(steps: int, agents: int, per_run: dict[str, float], per_step: dict[str, float]) -> dict:

@@ -1,7 +1,7 @@
 """Many agents against a slow model: durable-agent beside a plain Temporal loop, in one run.
 
 `python -m bench fleet [--agents 200] [--steps 4 [M ...]] [--latency-ms 3000] [--rounds 1]
-[--task-slots N ...]`: the
+[--in-order] [--task-slots N ...]`: the
 benchmark agent (bench/harness.py: per step one model call, `write_file`, `run_command`)
 run by `--agents` agents at once, `--steps` steps each, against the stub model answering
 every call in `--latency-ms`. Two contenders on one dev server, each with one worker
@@ -14,6 +14,11 @@ process of the same options (bench/plain_temporal.py), in rotating order per rou
   activities (journal, sandbox, cgroup, run files) instead of a plain `bash -c` and file
   write: beside the two above, it tells what the orchestration costs from what the tools'
   safety costs.
+
+The plain loops run a reply's two tool calls at once; durable-agent runs them one after the
+other (a command may use the file a write of the same reply made). `--in-order` adds a fourth
+contender, the bare plain loop running them in order too: the same work in the same order,
+so that its ratio tells what durable-agent costs from what running the calls at once saves.
 
 With `--hosts N` (1 or 2), a fourth: durable-agent with its runs pinned in turn to N host
 workers (bench/hosts.py: `DURABLE_AGENT_HOST`, each in a mount namespace where the other's
@@ -73,6 +78,7 @@ from durable_agent.runs import start_agent
 DURABLE = "durable-agent"
 PLAIN = "plain Temporal loop"
 PLAIN_PRODUCT_TOOLS = "plain Temporal loop with durable-agent's tools"
+PLAIN_IN_ORDER = "plain Temporal loop, a reply's tool calls in order"
 ON_HOSTS = "durable-agent on hosts"
 SAME_WORKERS = "durable-agent, as many workers without a host"
 
@@ -198,12 +204,14 @@ def slot_contenders(b: Bench, slots: list[int]) -> list[Contender]:
     return every
 
 
-def contenders(b: Bench) -> list[Contender]:
+def contenders(b: Bench, in_order: bool = False) -> list[Contender]:
+    """durable-agent, the bare plain loop and the loop with durable-agent's tools; `in_order`:
+    also the bare loop running a reply's tool calls in order."""
     plain_queue = f"{b.task_queue}-plain"
 
-    def plain(product_tools: bool) -> Any:
+    def plain(product_tools: bool, tools_in_order: bool = False) -> Any:
         async def start(client: Client, index: int, steps: int) -> WorkflowHandle:
-            call = PlainCall.start(goal_for(index, steps), str(b.workspace()), product_tools)
+            call = PlainCall.start(goal_for(index, steps), str(b.workspace()), product_tools, tools_in_order)
             return await client.start_workflow(
                 PLAIN_WORKFLOW, call, id=f"plain-{uuid.uuid4().hex[:10]}", task_queue=plain_queue
             )
@@ -211,20 +219,29 @@ def contenders(b: Bench) -> list[Contender]:
         return start
 
     plain_worker = spawn_plain_worker(b, plain_queue)
-    return [
+    every = [
         Contender(DURABLE, b.start_worker(), durable_start(b, b.task_queue)),
         Contender(PLAIN, plain_worker, plain(product_tools=False)),
         Contender(PLAIN_PRODUCT_TOOLS, plain_worker, plain(product_tools=True)),
     ]
+    if in_order:
+        every.append(Contender(PLAIN_IN_ORDER, plain_worker, plain(product_tools=False, tools_in_order=True)))
+    return every
 
 
 async def run(
-    agents: int, steps: int, latency_ms: int, rounds: int, slots: list[int] | None = None, hosts: int = 0
+    agents: int,
+    steps: int,
+    latency_ms: int,
+    rounds: int,
+    slots: list[int] | None = None,
+    hosts: int = 0,
+    in_order: bool = False,
 ) -> dict[str, Any]:
     load_before = os.getloadavg()
     with bench(StepScript(steps)) as b:
         client = await connect(b.server.address)
-        every = slot_contenders(b, slots) if slots else contenders(b) + host_contenders(b, hosts)
+        every = slot_contenders(b, slots) if slots else contenders(b, in_order) + host_contenders(b, hosts)
         results = {
             name: by_steps[steps]
             for name, by_steps in (await measure_rounds(b, client, every, agents, [steps], latency_ms, rounds)).items()
@@ -243,6 +260,14 @@ async def run(
         "ratio_cpu_per_model_call": ratios(durable, results[PLAIN], "cpu_ms_per_model_call"),
         "ratio_run_time_median_same_tools": ratios(durable, results[PLAIN_PRODUCT_TOOLS], "run_time_s"),
         "ratio_cpu_per_model_call_same_tools": ratios(durable, results[PLAIN_PRODUCT_TOOLS], "cpu_ms_per_model_call"),
+        **(
+            {
+                "ratio_run_time_median_in_order": ratios(durable, results[PLAIN_IN_ORDER], "run_time_s"),
+                "ratio_cpu_per_model_call_in_order": ratios(durable, results[PLAIN_IN_ORDER], "cpu_ms_per_model_call"),
+            }
+            if in_order
+            else {}
+        ),
         **(
             {
                 "ratio_run_time_median_hosts_to_1_worker": ratios(results[ON_HOSTS], durable, "run_time_s"),
@@ -265,12 +290,14 @@ async def run(
     }
 
 
-async def run_per_run_and_per_step(agents: int, step_counts: list[int], latency_ms: int, rounds: int) -> dict[str, Any]:
-    """The three contenders at each step count, and each one's run CPU fitted per run and per step."""
+async def run_per_run_and_per_step(
+    agents: int, step_counts: list[int], latency_ms: int, rounds: int, in_order: bool = False
+) -> dict[str, Any]:
+    """The contenders at each step count, and each one's run CPU fitted per run and per step."""
     load_before = os.getloadavg()
     with bench(StepScript(step_counts[0])) as b:
         client = await connect(b.server.address)
-        results = await measure_rounds(b, client, contenders(b), agents, step_counts, latency_ms, rounds)
+        results = await measure_rounds(b, client, contenders(b, in_order), agents, step_counts, latency_ms, rounds)
     fits = {name: fit_per_run_and_per_step(agents, by_steps) for name, by_steps in results.items()}
     return {
         **what_was_run(agents, step_counts, latency_ms, load_before),
@@ -281,7 +308,8 @@ async def run_per_run_and_per_step(agents: int, step_counts: list[int], latency_
                 part: {term: _ratio(fits[DURABLE][part][term], fits[other][part][term]) for term in FIT_TERMS}
                 for part in RUN_CPU_PARTS
             }
-            for other in (PLAIN, PLAIN_PRODUCT_TOOLS)
+            for other in results
+            if other != DURABLE
         },
     }
 
@@ -351,6 +379,9 @@ def main() -> None:
     parser.add_argument("--latency-ms", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path, help="also write the JSON here")
+    parser.add_argument(
+        "--in-order", action="store_true", help="also the bare loop running a reply's tool calls in order"
+    )
     parser.add_argument("--task-slots", type=int, nargs="+", help="durable-agent alone, once per slot count")
     parser.add_argument(
         "--hosts", type=int, choices=(1, 2), default=0, help="also durable-agent on N host workers (root)"
@@ -360,13 +391,15 @@ def main() -> None:
         parser.error("--steps counts are 1 or more")
     if len(set(args.steps)) > 1:
         if args.task_slots or args.hosts:
-            parser.error("several --steps counts measure the three contenders only: no --task-slots or --hosts")
+            parser.error("several --steps counts measure the plain loops' contenders only: no --task-slots or --hosts")
         figures = asyncio.run(
-            run_per_run_and_per_step(args.agents, sorted(set(args.steps)), args.latency_ms, args.rounds)
+            run_per_run_and_per_step(args.agents, sorted(set(args.steps)), args.latency_ms, args.rounds, args.in_order)
         )
     else:
+        if args.in_order and args.task_slots:
+            parser.error("--task-slots measures durable-agent alone: no --in-order")
         figures = asyncio.run(
-            run(args.agents, args.steps[0], args.latency_ms, args.rounds, args.task_slots, args.hosts)
+            run(args.agents, args.steps[0], args.latency_ms, args.rounds, args.task_slots, args.hosts, args.in_order)
         )
     text = json.dumps(figures, indent=2)
     print(text, flush=True)

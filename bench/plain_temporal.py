@@ -2,7 +2,8 @@
 
 What a Temporal user would write in 40 lines: the transcript is the workflow's state and
 goes, whole, into every model call's input (so history grows with the square of the
-steps, which at 4 steps does not matter); the tools are regular activities too. It does
+steps, which at 4 steps does not matter); the tools are regular activities too, a reply's
+calls all at once (`asyncio.gather`) or, with `PlainCall.tools_in_order`, one after another. It does
 the benchmark agent's work with the same parts as the other peers (bench/task.py). Its
 worker runs with durable-agent's worker options (runner, slots), so that only the two
 workflows differ: `python -m bench.plain_temporal --task-queue Q`.
@@ -50,12 +51,17 @@ class PlainCall(BaseModel):
     tool_call: ToolCall | None = None
     product_tools: bool = False
     """Run the tools as durable-agent's activities (module docstring)."""
+    tools_in_order: bool = False
+    """Run a reply's tool calls one after another, as durable-agent does (a command may use the
+    file a write of the same reply made), not all at once."""
 
     @classmethod
-    def start(cls, goal: str, workspace: str, product_tools: bool = False) -> PlainCall:
+    def start(cls, goal: str, workspace: str, product_tools: bool = False, tools_in_order: bool = False) -> PlainCall:
         """A run's input: the transcript opens as durable-agent's does."""
         opening = PeerAgent.create(goal, workspace).opening()
-        return cls(goal=goal, workspace=workspace, messages=opening, product_tools=product_tools)
+        return cls(
+            goal=goal, workspace=workspace, messages=opening, product_tools=product_tools, tools_in_order=tools_in_order
+        )
 
 
 @workflow.defn(name=PLAIN_WORKFLOW)
@@ -74,7 +80,11 @@ class PlainAgentLoop:
             if not reply.tool_calls:
                 return reply.content or ""
             run_tool = self._product_tool if call.product_tools else self._plain_tool
-            messages.extend(await asyncio.gather(*(run_tool(call, step, c) for c in reply.tool_calls)))
+            if call.tools_in_order:
+                for tool_call in reply.tool_calls:
+                    messages.append(await run_tool(call, step, tool_call))
+            else:
+                messages.extend(await asyncio.gather(*(run_tool(call, step, c) for c in reply.tool_calls)))
 
     @staticmethod
     async def _plain_tool(call: PlainCall, step: int, tool_call: ToolCall) -> dict[str, Any]:

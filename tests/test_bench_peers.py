@@ -1,5 +1,6 @@
 """The fleet benchmark's plain Temporal loop (bench/plain_temporal.py) does the benchmark
-agent's work, with the peers' tools and with durable-agent's own tool activities."""
+agent's work, with the peers' tools and with durable-agent's own tool activities, a reply's
+tool calls at once or in order."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from bench.harness import StepScript
@@ -34,3 +36,29 @@ async def test_plain_loop_does_the_benchmark_agents_work(
     tool_results = [m for m in model_server.requests[-1]["messages"] if m["role"] == "tool"]
     assert len(tool_results) == 2 * STEPS
     assert not any(m["content"].startswith("ERROR") for m in tool_results)
+
+
+@pytest.mark.parametrize("in_order", [False, True], ids=["at once", "in order"])
+async def test_plain_loop_runs_a_replys_tool_calls_at_once_or_in_order(
+    client: Client, task_queue: str, model_server: ModelServer, workspace: Path, in_order: bool
+) -> None:
+    model_server.responder = StepScript(STEPS)
+    call = PlainCall.start(goal_for(0, STEPS), str(workspace), tools_in_order=in_order)
+    async with plain_worker(client, task_queue):
+        handle = await client.start_workflow(
+            PLAIN_WORKFLOW, call, id=f"plain-{uuid.uuid4().hex[:8]}", task_queue=task_queue
+        )
+        await handle.result()
+
+    # How many tool activities were open at once, read from history: scheduled and not yet closed.
+    open_tools: set[int] = set()
+    most_open = 0
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            if event.activity_task_scheduled_event_attributes.activity_type.name == "plain_tool":
+                open_tools.add(event.event_id)
+                most_open = max(most_open, len(open_tools))
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED:
+            open_tools.discard(event.activity_task_completed_event_attributes.scheduled_event_id)
+    assert most_open == (1 if in_order else 2)
+    assert (workspace / "ledger.txt").read_text() == "".join(f"{n}\n" for n in range(1, STEPS + 1))

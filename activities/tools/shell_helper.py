@@ -21,7 +21,8 @@ SIGTERM, SIGKILL after the grace, then `ended`. The control socket closing ends 
 What the helper sends is plain bytes, never `marshal`, whose reader is not made for data from
 inside a sandbox. Its start is paid at every run's start, so it imports C modules only:
 `_socket` and `_signal` in place of `socket` and `signal`, whose Python layers import `enum` and
-`selectors` (as `json` would import `re`); `_ctypes` for the one `prctl`, where `ctypes` and
+`selectors` (as `json` would import `re`); `posix` in place of `os`, whose Python layer imports
+`_collections_abc`, `stat` and `posixpath`; `_ctypes` for the one `prctl`, where `ctypes` and
 `array` (descriptors are packed with `int.to_bytes`) would each import `collections`.
 
 A request `{"standby": true}` with the `cgroup.procs` files of the NEXT command's cgroups
@@ -37,7 +38,7 @@ import _ctypes
 import _signal as signal
 import _socket
 import marshal
-import os
+import posix as os
 import resource
 import select
 import sys

@@ -391,7 +391,7 @@ def main() -> None:
         parser.error("--steps counts are 1 or more")
     if len(set(args.steps)) > 1:
         if args.task_slots or args.hosts:
-            parser.error("several --steps counts measure the plain loops' contenders only: no --task-slots or --hosts")
+            parser.error("several --steps counts measure durable-agent and the plain loops: no --task-slots or --hosts")
         figures = asyncio.run(
             run_per_run_and_per_step(args.agents, sorted(set(args.steps)), args.latency_ms, args.rounds, args.in_order)
         )

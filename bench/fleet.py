@@ -1,7 +1,7 @@
 """Many agents against a slow model: durable-agent beside a plain Temporal loop, in one run.
 
 `python -m bench fleet [--agents 200] [--steps 4 [M ...]] [--latency-ms 3000] [--rounds 1]
-[--in-order] [--task-slots N ...]`: the
+[--in-order] [--fresh-shell] [--task-slots N ...]`: the
 benchmark agent (bench/harness.py: per step one model call, `write_file`, `run_command`)
 run by `--agents` agents at once, `--steps` steps each, against the stub model answering
 every call in `--latency-ms`. Two contenders on one dev server, each with one worker
@@ -19,6 +19,10 @@ The plain loops run a reply's two tool calls at once; durable-agent runs them on
 other (a command may use the file a write of the same reply made). `--in-order` adds a fourth
 contender, the bare plain loop running them in order too: the same work in the same order,
 so that its ratio tells what durable-agent costs from what running the calls at once saves.
+`--fresh-shell` adds durable-agent with `shell: fresh` on the same worker: a sandbox per
+command instead of one per run, so that its ratios tell what a run's sandbox costs or saves at
+this many steps (`ratio_*_fresh_shell_to_persistent`: fresh ÷ the default) and where a
+sandbox per command leaves the issue's ratios (`ratio_*_fresh_shell_to_bare`).
 
 With `--hosts N` (1 or 2), a fourth: durable-agent with its runs pinned in turn to N host
 workers (bench/hosts.py: `DURABLE_AGENT_HOST`, each in a mount namespace where the other's
@@ -79,6 +83,7 @@ DURABLE = "durable-agent"
 PLAIN = "plain Temporal loop"
 PLAIN_PRODUCT_TOOLS = "plain Temporal loop with durable-agent's tools"
 PLAIN_IN_ORDER = "plain Temporal loop, a reply's tool calls in order"
+DURABLE_FRESH_SHELL = "durable-agent, shell: fresh"
 ON_HOSTS = "durable-agent on hosts"
 SAME_WORKERS = "durable-agent, as many workers without a host"
 
@@ -186,9 +191,11 @@ def same_workers(b: Bench, count: int) -> Contender:
     return Contender(SAME_WORKERS, first, durable_start(b, queue), others=tuple(rest))
 
 
-def durable_start(b: Bench, queue: str) -> Any:
+def durable_start(b: Bench, queue: str, **overrides: Any) -> Any:
+    """Runs of the benchmark agent on `queue`; `overrides`: fields of its input (`shell`)."""
+
     async def durable(client: Client, index: int, steps: int) -> WorkflowHandle:
-        agent = bench_input(goal_for(index, steps), b.workspace(), steps)
+        agent = bench_input(goal_for(index, steps), b.workspace(), steps, **overrides)
         return await start_agent(client, agent, f"fleet-{uuid.uuid4().hex[:10]}", queue)
 
     return durable
@@ -204,9 +211,10 @@ def slot_contenders(b: Bench, slots: list[int]) -> list[Contender]:
     return every
 
 
-def contenders(b: Bench, in_order: bool = False) -> list[Contender]:
+def contenders(b: Bench, in_order: bool = False, fresh_shell: bool = False) -> list[Contender]:
     """durable-agent, the bare plain loop and the loop with durable-agent's tools; `in_order`:
-    also the bare loop running a reply's tool calls in order."""
+    also the bare loop running a reply's tool calls in order; `fresh_shell`: also durable-agent's
+    runs with `shell: fresh`, on its worker."""
     plain_queue = f"{b.task_queue}-plain"
 
     def plain(product_tools: bool, tools_in_order: bool = False) -> Any:
@@ -219,13 +227,16 @@ def contenders(b: Bench, in_order: bool = False) -> list[Contender]:
         return start
 
     plain_worker = spawn_plain_worker(b, plain_queue)
+    durable_worker = b.start_worker()
     every = [
-        Contender(DURABLE, b.start_worker(), durable_start(b, b.task_queue)),
+        Contender(DURABLE, durable_worker, durable_start(b, b.task_queue)),
         Contender(PLAIN, plain_worker, plain(product_tools=False)),
         Contender(PLAIN_PRODUCT_TOOLS, plain_worker, plain(product_tools=True)),
     ]
     if in_order:
         every.append(Contender(PLAIN_IN_ORDER, plain_worker, plain(product_tools=False, tools_in_order=True)))
+    if fresh_shell:
+        every.append(Contender(DURABLE_FRESH_SHELL, durable_worker, durable_start(b, b.task_queue, shell="fresh")))
     return every
 
 
@@ -237,11 +248,12 @@ async def run(
     slots: list[int] | None = None,
     hosts: int = 0,
     in_order: bool = False,
+    fresh_shell: bool = False,
 ) -> dict[str, Any]:
     load_before = os.getloadavg()
     with bench(StepScript(steps)) as b:
         client = await connect(b.server.address)
-        every = slot_contenders(b, slots) if slots else contenders(b, in_order) + host_contenders(b, hosts)
+        every = slot_contenders(b, slots) if slots else contenders(b, in_order, fresh_shell) + host_contenders(b, hosts)
         results = {
             name: by_steps[steps]
             for name, by_steps in (await measure_rounds(b, client, every, agents, [steps], latency_ms, rounds)).items()
@@ -268,6 +280,7 @@ async def run(
             if in_order
             else {}
         ),
+        **(fresh_shell_ratios(results, durable) if fresh_shell else {}),
         **(
             {
                 "ratio_run_time_median_hosts_to_1_worker": ratios(results[ON_HOSTS], durable, "run_time_s"),
@@ -291,13 +304,15 @@ async def run(
 
 
 async def run_per_run_and_per_step(
-    agents: int, step_counts: list[int], latency_ms: int, rounds: int, in_order: bool = False
+    agents: int, step_counts: list[int], latency_ms: int, rounds: int, in_order: bool = False, fresh_shell: bool = False
 ) -> dict[str, Any]:
     """The contenders at each step count, and each one's run CPU fitted per run and per step."""
     load_before = os.getloadavg()
     with bench(StepScript(step_counts[0])) as b:
         client = await connect(b.server.address)
-        results = await measure_rounds(b, client, contenders(b, in_order), agents, step_counts, latency_ms, rounds)
+        results = await measure_rounds(
+            b, client, contenders(b, in_order, fresh_shell), agents, step_counts, latency_ms, rounds
+        )
     fits = {name: fit_per_run_and_per_step(agents, by_steps) for name, by_steps in results.items()}
     return {
         **what_was_run(agents, step_counts, latency_ms, load_before),
@@ -354,6 +369,18 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 2) if b > 0 else None
 
 
+def fresh_shell_ratios(
+    results: dict[str, list[dict[str, Any]]], durable: list[dict[str, Any]]
+) -> dict[str, list[float]]:
+    """durable-agent with `shell: fresh` ÷ the default (a run's sandbox), and ÷ the bare loop."""
+    fresh = results[DURABLE_FRESH_SHELL]
+    return {
+        f"ratio_{key}_fresh_shell_to_{name}": ratios(fresh, other, figure)
+        for name, other in (("persistent", durable), ("bare", results[PLAIN]))
+        for key, figure in (("run_time_median", "run_time_s"), ("cpu_per_model_call", "cpu_ms_per_model_call"))
+    }
+
+
 def host_contenders(b: Bench, hosts: int) -> list[Contender]:
     """With hosts: the runs pinned to them, and with two or more, as many workers without a host."""
     if not hosts:
@@ -382,6 +409,9 @@ def main() -> None:
     parser.add_argument(
         "--in-order", action="store_true", help="also the bare loop running a reply's tool calls in order"
     )
+    parser.add_argument(
+        "--fresh-shell", action="store_true", help="also durable-agent with shell: fresh (a sandbox per command)"
+    )
     parser.add_argument("--task-slots", type=int, nargs="+", help="durable-agent alone, once per slot count")
     parser.add_argument(
         "--hosts", type=int, choices=(1, 2), default=0, help="also durable-agent on N host workers (root)"
@@ -393,13 +423,24 @@ def main() -> None:
         if args.task_slots or args.hosts:
             parser.error("several --steps counts measure durable-agent and the plain loops: no --task-slots or --hosts")
         figures = asyncio.run(
-            run_per_run_and_per_step(args.agents, sorted(set(args.steps)), args.latency_ms, args.rounds, args.in_order)
+            run_per_run_and_per_step(
+                args.agents, sorted(set(args.steps)), args.latency_ms, args.rounds, args.in_order, args.fresh_shell
+            )
         )
     else:
-        if args.in_order and args.task_slots:
-            parser.error("--task-slots measures durable-agent alone: no --in-order")
+        if (args.in_order or args.fresh_shell) and args.task_slots:
+            parser.error("--task-slots measures durable-agent alone: no --in-order or --fresh-shell")
         figures = asyncio.run(
-            run(args.agents, args.steps[0], args.latency_ms, args.rounds, args.task_slots, args.hosts, args.in_order)
+            run(
+                args.agents,
+                args.steps[0],
+                args.latency_ms,
+                args.rounds,
+                args.task_slots,
+                args.hosts,
+                args.in_order,
+                args.fresh_shell,
+            )
         )
     text = json.dumps(figures, indent=2)
     print(text, flush=True)

@@ -78,8 +78,13 @@ async def test_cd_and_export_carry_over_to_the_next_command(
 ) -> None:
     model_server.responder = Script(
         [
-            tools(command("mkdir -p src && cd src && export STAGE=built && unset LANG && echo in $PWD")),
-            tools(command('pwd > where.txt; echo "$STAGE ${LANG-unset}" > stage.txt')),
+            tools(
+                command(
+                    "mkdir -p src && cd src && export STAGE=built && unset LANG && echo t > /tmp/kept && echo in $PWD"
+                )
+            ),
+            tools(command('pwd > where.txt; echo "$STAGE ${LANG-unset}" > stage.txt; echo h > ~/kept')),
+            tools(command("cat /tmp/kept ~/kept > kept.txt")),
             answer("done"),
         ]
     )
@@ -88,6 +93,7 @@ async def test_cd_and_export_carry_over_to_the_next_command(
     assert result.state == "completed"
     assert (workspace / "src" / "where.txt").read_text() == f"{workspace}/src\n"
     assert (workspace / "src" / "stage.txt").read_text() == "built unset\n"
+    assert (workspace / "src" / "kept.txt").read_text() == "t\nh\n"  # the run's /tmp and $HOME, kept too
     # Recorded per command in the run's history: the directory and the variables set and unset.
     states = [state for state in await recorded_shell_states(handle) if state is not None]
     assert states[0] == {"cwd": f"{workspace}/src", "env": {"STAGE": "built", "LANG": None}}
@@ -99,8 +105,10 @@ async def test_a_fresh_shell_starts_every_command_in_the_workspace(
 ) -> None:
     model_server.responder = Script(
         [
-            tools(command("mkdir -p src && cd src && export STAGE=built")),
-            tools(command('pwd > where.txt; echo "${STAGE-unset}" > stage.txt')),
+            tools(command("mkdir -p src && cd src && export STAGE=built && echo t > /tmp/kept && echo h > ~/kept")),
+            tools(
+                command('pwd > where.txt; echo "${STAGE-unset}" > stage.txt; ls /tmp/kept ~/kept | wc -l > kept.txt')
+            ),
             answer("done"),
         ]
     )
@@ -108,6 +116,7 @@ async def test_a_fresh_shell_starts_every_command_in_the_workspace(
     assert (await asyncio.wait_for(handle.result(), timeout=120)).state == "completed"
     assert (workspace / "where.txt").read_text() == f"{workspace}\n"
     assert (workspace / "stage.txt").read_text() == "unset\n"
+    assert (workspace / "kept.txt").read_text().strip() == "0"  # nor /tmp and $HOME: each its sandbox's own
     tools_sent = model_server.requests[0]["tools"]
     description = next(t["function"]["description"] for t in tools_sent if t["function"]["name"] == "run_command")
     assert "starts afresh" in description

@@ -4,6 +4,7 @@ on, as recorded with the figures, whatever machine renders it."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from bench.report import write_results
@@ -44,3 +45,16 @@ def test_figures_measured_without_the_machine_do_not_borrow_the_renderers(tmp_pa
     text = render(data, tmp_path)
     assert "- machine and versions: not recorded with these figures" in text
     assert "- CPU:" not in text and "Temporal CLI:" not in text
+
+
+def test_the_bench_readme_quotes_the_run_that_results_md_holds() -> None:
+    """bench/README.md's "Latest figures" are those of the run bench/RESULTS.md holds: they name
+    its commit, and no other paragraph names another as the one RESULTS.md holds."""
+    results = (ROOT / "bench" / "RESULTS.md").read_text()
+    commit = re.search(r"^- durable-agent commit: (\w+)", results, re.MULTILINE)
+    assert commit, "RESULTS.md records no commit"
+    readme = (ROOT / "bench" / "README.md").read_text()
+    latest = readme.split("\n## Latest figures\n", 1)[1].split("\n## ", 1)[0]
+    assert f"({commit[1]}," in latest
+    claimed = re.findall(r"RESULTS\.md` in the repository is [^.]*? on (\w+)", readme)
+    assert set(claimed) <= {commit[1]}, claimed

@@ -10,6 +10,7 @@ import threading
 import time
 import types
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -262,13 +263,36 @@ async def test_a_refused_workflow_task_fails_once_and_its_retry_replays_to_the_e
     assert (await event_types(handle)).count(EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED) == 1
 
 
-IN_QUERY: dict[str, threading.Event] = {}
-"""By workflow id: set while `LocalThenBranch.is_paused` answers."""
+class RaceEvents:
+    """The race's moments, by event rather than by time: the query holds the run's first task,
+    the signal reaches the server, then the local activity ends while the task is still held."""
+
+    def __init__(self) -> None:
+        self.answering = threading.Event()
+        self.signalled = threading.Event()
+        self.local_done = threading.Event()
+
+    def hold_the_task(self) -> None:
+        """In the query: until the local activity ended and its result has reached core. Under the
+        SDK's 2 s deadlock timeout: a machine too slow for it misses the race (`raced` retries)."""
+        self.answering.set()
+        if self.local_done.wait(HOLD_MAX_S):
+            time.sleep(LOCAL_RESULT_MARGIN_S)
+
+
+HOLD_MAX_S = 1.4
+LOCAL_RESULT_MARGIN_S = 0.3
+"""After the local activity returned: its result reaching core, one call on the worker's idle event loop."""
+
+RACES: dict[str, RaceEvents] = {}
+"""By workflow id."""
 
 
 @activity.defn
 async def open_quickly() -> None:
-    pass
+    race = RACES[activity.info().workflow_id]
+    await asyncio.to_thread(race.signalled.wait, 30)  # ends after the signal, while the query holds the task
+    race.local_done.set()
 
 
 @activity.defn
@@ -299,18 +323,17 @@ class LocalThenBranch:
 
     @workflow.query
     def is_paused(self) -> bool:
-        IN_QUERY[workflow.info().workflow_id].set()
-        time.sleep(0.5)  # the local activity ends meanwhile, and the signal comes
+        RACES[workflow.info().workflow_id].hold_the_task()
         return self.paused
 
 
 async def a_query_with_the_first_task_then_a_signal(client: Client, runner: Any) -> WorkflowHandle[Any, Any]:
-    """The race CI met, made certain: a query that comes with the run's first task, a local
-    activity that ends while the query is answered, and a signal during that task. Core records
-    the local activity's marker in the first task and hands its result to the run only with the
-    next task, after the signal."""
+    """The race CI met: a query that comes with the run's first task, a signal during that
+    task, and a local activity that ends while the query is answered. Core records the local
+    activity's marker in the first task and hands its result to the run only with the next
+    task, after the signal."""
     queue, workflow_id = f"guard-{uuid.uuid4().hex[:8]}", f"branch-{uuid.uuid4().hex}"
-    IN_QUERY[workflow_id] = threading.Event()
+    race = RACES[workflow_id] = RaceEvents()
     handle = await client.start_workflow(LocalThenBranch.run, id=workflow_id, task_queue=queue)
     asked = asyncio.create_task(handle.query(LocalThenBranch.is_paused))  # no worker yet: it waits for the first task
     await asyncio.sleep(0.5)
@@ -322,9 +345,9 @@ async def a_query_with_the_first_task_then_a_signal(client: Client, runner: Any)
         unsandboxed_workflow_runner=runner,  # the workflow is not sandboxed: its query sleeps
     )
     async with worker:
-        await asyncio.to_thread(IN_QUERY[workflow_id].wait, 30)
-        await asyncio.sleep(0.1)
+        assert await asyncio.to_thread(race.answering.wait, 30)
         await handle.signal(LocalThenBranch.pause)
+        race.signalled.set()
         await asyncio.wait_for(handle.result(), 30)
         assert await asked is False
     return handle
@@ -336,12 +359,20 @@ async def test_a_local_result_that_comes_after_a_signal_is_replayed_in_its_recor
     once, its retry replays the first task with the local activity's result where its marker
     is, and the history replays."""
     replayer = Replayer(workflows=[LocalThenBranch])
-    bare = await a_query_with_the_first_task_then_a_signal(client, UnsandboxedWorkflowRunner())
-    failure = (await replayer.replay_workflow(await bare.fetch_history(), raise_on_replay_failure=False)).replay_failure
-    assert failure is not None and "Nondeterminism" in str(failure)
+
+    async def unreplayable(handle: WorkflowHandle[Any, Any]) -> bool:
+        failure = (
+            await replayer.replay_workflow(await handle.fetch_history(), raise_on_replay_failure=False)
+        ).replay_failure
+        return failure is not None and "Nondeterminism" in str(failure)
+
+    bare = await raced(client, UnsandboxedWorkflowRunner(), unreplayable)
     assert await bare.result() == "paused first"  # live, the signal came first
 
-    handle = await a_query_with_the_first_task_then_a_signal(client, guarded(UnsandboxedWorkflowRunner()))
+    async def refused(handle: WorkflowHandle[Any, Any]) -> bool:
+        return EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED in await event_types(handle)
+
+    handle = await raced(client, guarded(UnsandboxedWorkflowRunner()), refused)
     history = await handle.fetch_history()
     assert (await replayer.replay_workflow(history, raise_on_replay_failure=False)).replay_failure is None
     assert await handle.result() == "acted first"  # as its history has it: the result, then the signal
@@ -350,6 +381,18 @@ async def test_a_local_result_that_comes_after_a_signal_is_replayed_in_its_recor
     assert "a local activity's result came with the next task's events" in (
         failed[0].workflow_task_failed_event_attributes.failure.message
     )
+
+
+async def raced(
+    client: Client, runner: Any, race_shows: Callable[[WorkflowHandle[Any, Any]], Awaitable[bool]], attempts: int = 3
+) -> WorkflowHandle[Any, Any]:
+    """A run that met the race, as `race_shows(handle)` tells from its history: a machine too
+    loaded to end the local activity within the query's hold misses it, and a new run tries."""
+    for _ in range(attempts):
+        handle = await a_query_with_the_first_task_then_a_signal(client, runner)
+        if await race_shows(handle):
+            return handle
+    raise AssertionError(f"no run of {attempts} met the race")
 
 
 async def test_on_an_agent_run_the_guard_refuses_exactly_the_activations_without_a_task(

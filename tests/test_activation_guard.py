@@ -281,6 +281,7 @@ class RaceEvents:
 
 
 HOLD_MAX_S = 1.4
+"""The longest the query waits for the local activity: with the margin, under 2 s."""
 LOCAL_RESULT_MARGIN_S = 0.3
 """After the local activity returned: its result reaching core, one call on the worker's idle event loop."""
 

@@ -105,7 +105,12 @@ async def test_a_fresh_shell_starts_every_command_in_the_workspace(
 ) -> None:
     model_server.responder = Script(
         [
-            tools(command("mkdir -p src && cd src && export STAGE=built && echo t > /tmp/kept && echo h > ~/kept")),
+            tools(
+                command(
+                    "mkdir -p src && cd src && export STAGE=built && echo t > /tmp/kept && echo h > ~/kept"
+                    " && cat /tmp/kept ~/kept > wrote.txt"
+                )
+            ),
             tools(
                 command('pwd > where.txt; echo "${STAGE-unset}" > stage.txt; ls /tmp/kept ~/kept | wc -l > kept.txt')
             ),
@@ -116,6 +121,7 @@ async def test_a_fresh_shell_starts_every_command_in_the_workspace(
     assert (await asyncio.wait_for(handle.result(), timeout=120)).state == "completed"
     assert (workspace / "where.txt").read_text() == f"{workspace}\n"
     assert (workspace / "stage.txt").read_text() == "unset\n"
+    assert (workspace / "src" / "wrote.txt").read_text() == "t\nh\n"  # the first command did write them
     assert (workspace / "kept.txt").read_text().strip() == "0"  # nor /tmp and $HOME: each its sandbox's own
     tools_sent = model_server.requests[0]["tools"]
     description = next(t["function"]["description"] for t in tools_sent if t["function"]["name"] == "run_command")

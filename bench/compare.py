@@ -39,7 +39,7 @@ from bench import fleet
 from bench.contenders import DurableContender, Figures, PeerContender, PlainTemporalContender
 from bench.harness import Bench, StepScript, bench
 from bench.observe import Kill, Recorder, kill_figures, ledger_check
-from bench.report import git_commit, machine_description
+from bench.report import git_commit, machine_description, output_file, write_results
 from bench.task import goal_for
 from durable_agent.connection import connect
 
@@ -249,15 +249,13 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help='add LangGraph with durability="sync" (a checkpoint before every next node)',
     )
-    parser.add_argument("--out", default=str(HERE / "RESULTS.md"))
+    parser.add_argument("--out", type=output_file, default=HERE / "RESULTS.md")
     args = parser.parse_args(argv)
     o = Options.quick_options(runs=args.runs) if args.quick else Options(runs=args.runs)
     if args.with_langgraph_sync:
         o.peers.append("langgraph-sync")
     data = asyncio.run(measure(o))
-    from bench.report import write_results
-
-    out = Path(args.out)
+    out = args.out
     out.with_suffix(".json").write_text(json.dumps(data, indent=1))
     write_results(data, out, " ".join(["python -m bench compare", *(argv if argv is not None else sys.argv[1:])]))
     log(f"wrote {out} and {out.with_suffix('.json')}")

@@ -63,7 +63,6 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType, TimeoutType
@@ -73,7 +72,7 @@ from bench.contenders import _children_cpu_s, _cpu_s, history_bytes
 from bench.harness import Bench, StepScript, bench, bench_input
 from bench.hosts import HOSTS, host_folders, spawn_hosts
 from bench.plain_temporal import PLAIN_WORKFLOW, PlainCall, spawn_plain_worker
-from bench.report import git_commit
+from bench.report import git_commit, output_file
 from bench.run_costs import FIT_TERMS, RUN_CPU_PARTS, fit_per_run_and_per_step
 from bench.task import goal_for
 from durable_agent.connection import connect
@@ -405,7 +404,7 @@ def main() -> None:
     )
     parser.add_argument("--latency-ms", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--out", type=Path, help="also write the JSON here")
+    parser.add_argument("--out", type=output_file, help="also write the JSON here")
     parser.add_argument(
         "--in-order", action="store_true", help="also the bare loop running a reply's tool calls in order"
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
@@ -29,6 +30,21 @@ PACKAGES = [
     "pydantic",
     "psutil",
 ]
+
+
+def output_file(text: str) -> Path:
+    """An `--out` option's file (argparse `type=`), its folder made now: a path that cannot be
+    written fails before the measurement, which takes minutes, rather than after it."""
+    path = Path(text)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write {text}: its folder cannot be made ({e.strerror})") from None
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: a folder")
+    if not os.access(path.parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: its folder is not writable")
+    return path
 
 
 def write_results(data: dict[str, Any], path: Path, command: str) -> None:

@@ -3,11 +3,19 @@ on, as recorded with the figures, whatever machine renders it."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-from bench.report import write_results
+import pytest
+
+from bench.report import output_file, write_results
+from tests.unprivileged import nobody_folder, unprivileged_argv, unprivileged_unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 MACHINE = {
@@ -58,3 +66,48 @@ def test_the_bench_readme_quotes_the_run_that_results_md_holds() -> None:
     assert f"({commit[1]}," in latest
     claimed = re.findall(r"RESULTS\.md` in the repository is [^.]*? on (\w+)", readme)
     assert set(claimed) <= {commit[1]}, claimed
+
+
+def test_an_out_file_that_cannot_be_written_is_refused_before_anything_is_measured(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(argparse.ArgumentTypeError, match="its folder cannot be made"):
+        output_file(f"{blocker}/RESULTS.md")
+    with pytest.raises(argparse.ArgumentTypeError, match="a folder"):
+        output_file(str(tmp_path))
+    made = output_file(str(tmp_path / "new" / "deeper" / "RESULTS.md"))
+    assert made.parent.is_dir() and not made.exists()  # its folder made now; the file only once measured
+
+
+def test_an_out_file_in_a_folder_the_user_may_not_write_is_refused() -> None:
+    folder = nobody_folder()  # root's, 0755: nobody may read it, not write in it
+    check = f"from bench.report import output_file; output_file({str(folder / 'RESULTS.md')!r})"
+    try:
+        if os.getuid() != 0:  # this user is unprivileged already: a folder of its own, closed to writes
+            folder.chmod(0o555)
+            with pytest.raises(argparse.ArgumentTypeError, match="its folder is not writable"):
+                output_file(str(folder / "RESULTS.md"))
+            return
+        if (why := unprivileged_unavailable()) is not None:
+            pytest.skip(why)
+        done = subprocess.run(
+            unprivileged_argv([sys.executable, "-c", check], folder), cwd=ROOT, capture_output=True, text=True
+        )
+        assert done.returncode != 0 and "its folder is not writable" in done.stderr, done.stderr[-2000:]
+    finally:
+        folder.chmod(0o755)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_bench_fleet_refuses_an_out_it_cannot_write_at_once(tmp_path: Path) -> None:
+    pytest.importorskip("psutil")  # the bench extra, which `python -m bench fleet` needs
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "fleet", "--agents", "1", "--out", f"{blocker}/fleet.json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "cannot write" in done.stderr and not done.stdout, done

@@ -12,8 +12,10 @@ Then CPU per command (this process and its children, each variant as one block o
 run's sandbox ended inside its block so its helper's CPU is counted), and the memory a run's
 sandbox holds between commands: the proportional set size (PSS, shared pages split between
 the processes sharing them) of its processes (bubblewrap, the helper, its standby child);
-and the CPU of starting and ending a run's sandbox (no command), paid once per run; and what a
-command's journal start record costs, synced (as it is: the file and its folder) and not.
+and the CPU of starting and ending a run's sandbox (no command), paid once per run; the CPU of
+whole runs of 1 and of 4 commands and their close, this process's and its children's apart, in a
+run's sandbox (`shell: persistent`) and in a sandbox per command (`shell: fresh`), alternating;
+and what a command's journal start record costs, synced (as it is: the file and its folder) and not.
 """
 
 from __future__ import annotations
@@ -55,12 +57,18 @@ async def launch_once(workspace: str, unsandboxed: bool) -> float:
     return time.perf_counter() - started
 
 
-async def tool_once(tools: ToolActivities, workspace: str, unsandboxed: bool, shell: bool = False) -> float:
+async def tool_once(
+    tools: ToolActivities, workspace: str, unsandboxed: bool, shell: bool = False, run_folder: str | None = None
+) -> float:
+    """One `run_command` of `true`; with `shell` in the run's sandbox of `run_folder` (default RUN);
+    with only `run_folder`, in a sandbox of its own as a run of `shell: fresh` runs it."""
     os.environ.pop(UNSANDBOXED_ENV, None)
     if unsandboxed:
         os.environ[UNSANDBOXED_ENV] = UNSANDBOXED_CONSENT
     # Each call a step of its own, as in a run: the journal keeps only the current step's entries.
-    run = {"run_folder": RUN, "shell": ShellState(), "step": next(SHELL_STEPS)} if shell else {}
+    run: dict[str, object] = {}
+    if shell or run_folder is not None:
+        run = {"run_folder": run_folder or RUN, "step": next(SHELL_STEPS), "shell": ShellState() if shell else None}
     call = ToolCallInput(
         call_id="c", idempotency_key=uuid.uuid4().hex, workspace=workspace, arguments={"command": "true"}, **run
     )
@@ -110,6 +118,7 @@ async def measure(n: int) -> None:
         await RUN_SANDBOXES.end_run(workspace, RUN)
         cpu = {variant: await cpu_per_command(tools, workspace, n, variant) for variant in CPU_VARIANTS}
         start_cpu = await sandbox_start_cpu(workspace, n)
+        per_run = {k: await cpu_per_run(tools, workspace, max(n // 4, 5), k) for k in RUN_COMMANDS}
         record = journal_record_costs(workspace, n)
     os.environ.pop(UNSANDBOXED_ENV, None)
     print(f"{n} runs of `true` each, alternating; load average {load:.2f} before, {os.getloadavg()[0]:.2f} after")
@@ -117,12 +126,42 @@ async def measure(n: int) -> None:
         print(summary(kind, times[kind, False], times[kind, True]))
     print("CPU per run_command (worker + children): " + ", ".join(f"{v} {cpu[v] * 1000:.1f} ms" for v in cpu))
     print(f"a run's sandbox started and ended, CPU (this process + children): {start_cpu * 1000:.1f} ms")
+    for k, cpu_of_run in per_run.items():
+        print(
+            f"a run of {k} command(s), CPU (this process / children): "
+            + ", ".join(
+                f"{shell} {own * 1000:.1f} / {children * 1000:.1f} ms" for shell, (own, children) in cpu_of_run.items()
+            )
+        )
     print(
         "a journal start record (600 bytes), wall / CPU: "
         + ", ".join(f"{kind} {wall * 1000:.2f} / {cpu * 1000:.2f} ms" for kind, (wall, cpu) in record.items())
         + " (medians)"
     )
     print("a run's sandbox between commands, PSS: " + ", ".join(f"{name} {kib:,} KiB" for name, kib in memory))
+
+
+async def cpu_per_run(
+    tools: ToolActivities, workspace: str, runs: int, commands: int
+) -> dict[str, tuple[float, float]]:
+    """CPU seconds per run of `commands` commands and its close, (this process, its children),
+    for a run's sandbox and for a sandbox per command; the two alternate run by run."""
+    totals = {shell: [0.0, 0.0] for shell in SHELLS}
+    for _ in range(runs):
+        for shell in SHELLS:
+            run_folder = f"bench-run-{uuid.uuid4().hex[:8]}"
+            own, children = own_cpu_s(), children_cpu_s()
+            for _ in range(commands):
+                await tool_once(tools, workspace, False, shell=shell == "persistent", run_folder=run_folder)
+            await RUN_SANDBOXES.end_run(workspace, run_folder)  # as the run's close does
+            totals[shell][0] += own_cpu_s() - own
+            totals[shell][1] += children_cpu_s() - children
+    return {shell: (own / runs, children / runs) for shell, (own, children) in totals.items()}
+
+
+SHELLS = ("persistent", "fresh")
+RUN_COMMANDS = (1, 4)
+"""Commands per run in `cpu_per_run`: the fleet row's runs make 4."""
 
 
 async def sandbox_start_cpu(workspace: str, n: int) -> float:
@@ -153,6 +192,13 @@ def journal_record_costs(workspace: str, n: int) -> dict[str, tuple[float, float
 
 def own_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def children_cpu_s() -> float:
+    """The CPU of this process's reaped children: a run's sandbox's counts at its end, with its
+    helper's and its commands'."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
 

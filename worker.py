@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -40,6 +41,12 @@ default 10 s is what a dead worker would cost before another one takes over its 
 1 s still keeps nearly every task on the cached worker in normal operation. With 50
 busy agents on one worker ~5-10 % of tasks outwait it and go to the shared queue, which
 the same worker then serves: measured, that was no slower than a 3 s timeout."""
+
+GC_THRESHOLDS = (10_000, 20, 20)
+"""The collector's thresholds once the worker runs: a young collection every 10,000 new
+objects, not 700, and an older one every 20 of those, not 10. With hundreds of runs in flight
+the worker makes objects fast, most short-lived and freed by their reference counts alone, and
+the default thresholds had it walk the older generations ever more often (docs/fleet.md)."""
 
 
 WORKFLOW_RUNNER = UnsandboxedWorkflowRunner()
@@ -206,6 +213,7 @@ async def _serve(
     await asyncio.to_thread(openai_sdk)
     if stale := await asyncio.to_thread(remove_stale_cgroups):
         print(f"removed {stale} command cgroup(s) left by dead workers", flush=True)
+    settle_garbage_collector()
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({running, stopping}, return_when=asyncio.FIRST_COMPLETED)
     takeover.cancel()
@@ -252,6 +260,18 @@ def watch_commands_by_pidfd() -> None:
     watcher = asyncio.PidfdChildWatcher()
     watcher.attach_loop(asyncio.get_running_loop())  # 3.11's watcher works only once attached
     asyncio.set_child_watcher(watcher)
+
+
+def settle_garbage_collector() -> None:
+    """Once per process, when the worker has imported all it will (openai last): what start-up
+    made lives as long as the process (modules, the SDK, the clients), so it leaves the
+    collector's scans (`gc.freeze`), which walked all of it at every full collection; and
+    GC_THRESHOLDS. Not in `DurableAgentPlugin`: the collector of a user's own worker is theirs."""
+    if gc.get_freeze_count():
+        return  # done already (a restart after the server was away), or the process's owner froze it
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def _report_takeover(takeover: asyncio.Task[int]) -> None:

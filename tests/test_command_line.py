@@ -24,6 +24,7 @@ from tests.helpers import cli_start_agent, run_cli, start, until, wait_for
 from tests.scripts import Script, answer, tools
 from tests.test_cli import LABEL, ROOT, cli_env, durable_agent, one_line_error
 from tests.test_crash import SlowTurn
+from worker import GC_THRESHOLDS
 from workflows.types import ALL_TOOLS, LimitsPatch
 
 WORKER_COMMANDS = {
@@ -67,6 +68,43 @@ async def test_both_worker_commands_run_the_same_worker(
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+SETTLED_PROBE = """
+import asyncio, gc, os, signal, worker
+
+async def main():
+    async def stop_once_settled():
+        for _ in range(600):
+            if gc.get_freeze_count():
+                break
+            await asyncio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)  # the worker's own stop: it shuts down as on Ctrl-C
+
+    print(gc.get_freeze_count(), flush=True)
+    stopping = asyncio.create_task(stop_once_settled())
+    await worker.run_worker()
+    await stopping
+    print(gc.get_freeze_count(), *gc.get_threshold(), flush=True)
+
+asyncio.run(main())
+os._exit(0)
+"""
+
+
+def test_the_worker_leaves_its_start_up_objects_out_of_the_collectors_scans(task_queue: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", SETTLED_PROBE],
+        cwd=ROOT,
+        env=cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0 and lines[0] == "0", (done.stdout, done.stderr[-2000:])
+    frozen, *thresholds = map(int, lines[-1].split())
+    assert frozen > 10_000 and tuple(thresholds) == GC_THRESHOLDS, lines  # modules, SDK and clients: many objects
 
 
 @pytest.mark.parametrize("command", WORKER_COMMANDS)

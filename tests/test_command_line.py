@@ -92,11 +92,13 @@ os._exit(0)
 """
 
 
-def test_the_worker_leaves_its_start_up_objects_out_of_the_collectors_scans(task_queue: str) -> None:
+def test_the_worker_leaves_its_start_up_objects_out_of_the_collectors_scans(
+    temporal_server: EmbeddedServer, task_queue: str
+) -> None:
     done = subprocess.run(
         [sys.executable, "-c", SETTLED_PROBE],
         cwd=ROOT,
-        env=cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue),
+        env=cli_env(TEMPORAL_ADDRESS=temporal_server.address, DURABLE_AGENT_TASK_QUEUE=task_queue),
         capture_output=True,
         text=True,
         timeout=90,

@@ -150,12 +150,13 @@ async def cpu_per_run(
     for _ in range(runs):
         for shell in SHELLS:
             run_folder = f"bench-run-{uuid.uuid4().hex[:8]}"
-            own, children = own_cpu_s(), children_cpu_s()
+            own, both = own_cpu_s(), cpu_s()
             for _ in range(commands):
                 await tool_once(tools, workspace, False, shell=shell == "persistent", run_folder=run_folder)
-            await RUN_SANDBOXES.end_run(workspace, run_folder)  # as the run's close does
-            totals[shell][0] += own_cpu_s() - own
-            totals[shell][1] += children_cpu_s() - children
+            await RUN_SANDBOXES.end_run(workspace, run_folder)  # as the run's close does: its children reaped
+            own = own_cpu_s() - own
+            totals[shell][0] += own
+            totals[shell][1] += cpu_s() - both - own
     return {shell: (own / runs, children / runs) for shell, (own, children) in totals.items()}
 
 
@@ -192,13 +193,6 @@ def journal_record_costs(workspace: str, n: int) -> dict[str, tuple[float, float
 
 def own_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
-def children_cpu_s() -> float:
-    """The CPU of this process's reaped children: a run's sandbox's counts at its end, with its
-    helper's and its commands'."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
 

@@ -1,11 +1,30 @@
 """What this machine's /proc says about its processes: shared by the tools that find a dead
-attempt's command again and by the worker that takes over a dead worker's calls."""
+attempt's command again and by the worker that takes over a dead worker's calls; and where
+one user's processes on this machine meet (`user_folder`)."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
+import stat
 from pathlib import Path
+
+
+def user_folder(base: str | Path, prefix: str) -> Path | None:
+    """`<base>/<prefix><uid>`, made 0700 if missing: one folder per user of this machine, where
+    its processes meet (live reply sockets, the sandbox's seccomp filter). None unless it is a
+    folder of this user that no one else may open, not a symlink: in a shared temporary
+    directory another user may have made it first, and what lay in it could lie."""
+    folder = Path(base) / f"{prefix}{os.geteuid()}"
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        found = os.lstat(folder)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid() or found.st_mode & 0o077:
+        return None
+    return folder
 
 
 def proc_stat(pid: int | str) -> list[str] | None:

@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel
 from temporalio import activity
 
-from activities.host import machine_tag, process_gone
+from activities.host import machine_tag, process_gone, user_folder
 from activities.model_stream import StreamProgress
 from activities.redaction import worker_redactor
 
@@ -60,15 +60,8 @@ class LiveAnswer(BaseModel):
 def live_socket_path(pid: int, tag: str) -> Path | None:
     """Where process `pid` of this machine (pid namespace `tag`) serves live replies; None
     where the folder is not private to this user (another user made it: its sockets could lie)."""
-    folder = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"durable-agent-live-{os.getuid()}"
-    try:
-        folder.mkdir(mode=0o700, exist_ok=True)
-        stat = folder.stat()
-    except OSError:
-        return None
-    if stat.st_uid != os.getuid() or stat.st_mode & 0o077:
-        return None
-    return folder / f"live-{tag}-{pid}.sock"
+    folder = user_folder(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(), "durable-agent-live-")
+    return None if folder is None else folder / f"live-{tag}-{pid}.sock"
 
 
 class _Call:

@@ -23,7 +23,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.runtime import Runtime
 from temporalio.service import RPCError
 
-from activities.home import refuse_workspace_holding_home
+from activities.home import refuse_workspace_holding_worker_state
 from activities.workspace import ROOTS_ENV, WorkspaceRefused
 from durable_agent.connection import connect, connect_config, home
 from durable_agent.console import Console
@@ -155,7 +155,7 @@ def allow_workspace(workspace: str) -> None:
     besides its working directory, unless the person set the roots themselves. A workspace
     holding the home is refused here, before anything starts (the worker refuses it too)."""
     try:
-        refuse_workspace_holding_home(workspace)
+        refuse_workspace_holding_worker_state(workspace)
     except WorkspaceRefused as e:
         raise LaunchError(str(e)) from None
     if ROOTS_ENV not in os.environ:

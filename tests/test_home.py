@@ -9,6 +9,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -104,3 +105,63 @@ async def test_the_worker_closes_a_run_whose_workspace_holds_its_home(
         await handle.result()
     assert "holds durable-agent's home" in str(failure.value.cause)
     assert model_server.requests == [] and not (workspace / "x.txt").exists()
+
+
+@pytest.mark.parametrize("variable", ["TMPDIR", "XDG_RUNTIME_DIR"])
+async def test_run_refuses_a_workspace_that_holds_the_temporary_folder(tmp_path: Path, variable: str) -> None:
+    workspace = tmp_path / "ws"
+    (workspace / "tmp").mkdir(parents=True)
+    address = f"127.0.0.1:{free_port()}"
+    env = cli_env(TEMPORAL_ADDRESS=address, OPENAI_API_KEY="unused", **{variable: str(workspace / "tmp")})
+    refused = await durable_agent("run", "x", "--workspace", str(workspace), env=env)
+    one_line_error(refused, 2, f"holds the worker's folder {workspace / 'tmp'} ({variable})")
+    assert list(workspace.iterdir()) == [workspace / "tmp"] and list((workspace / "tmp").iterdir()) == []
+    assert not port_open("127.0.0.1", int(address.rsplit(":", 1)[1]))
+
+
+async def test_the_worker_closes_a_run_whose_workspace_holds_its_temporary_folder(
+    client: Client,
+    worker: Worker,
+    task_queue: str,
+    model_server: ModelServer,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    (workspace / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(workspace / "tmp"))
+    model_server.responder = Script([tools(("run_command", {"command": "echo ran > ran.txt"}))])
+    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
+    with pytest.raises(WorkflowFailureError) as failure:
+        await handle.result()
+    assert "holds the worker's folder" in str(failure.value.cause)
+    assert model_server.requests == [] and not (workspace / "ran.txt").exists()
+
+
+ATTACK = """
+import asyncio, sys
+from temporalio.testing import ActivityEnvironment
+from activities.tools import ToolActivities
+from activities.tools.seccomp import filter_file
+from workflows.types import ToolCallInput
+
+filter_file()  # what a worker that ran a command before holds
+call = ToolCallInput(call_id="c", idempotency_key="k", workspace=sys.argv[1], arguments={"command": sys.argv[2]})
+print(asyncio.run(ActivityEnvironment().run(ToolActivities().run_command, call)).model_dump_json())
+"""
+
+
+def test_a_command_cannot_rewrite_the_seccomp_filter_in_a_workspace_holding_it(tmp_path: Path) -> None:
+    """The filter lies in the worker's temporary folder; a workspace holding that folder would
+    be bound read-write into the sandbox, so the command is refused and the filter kept."""
+    workspace = tmp_path / "ws"
+    (workspace / "tmp").mkdir(parents=True)
+    wipe = "for f in tmp/*/*.bpf; do : > $f; done; echo ran > ran.txt"
+    env = {**os.environ, "TMPDIR": str(workspace / "tmp"), "DURABLE_AGENT_WORKSPACE_ROOTS": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-c", ATTACK, str(workspace), wipe], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "holds the worker's folder" in done.stdout
+    filters = list((workspace / "tmp").glob("*/*.bpf"))
+    assert len(filters) == 1 and filters[0].stat().st_size > 0
+    assert not (workspace / "ran.txt").exists()

@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -34,7 +35,7 @@ from activities.journal import Journal, key_digest
 from activities.run_files import step_journal_path
 from activities.snapshots import SnapshotActivities, Store
 from activities.tools import INTERRUPTED, ToolActivities, output
-from activities.tools.sandbox import UNSANDBOXED_CONSENT, UNSANDBOXED_ENV, CommandLaunch
+from activities.tools.sandbox import UNSANDBOXED_CONSENT, UNSANDBOXED_ENV, CommandLaunch, PlainHome
 from tests.helpers import host_processes_named, until
 from workflows.snapshots import SnapshotRequest
 from workflows.types import RidingCall, ToolCallInput, ToolOutcome
@@ -698,7 +699,7 @@ SLEEP_S = 301  # a duration no other test's command sleeps, to find its process 
 async def test_worker_killed_mid_command_the_retry_kills_its_group_and_does_not_rerun(
     workspace: Path, sandboxed: bool
 ) -> None:
-    command = f"sleep {SLEEP_S}; echo ran >> ledger.txt"
+    command = f'echo scratch > "$TMPDIR/scratch"; sleep {SLEEP_S}; echo ran >> ledger.txt'
     sleeping = f"sleep\0{SLEEP_S}\0"  # the command's own process, inside the sandbox or not
     call = ToolCallInput(
         call_id="call-1", idempotency_key="cmd-3", workspace=str(workspace), arguments={"command": command}
@@ -711,9 +712,12 @@ async def test_worker_killed_mid_command_the_retry_kills_its_group_and_does_not_
         # after its exec would leave it running (the retry then kills it, as unsandboxed);
         # this test kills the worker once the command itself runs.
         await until(lambda: bool(host_processes_named(sleeping)))
+        home = Journal(workspace).started("cmd-3").get("home")  # type: ignore[union-attr]
     finally:
         worker.kill()
         worker.wait()
+    # An unsandboxed command's HOME and TMPDIR, which the killed worker could not remove.
+    assert (home is None) == sandboxed and (sandboxed or os.path.exists(f"{home}/scratch"))
     if sandboxed:
         # bubblewrap dies with its parent, and its PID namespace with it.
         await until(lambda: not live_members(pgid) and not host_processes_named(sleeping))
@@ -727,7 +731,23 @@ async def test_worker_killed_mid_command_the_retry_kills_its_group_and_does_not_
     assert retried.error == f"{INTERRUPTED} ({expected})"
     assert not live_members(pgid) and not host_processes_named(sleeping)
     assert not (workspace / "ledger.txt").exists()
+    assert home is None or not os.path.lexists(home)
     assert await run_tool(workspace, "run_command", key="cmd-3", command=command) == retried
+
+
+def test_a_retry_removes_only_a_home_of_its_own_making(tmp_path: Path) -> None:
+    """The home a start record names is removed only if it is a folder PlainHome makes: never
+    another path, nor a symlink to one, whatever a record of an older version says."""
+    made = PlainHome.create()
+    link = f"{made.folder}-link"
+    os.symlink(tmp_path, link)
+    try:
+        for named in ("/etc", f"{tempfile.gettempdir()}/not-a-home", f"{made.folder}/{PlainHome.PREFIX}x", link, 7):
+            assert PlainHome.left_by({"home": named}) is None, named
+        assert PlainHome.left_by({"home": made.folder}) == made
+    finally:
+        os.unlink(link)
+        made.remove()
 
 
 async def test_read_file_never_holds_a_huge_line_in_memory(workspace: Path) -> None:

@@ -29,7 +29,7 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.calls_here import CALLS_HERE
 from activities.heartbeat import heartbeating
-from activities.home import refuse_workspace_holding_home
+from activities.home import refuse_workspace_holding_worker_state
 from activities.journal import JournalFull, JournalUnsafe
 from activities.regular_files import NotRegularFile
 from activities.run_files import HostileLayout, RunFileCaps, run_file_caps
@@ -111,7 +111,7 @@ class ToolActivities:
         """Run by the workflow at a run's start, before any tool: a refused workspace closes the run."""
         try:
             await asyncio.to_thread(check_allowed, workspace, self._roots)
-            refuse_workspace_holding_home(workspace)
+            refuse_workspace_holding_worker_state(workspace)
         except WorkspaceRefused as e:
             # BENIGN: an outcome the run reports, not a worker fault; the SDK logs it without a traceback.
             raise ApplicationError(

@@ -12,6 +12,7 @@ from typing import Any
 
 from temporalio import activity
 
+from activities.home import refuse_workspace_holding_worker_state
 from activities.host import boot_id, proc_stat
 from activities.tools.base import OpenCall, ToolCallContext
 from activities.tools.output import OutputCapture, OutputPipe
@@ -20,9 +21,11 @@ from activities.tools.sandbox import (
     CommandCgroup,
     CommandLaunch,
     CommandLimits,
+    PlainHome,
     SandboxUnavailable,
     unsandboxed_allowed,
 )
+from activities.workspace import WorkspaceRefused
 from workflows.tool_specs import RunCommandArgs
 from workflows.types import ShellState, ToolOutcome
 
@@ -133,7 +136,7 @@ class CommandRunner:
             return launch  # its start record, whole at once, once its sandbox is known (`_in_run_sandbox`)
         try:
             # Recorded before the launch: a crash in between must not lead to a silent second run.
-            journal.start(key, {"command": args.command})
+            journal.start(key, launch.start_record(args.command))
         except BaseException:
             launch.close()
             raise
@@ -143,6 +146,11 @@ class CommandRunner:
         """In the run's sandbox for a persistent shell, else in a sandbox of its own (`shell: fresh`,
         calls recorded before run folders, or an operator's unsandboxed commands)."""
         input = call.input
+        try:
+            # Checked at the run's start too; here for a worker whose temporary folder differs.
+            refuse_workspace_holding_worker_state(call.workspace.root)
+        except WorkspaceRefused as e:
+            raise SandboxUnavailable(str(e)) from None
         if input.shell is not None and input.run_folder and not unsandboxed_allowed():
             return ShellLaunch.prepare_shell(call.workspace.root, command, input.shell, input.env_allow, self._limits)
         return CommandLaunch.prepare(call.workspace.root, command, input.sandbox.network, input.env_allow, self._limits)
@@ -157,7 +165,7 @@ class CommandRunner:
                     if isinstance(launch, ShellLaunch):
                         return await self._in_run_sandbox(call, args.command, launch, output, timeout_s, capture)
                     process = await _spawn(call, launch, output)
-                    timed_out = await self._supervise(call, args.command, process, output, timeout_s)
+                    timed_out = await self._supervise(call, launch, args.command, process, output, timeout_s)
             finally:
                 self._running.pop(key, None)
         return _Ended(capture, timeout_s if timed_out else None, process.returncode)
@@ -254,6 +262,7 @@ class CommandRunner:
     async def _supervise(
         self,
         call: ToolCallContext,
+        launch: CommandLaunch,
         command: str,
         process: asyncio.subprocess.Process,
         output: OutputPipe,
@@ -262,7 +271,7 @@ class CommandRunner:
         """Wait for the command; True if it timed out. Its process group never outlives this call."""
         try:
             # Adds how to find the group to the durable start record: a lost update is harmless.
-            record = _group_record(process.pid, command)
+            record = {**launch.start_record(command), **_group_record(process.pid, command)}
             await asyncio.to_thread(call.journal.start, call.input.idempotency_key, record, False)
             async with asyncio.timeout(timeout_s):
                 await process.wait()
@@ -376,10 +385,15 @@ def _stop_leftover(record: dict[str, Any], grace_s: float) -> str:
     if record.get("host") != socket.gethostname():
         return f"it ran on host {record.get('host')}, where it may still be running"
     if record.get("boot_id") != boot_id() or not _same_leader(pgid, record.get("leader_start")):
-        return "it is no longer running"
-    if kill_process_group(pgid, grace_s):
-        return "it was still running and has now been killed"
-    return "it is no longer running"
+        note = "it is no longer running"
+    elif kill_process_group(pgid, grace_s):
+        note = "it was still running and has now been killed"
+    else:
+        note = "it is no longer running"
+    home = PlainHome.left_by(record)
+    if home is not None:
+        home.remove()  # an unsandboxed command's, which its killed worker could not remove
+    return note
 
 
 def _same_leader(pgid: int, leader_start: str | None) -> bool:

@@ -45,6 +45,7 @@ import uuid
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any, ClassVar
 
 from activities.host import machine_tag, process_gone
 from activities.tools.seccomp import SeccompUnavailable, filter_file
@@ -373,13 +374,28 @@ def refusal(reason: SandboxUnavailable) -> str:
 
 @dataclass
 class PlainHome:
-    """HOME and TMPDIR of an unsandboxed command: a fresh folder, removed after the call."""
+    """HOME and TMPDIR of an unsandboxed command: a fresh folder, removed after the call, or
+    by the retry that finds the call's worker killed (`left_by`)."""
 
     folder: str
 
+    PREFIX: ClassVar[str] = "durable-agent-home-"
+
     @classmethod
     def create(cls) -> PlainHome:
-        return cls(tempfile.mkdtemp(prefix="durable-agent-home-"))
+        return cls(tempfile.mkdtemp(prefix=cls.PREFIX))
+
+    @classmethod
+    def left_by(cls, record: dict[str, Any]) -> PlainHome | None:
+        """The home a dead attempt's start record names, if it is one this class makes: a
+        folder of ours directly in the temporary directory, nothing else."""
+        folder = record.get("home")
+        if not isinstance(folder, str):
+            return None
+        parent, name = os.path.split(folder)
+        if parent != tempfile.gettempdir() or not name.startswith(cls.PREFIX) or os.path.islink(folder):
+            return None
+        return cls(folder)
 
     def remove(self) -> None:
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -412,6 +428,10 @@ class CommandLaunch:
         procs = cgroup.procs_files() if cgroup is not None else []
         argv = launcher_argv(limits, procs, [*bwrap_argv(bwrap, workspace_root, network), command], filter_file())
         return cls(argv, command_env(env_allow, SANDBOX_HOME, SANDBOX_TMP), cgroup=cgroup)
+
+    def start_record(self, command: str) -> dict[str, Any]:
+        """What the journal's start record says of the command before it runs."""
+        return {"command": command} | ({"home": self.home.folder} if self.home is not None else {})
 
     def procs_files(self) -> list[str]:
         return self.cgroup.procs_files() if self.cgroup is not None else []

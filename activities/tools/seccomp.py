@@ -11,9 +11,12 @@ them (`unshare`, `mount`) print an ordinary error instead of dying.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import tempfile
 from functools import cache
+
+from activities.host import user_folder
 
 REFUSED = (
     # mounts: remounting the read-only binds, unmounting the masks, new file systems (cgroup)
@@ -54,11 +57,30 @@ class SeccompUnavailable(Exception):
     """The filter cannot be built here; the message says why."""
 
 
+FOLDER_PREFIX = "durable-agent-seccomp-"
+"""The filter's folder in the temporary directory, one per user: `<prefix><uid>`."""
+
+
 @cache
 def filter_file() -> str:
-    """The compiled BPF program in a file only the worker's user can read, built once per
+    """The compiled BPF program in a file only the worker's user can write, written once per
     worker. Each command opens it afresh: bubblewrap reads the program from a descriptor,
-    and a shared descriptor's offset would be consumed by the first command."""
+    and a shared descriptor's offset would be consumed by the first command.
+
+    The file is named by its content in the user's one folder, so that workers started again
+    and again (or side by side) share it instead of each leaving a folder of its own behind."""
+    program = _compiled()
+    try:
+        # A folder someone else laid out is not used: a private one of this worker's instead.
+        folder = str(user_folder(tempfile.gettempdir(), FOLDER_PREFIX) or tempfile.mkdtemp(prefix=FOLDER_PREFIX))
+        name = f"filter-{hashlib.sha256(program).hexdigest()[:16]}.bpf"
+        _write_once(folder, name, program)
+    except OSError as e:
+        raise SeccompUnavailable(f"the seccomp filter cannot be written: {e}") from None
+    return os.path.join(folder, name)
+
+
+def _compiled() -> bytes:
     try:
         import pyseccomp as seccomp
     except (ImportError, RuntimeError) as e:  # RuntimeError: libseccomp itself is missing
@@ -75,13 +97,29 @@ def filter_file() -> str:
         # library fall back on clone, whose flags the rules above do see.
         rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
         rules.add_rule(refuse, "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, TIOCSTI))
-        folder = tempfile.mkdtemp(prefix="durable-agent-seccomp-")  # 0700
-        path = os.path.join(folder, "filter.bpf")
-        with open(path, "wb") as f:
+        with tempfile.TemporaryFile() as f:
             rules.export_bpf(f)
+            f.seek(0)
+            return f.read()
     except OSError as e:
         raise SeccompUnavailable(f"the seccomp filter cannot be built: {e}") from None
-    return path
+
+
+def _write_once(folder: str, name: str, program: bytes) -> None:
+    """`name` holding `program`: kept if it already does, else replaced whole (a rename), so
+    that a command of another worker opening it meanwhile reads the old file or the new."""
+    path = os.path.join(folder, name)
+    try:
+        with open(path, "rb") as f:
+            if f.read() == program:
+                return
+    except FileNotFoundError:
+        pass
+    temp = f"{path}.{os.getpid()}.tmp"
+    with open(temp, "wb") as f:
+        f.write(program)
+    os.chmod(temp, 0o644)
+    os.replace(temp, path)
 
 
 def _refuse(rules: object, action: int, name: str) -> None:

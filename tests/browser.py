@@ -11,6 +11,7 @@ import itertools
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -42,6 +43,9 @@ class Browser:
         self._process = subprocess.Popen(
             ["bash", "-c", launch, "chromium", CHROMIUM, *FLAGS, f"--user-data-dir={self._profile}", "about:blank"],
             pass_fds=(commands, replies),
+            start_new_session=True,
+            # Its own temporary files (org.chromium.Chromium.*) go with the profile at close.
+            env={**os.environ, "TMPDIR": self._profile},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -90,8 +94,17 @@ class Browser:
         return await asyncio.to_thread(self._wait_for_text, url, texts, timeout_s)
 
     def close(self) -> None:
-        self._process.kill()
+        # The whole group: Chromium's helper processes outlive its main one and would write
+        # into the profile after it is removed.
+        os.killpg(self._process.pid, signal.SIGKILL)
         self._process.wait()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self._process.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
         os.close(self._commands)
         os.close(self._replies)
         shutil.rmtree(self._profile, ignore_errors=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import uuid
@@ -19,8 +21,11 @@ sys.path.insert(0, str(ROOT))
 # Tests keep their workspaces in pytest's tmp_path: every worker of the suite, in process or
 # spawned (they inherit it), accepts workspaces there.
 os.environ["DURABLE_AGENT_WORKSPACE_ROOTS"] = os.path.realpath(tempfile.gettempdir())
-# Workspace snapshots go to a store of the session's own, never the checkout's .durable-agent.
-os.environ.setdefault("DURABLE_AGENT_SNAPSHOT_STORE", tempfile.mkdtemp(prefix="durable-agent-snapshots-"))
+# Workspace snapshots go to a store of the session's own, never the checkout's .durable-agent:
+# made by the process that starts the session (xdist's workers inherit it), removed as it exits.
+if "DURABLE_AGENT_SNAPSHOT_STORE" not in os.environ:
+    os.environ["DURABLE_AGENT_SNAPSHOT_STORE"] = tempfile.mkdtemp(prefix="durable-agent-snapshots-")
+    atexit.register(shutil.rmtree, os.environ["DURABLE_AGENT_SNAPSHOT_STORE"], ignore_errors=True)
 
 from durable_agent.connection import connect  # noqa: E402
 from durable_agent.model_server import ModelServer  # noqa: E402

@@ -90,23 +90,6 @@ async def test_run_refuses_a_workspace_that_holds_the_home_before_starting_anyth
     assert not port_open("127.0.0.1", int(address.rsplit(":", 1)[1]))
 
 
-async def test_the_worker_closes_a_run_whose_workspace_holds_its_home(
-    client: Client,
-    worker: Worker,
-    task_queue: str,
-    model_server: ModelServer,
-    workspace: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("DURABLE_AGENT_HOME", str(workspace / "nested" / "home"))
-    model_server.responder = Script([tools(("write_file", {"path": "x.txt", "content": "x"}))])
-    handle = await start(client, task_queue, goal="x", workspace=str(workspace))
-    with pytest.raises(WorkflowFailureError) as failure:
-        await handle.result()
-    assert "holds durable-agent's home" in str(failure.value.cause)
-    assert model_server.requests == [] and not (workspace / "x.txt").exists()
-
-
 @pytest.mark.parametrize("variable", ["TMPDIR", "XDG_RUNTIME_DIR"])
 async def test_run_refuses_a_workspace_that_holds_the_temporary_folder(tmp_path: Path, variable: str) -> None:
     workspace = tmp_path / "ws"
@@ -119,21 +102,28 @@ async def test_run_refuses_a_workspace_that_holds_the_temporary_folder(tmp_path:
     assert not port_open("127.0.0.1", int(address.rsplit(":", 1)[1]))
 
 
-async def test_the_worker_closes_a_run_whose_workspace_holds_its_temporary_folder(
+@pytest.mark.parametrize("held", ["home", "temporary folder"])
+async def test_the_worker_closes_a_run_whose_workspace_holds_its_state(
     client: Client,
     worker: Worker,
     task_queue: str,
     model_server: ModelServer,
     workspace: Path,
     monkeypatch: pytest.MonkeyPatch,
+    held: str,
 ) -> None:
-    (workspace / "tmp").mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(workspace / "tmp"))
+    if held == "home":
+        monkeypatch.setenv("DURABLE_AGENT_HOME", str(workspace / "nested" / "home"))
+        said = "holds durable-agent's home"
+    else:
+        (workspace / "tmp").mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(workspace / "tmp"))
+        said = "holds the worker's folder"
     model_server.responder = Script([tools(("run_command", {"command": "echo ran > ran.txt"}))])
     handle = await start(client, task_queue, goal="x", workspace=str(workspace))
     with pytest.raises(WorkflowFailureError) as failure:
         await handle.result()
-    assert "holds the worker's folder" in str(failure.value.cause)
+    assert said in str(failure.value.cause)
     assert model_server.requests == [] and not (workspace / "ran.txt").exists()
 
 

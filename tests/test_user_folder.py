@@ -21,17 +21,29 @@ from tests.unprivileged import NOBODY, PROJECT
 pytest.importorskip("pyseccomp")
 
 
-def filter_file(tmp: Path) -> Path:
-    """The filter's path, as a newly started worker would write it under TMPDIR=`tmp`."""
-    done = subprocess.run(
-        [sys.executable, "-c", "from activities.tools.seccomp import filter_file; print(filter_file())"],
-        cwd=PROJECT,
-        env={**os.environ, "TMPDIR": str(tmp)},
-        capture_output=True,
-        text=True,
-        check=True,
+def filter_files(tmp: Path, starts: int = 1) -> list[Path]:
+    """The filter's path, as `starts` workers starting together would write it under TMPDIR=`tmp`."""
+    # Each process waits for a file the test writes once all are up, then builds the filter.
+    go = tmp / "go"
+    script = (
+        "import os, time\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.005)\n"
+        "from activities.tools.seccomp import filter_file; print(filter_file())"
     )
-    return Path(done.stdout.strip())
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    starting = [
+        subprocess.Popen([sys.executable, "-c", script], cwd=PROJECT, env=env, stdout=subprocess.PIPE, text=True)
+        for _ in range(starts)
+    ]
+    go.touch()
+    printed = [process.communicate(timeout=60)[0] for process in starting]
+    go.unlink()
+    assert [process.returncode for process in starting] == [0] * starts
+    return [Path(line.strip()) for line in printed]
+
+
+def filter_file(tmp: Path) -> Path:
+    return filter_files(tmp)[0]
 
 
 def own_folder(tmp: Path) -> Path:
@@ -39,7 +51,7 @@ def own_folder(tmp: Path) -> Path:
 
 
 def test_worker_starts_share_one_folder_and_leave_nothing_else(tmp_path: Path) -> None:
-    paths = [filter_file(tmp_path) for _ in range(3)]
+    paths = filter_files(tmp_path, starts=6) + [filter_file(tmp_path)]
     assert len(set(paths)) == 1 and paths[0].parent == own_folder(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == [own_folder(tmp_path).name]
     assert [p.name for p in own_folder(tmp_path).iterdir()] == [paths[0].name]

@@ -10,6 +10,7 @@ them (`unshare`, `mount`) print an ordinary error instead of dying.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -115,11 +116,16 @@ def _write_once(folder: str, name: str, program: bytes) -> None:
                 return
     except FileNotFoundError:
         pass
-    temp = f"{path}.{os.getpid()}.tmp"
-    with open(temp, "wb") as f:
-        f.write(program)
-    os.chmod(temp, 0o644)
-    os.replace(temp, path)
+    # A temporary name of its own: workers starting together (in other PID namespaces too) each rename theirs.
+    fd, temp = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(program)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
 
 
 def _refuse(rules: object, action: int, name: str) -> None:

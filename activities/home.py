@@ -14,6 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
+from activities.host import LIVE_REPLIES_PREFIX
 from activities.workspace import WorkspaceRefused
 
 HOME_ENV = "DURABLE_AGENT_HOME"
@@ -26,9 +27,8 @@ def home_path() -> Path:
 
 def refuse_workspace_holding_worker_state(workspace: str) -> None:
     """Refuse a workspace that holds the home, or the temporary folder where each worker of this
-    user keeps the command sandbox's seccomp filter and its live reply sockets: the sandbox binds
-    the workspace read-write, so a command could rewrite the filter that every later sandbox
-    applies, or reach another run's live reply."""
+    user keeps the sockets that serve its runs' live replies, or lies in those sockets' folder:
+    the sandbox binds the workspace read-write, so a command could reach another run's reply."""
     real = Path(os.path.realpath(workspace))
     home = home_path()
     if home.is_relative_to(real):
@@ -37,9 +37,13 @@ def refuse_workspace_holding_worker_state(workspace: str) -> None:
             f"run's history: the model's commands could read it; set {HOME_ENV} outside the workspace"
         )
     for variable, folder in (("TMPDIR", tempfile.gettempdir()), ("XDG_RUNTIME_DIR", os.environ.get("XDG_RUNTIME_DIR"))):
-        if folder and Path(os.path.realpath(folder)).is_relative_to(real):
+        if not folder:
+            continue
+        held = Path(os.path.realpath(folder))
+        sockets = held / f"{LIVE_REPLIES_PREFIX}{os.geteuid()}"
+        if held.is_relative_to(real) or real.is_relative_to(sockets):
             raise WorkspaceRefused(
-                f"workspace {workspace} holds the worker's folder {folder} ({variable}), where workers keep the "
-                f"command sandbox's seccomp filter or live reply sockets: the model's commands could change them; "
-                f"give the worker a {variable} outside the workspace, or choose a workspace below it"
+                f"workspace {workspace} holds or lies in the worker's folder {folder} ({variable}), where workers "
+                f"keep the sockets of their runs' live replies: the model's commands could reach them; give the "
+                f"worker a {variable} outside the workspace, or choose another workspace"
             )

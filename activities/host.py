@@ -10,10 +10,13 @@ import os
 import stat
 from pathlib import Path
 
+LIVE_REPLIES_PREFIX = "durable-agent-live-"
+"""The user folder where workers serve live replies (activities/live_replies.py)."""
+
 
 def user_folder(base: str | Path, prefix: str) -> Path | None:
     """`<base>/<prefix><uid>`, made 0700 if missing: one folder per user of this machine, where
-    its processes meet (live reply sockets, the sandbox's seccomp filter). None unless it is a
+    its processes meet (the live reply sockets). None unless it is a
     folder of this user that no one else may open, not a symlink: in a shared temporary
     directory another user may have made it first, and what lay in it could lie."""
     folder = Path(base) / f"{prefix}{os.geteuid()}"

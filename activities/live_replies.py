@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel
 from temporalio import activity
 
-from activities.host import machine_tag, process_gone, user_folder
+from activities.host import LIVE_REPLIES_PREFIX, machine_tag, process_gone, user_folder
 from activities.model_stream import StreamProgress
 from activities.redaction import worker_redactor
 
@@ -60,7 +60,7 @@ class LiveAnswer(BaseModel):
 def live_socket_path(pid: int, tag: str) -> Path | None:
     """Where process `pid` of this machine (pid namespace `tag`) serves live replies; None
     where the folder is not private to this user (another user made it: its sockets could lie)."""
-    folder = user_folder(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(), "durable-agent-live-")
+    folder = user_folder(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(), LIVE_REPLIES_PREFIX)
     return None if folder is None else folder / f"live-{tag}-{pid}.sock"
 
 

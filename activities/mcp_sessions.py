@@ -29,19 +29,24 @@ import weakref
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
+from activities.home import refuse_workspace_holding_worker_state
 from activities.mcp_config import McpServer, expanded, expanded_map
 from activities.tools.sandbox import (
     COMMAND_PATH,
     SANDBOX_HOME,
+    WORKSPACE_FD,
     CommandLimits,
     SandboxUnavailable,
     bwrap_argv,
     bwrap_binary,
     launcher_argv,
+    opened_workspace,
     refusal,
     unsandboxed_allowed,
+    workspace_source,
 )
 from activities.tools.seccomp import filter_file
+from activities.workspace import WorkspaceRefused
 
 # The MCP SDK is imported when a session starts, not with this module: it is most of the
 # import time of every `durable-agent` command and of a worker's start (~1 s of CPU), and
@@ -93,9 +98,10 @@ class McpUnavailable(Exception):
     """The server could not be started or reached; the message says which and why."""
 
 
-def stdio_parameters(server: McpServer, workspace: str) -> StdioServerParameters:
+def stdio_parameters(server: McpServer, workspace: str) -> tuple[StdioServerParameters, int | None]:
     """How to start a stdio server: in the sandbox unless `sandbox: false` (or the operator's
-    `DURABLE_AGENT_UNSANDBOXED_COMMANDS` consent where no sandbox can start)."""
+    `DURABLE_AGENT_UNSANDBOXED_COMMANDS` consent where no sandbox can start); with the
+    descriptor of the workspace the sandbox binds, which the caller closes once the server ends."""
     from mcp import StdioServerParameters
 
     assert server.command is not None
@@ -103,19 +109,21 @@ def stdio_parameters(server: McpServer, workspace: str) -> StdioServerParameters
     args = [expanded(a) for a in server.args]
     env = {"PATH": f"{sys.prefix}/bin:{COMMAND_PATH}", **expanded_map(server.env)}
     if not server.sandbox:
-        return _plain(command, args, env, server.cwd or workspace)
+        return _plain(command, args, env, server.cwd or workspace), None
     try:
         bwrap = bwrap_binary()
+        workspace_fd = opened_workspace(workspace)
     except SandboxUnavailable as e:
         if not unsandboxed_allowed():
             raise McpUnavailable(refusal(e).replace("run_command", "the MCP server")) from None
-        return _plain(command, args, env, workspace)
+        return _plain(command, args, env, workspace), None
     env.setdefault("HOME", SANDBOX_HOME)
-    argv = bwrap_argv(bwrap, workspace, server.network)
+    argv = bwrap_argv(bwrap, workspace, server.network, WORKSPACE_FD)
     split = argv.index("--")
     argv[split:split] = [arg for path in visible_paths([command, *args]) for arg in ("--ro-bind", path, path)]
-    full = launcher_argv(SERVER_LIMITS, [], [*argv, _only(env), "mcp-server", command, *args], filter_file())
-    return StdioServerParameters(command=full[0], args=full[1:], env=env, cwd=workspace)
+    sandboxed = [*argv, _only(env), "mcp-server", command, *args]
+    full = launcher_argv(SERVER_LIMITS, [], sandboxed, filter_file(), workspace_source(workspace_fd))
+    return StdioServerParameters(command=full[0], args=full[1:], env=env, cwd=workspace), workspace_fd
 
 
 def _plain(command: str, args: list[str], env: dict[str, str], cwd: str) -> StdioServerParameters:
@@ -213,7 +221,9 @@ class McpSession:
         async with contextlib.AsyncExitStack() as stack:
             if self.server.stdio:
                 # Off the loop: it may look for bubblewrap and compile the seccomp filter.
-                params = await asyncio.to_thread(stdio_parameters, self.server, self.workspace)
+                params, workspace_fd = await asyncio.to_thread(stdio_parameters, self.server, self.workspace)
+                if workspace_fd is not None:
+                    stack.callback(os.close, workspace_fd)
                 read, write = await stack.enter_async_context(stdio_client(params))
             else:
                 assert self.server.url is not None
@@ -281,6 +291,11 @@ class SessionPool:
             raise
 
     async def _start(self, key: tuple[str, str], server: McpServer, workspace: str) -> McpSession:
+        try:
+            # As before each command: the server's sandbox binds the workspace read-write.
+            refuse_workspace_holding_worker_state(workspace)
+        except WorkspaceRefused as e:
+            raise McpUnavailable(f"MCP server {key[1]} not started: {e}") from None
         stale = self._sessions.pop(key, None)
         if stale is not None:
             await stale.close()

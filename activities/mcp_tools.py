@@ -36,7 +36,7 @@ from activities.mcp_config import McpConfig, McpServer, expanded, expanded_map
 from activities.mcp_sessions import McpSession, McpUnavailable, SessionPool, import_mcp_sdk, reason_of
 from activities.run_files import RunFileCaps, run_file_caps
 from activities.tools.base import ToolCallContext, text_outcome
-from activities.workspace import workspace_roots
+from activities.workspace import Workspace, WorkspaceError, workspace_roots
 from activities.write_once import write_once
 from durable_agent.dependencies import DependencyUnavailable, Probe
 from workflows.tool_catalog import CatalogRequest, McpClose, ToolCatalog, ToolSpec
@@ -157,12 +157,16 @@ class McpActivities:
     async def catalog(self, request: CatalogRequest) -> ToolCatalog:
         """The tools of the run's servers, each started for the run on this worker."""
         unknown = [name for name in request.mcp_servers if name not in self.config.servers]
+        try:
+            workspace = Workspace(request.workspace, self._roots).root  # resolved once, as the tools use it
+        except WorkspaceError as e:
+            raise ApplicationError(str(e), type="WorkspaceRefused", non_retryable=True) from None
         specs: list[ToolSpec] = []
         for name in request.mcp_servers:
             server = self.config.servers.get(name)
             if server is None:
                 continue
-            session = await self.pool.get(request.run_folder, name, server, request.workspace)
+            session = await self.pool.get(request.run_folder, name, server, workspace)
             for tool in await list_tools(session):
                 spec = spec_of(name, server, tool)
                 if TOOL_NAME.fullmatch(spec.name):

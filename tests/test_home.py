@@ -15,14 +15,19 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import Client, WorkflowFailureError
+from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
+from activities.mcp_config import McpServer
+from activities.mcp_sessions import McpUnavailable, SessionPool
+from activities.tools import ToolActivities
 from durable_agent.model_server import ModelServer
 from durable_agent.server import free_port, port_open
 from tests.helpers import start
 from tests.scripts import Script, tools
 from tests.test_cli import cli_env, durable_agent, one_line_error
 from tests.unprivileged import NOBODY, nobody_folder, unprivileged_argv, unprivileged_unavailable
+from workflows.types import ToolCallInput
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,7 +102,7 @@ async def test_run_refuses_a_workspace_that_holds_the_temporary_folder(tmp_path:
     address = f"127.0.0.1:{free_port()}"
     env = cli_env(TEMPORAL_ADDRESS=address, OPENAI_API_KEY="unused", **{variable: str(workspace / "tmp")})
     refused = await durable_agent("run", "x", "--workspace", str(workspace), env=env)
-    one_line_error(refused, 2, f"holds the worker's folder {workspace / 'tmp'} ({variable})")
+    one_line_error(refused, 2, f"holds or lies in the worker's folder {workspace / 'tmp'} ({variable})")
     assert list(workspace.iterdir()) == [workspace / "tmp"] and list((workspace / "tmp").iterdir()) == []
     assert not port_open("127.0.0.1", int(address.rsplit(":", 1)[1]))
 
@@ -118,7 +123,7 @@ async def test_the_worker_closes_a_run_whose_workspace_holds_its_state(
     else:
         (workspace / "tmp").mkdir()
         monkeypatch.setattr(tempfile, "tempdir", str(workspace / "tmp"))
-        said = "holds the worker's folder"
+        said = "holds or lies in the worker's folder"
     model_server.responder = Script([tools(("run_command", {"command": "echo ran > ran.txt"}))])
     handle = await start(client, task_queue, goal="x", workspace=str(workspace))
     with pytest.raises(WorkflowFailureError) as failure:
@@ -127,31 +132,25 @@ async def test_the_worker_closes_a_run_whose_workspace_holds_its_state(
     assert model_server.requests == [] and not (workspace / "ran.txt").exists()
 
 
-ATTACK = """
-import asyncio, sys
-from temporalio.testing import ActivityEnvironment
-from activities.tools import ToolActivities
-from activities.tools.seccomp import filter_file
-from workflows.types import ToolCallInput
-
-filter_file()  # what a worker that ran a command before holds
-call = ToolCallInput(call_id="c", idempotency_key="k", workspace=sys.argv[1], arguments={"command": sys.argv[2]})
-print(asyncio.run(ActivityEnvironment().run(ToolActivities().run_command, call)).model_dump_json())
-"""
-
-
-def test_a_command_cannot_rewrite_the_seccomp_filter_in_a_workspace_holding_it(tmp_path: Path) -> None:
-    """The filter lies in the worker's temporary folder; a workspace holding that folder would
-    be bound read-write into the sandbox, so the command is refused and the filter kept."""
-    workspace = tmp_path / "ws"
-    (workspace / "tmp").mkdir(parents=True)
-    wipe = "for f in tmp/*/*.bpf; do : > $f; done; echo ran > ran.txt"
-    env = {**os.environ, "TMPDIR": str(workspace / "tmp"), "DURABLE_AGENT_WORKSPACE_ROOTS": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-c", ATTACK, str(workspace), wipe], cwd=ROOT, env=env, capture_output=True, text=True
+@pytest.mark.parametrize("place", ["holds the temporary folder", "lies in the live replies' folder"])
+async def test_commands_and_mcp_servers_are_refused_in_a_workspace_at_the_workers_sockets(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, place: str
+) -> None:
+    """Checked again before each command and each MCP server start, for a worker whose temporary
+    folder differs from the one that started the run: both bind the workspace read-write."""
+    temporary = tmp_path / "ws" / "tmp"
+    workspace = temporary.parent if place.startswith("holds") else temporary / f"durable-agent-live-{os.geteuid()}"
+    workspace.mkdir(parents=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+    monkeypatch.setenv("DURABLE_AGENT_WORKSPACE_ROOTS", str(tmp_path))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    call = ToolCallInput(
+        call_id="c", idempotency_key="k", workspace=str(workspace), arguments={"command": "echo ran > ran.txt"}
     )
-    assert done.returncode == 0, done.stderr
-    assert "holds the worker's folder" in done.stdout
-    filters = list((workspace / "tmp").glob("*/*.bpf"))
-    assert len(filters) == 1 and filters[0].stat().st_size > 0
+    refused = await ActivityEnvironment().run(ToolActivities().run_command, call)
+    assert not refused.ok and "the worker's folder" in (refused.error or "")
+    assert not (workspace / "ran.txt").exists()
+    server = McpServer(command=sys.executable, args=["-c", "open('ran.txt', 'w')"])
+    with pytest.raises(McpUnavailable, match="the worker's folder"):
+        await SessionPool().get("run", "fx", server, str(workspace))
     assert not (workspace / "ran.txt").exists()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from temporalio.client import Client, WorkflowFailureError
 from activities.mcp_config import McpConfig, McpServer
 from activities.mcp_sessions import McpSession, McpUnavailable, SessionPool, stdio_parameters, visible_paths
 from activities.mcp_tools import needs_approval, rendered
-from activities.tools.sandbox import bwrap_binary
+from activities.tools.sandbox import WORKSPACE_FD, bwrap_binary
 from durable_agent.model_server import ModelServer
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer, free_port
@@ -548,6 +549,19 @@ def test_only_files_named_by_absolute_path_are_mounted(tmp_path: Path) -> None:
     assert shown == [sys.prefix, sys.base_prefix, str(script)] or shown == [sys.prefix, str(script)]
 
 
+def test_a_sandboxed_server_binds_the_workspace_the_worker_checked_by_descriptor(workspace: Path) -> None:
+    """As a command's sandbox does (tests/test_sandbox.py races it): never by a path a swap could redirect."""
+    params, workspace_fd = stdio_parameters(McpServer(command="mcp-server-time"), str(workspace))
+    assert workspace_fd is not None
+    try:
+        at = params.args.index("--bind-fd")
+        assert params.args[at + 1 : at + 3] == [str(WORKSPACE_FD), str(workspace)] and "--bind" not in params.args
+        assert f"/proc/{os.getpid()}/fd/{workspace_fd}" in params.args  # what the launcher opens as WORKSPACE_FD
+        assert os.readlink(f"/proc/self/fd/{workspace_fd}") == str(workspace)
+    finally:
+        os.close(workspace_fd)
+
+
 def test_no_sandbox_no_server_unless_the_operator_consents(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DURABLE_AGENT_BWRAP", "/bin/false")
     bwrap_binary.cache_clear()
@@ -555,8 +569,8 @@ def test_no_sandbox_no_server_unless_the_operator_consents(tmp_path: Path, monke
         with pytest.raises(McpUnavailable, match="the MCP server is refused: the command sandbox cannot start"):
             stdio_parameters(McpServer(command="mcp-server-time"), str(tmp_path))
         monkeypatch.setenv("DURABLE_AGENT_UNSANDBOXED_COMMANDS", "i-understand")
-        plain = stdio_parameters(McpServer(command="mcp-server-time"), str(tmp_path))
-        assert plain.command == "bash" and plain.args[-1] == "mcp-server-time"
+        plain, workspace_fd = stdio_parameters(McpServer(command="mcp-server-time"), str(tmp_path))
+        assert plain.command == "bash" and plain.args[-1] == "mcp-server-time" and workspace_fd is None
     finally:
         monkeypatch.delenv("DURABLE_AGENT_BWRAP")
         bwrap_binary.cache_clear()

@@ -33,6 +33,7 @@ from activities.host import machine_tag
 from activities.model import ModelActivities
 from activities.skills import SkillActivities
 from activities.tools import ToolActivities
+from activities.tools.run_sandbox import RUN_SANDBOXES
 from activities.tools.sandbox import (
     BWRAP_ENV,
     CGROUP_PREFIX,
@@ -60,7 +61,7 @@ from tests.unprivileged import (
     unprivileged_unavailable,
 )
 from worker import build_worker
-from workflows.types import AgentInput, ToolCallInput
+from workflows.types import AgentInput, ShellState, ToolCallInput
 
 SMALL_LIMITS = CommandLimits(memory_bytes=256 * 2**20, address_space_bytes=2**30, processes=64)
 """The bombs run against small caps: the mechanism is the same, the machine is shared."""
@@ -1106,3 +1107,50 @@ async def test_the_seccomp_filter_refuses_what_no_capability_would(workspace: Pa
     results = dict(line.split(" ", 1) for line in outcome.output.splitlines() if " " in line and ":" not in line)
     expected = ["ptrace", "unshare-user", "keyctl", "perf_event_open", "bpf", "clone-newns"]
     assert results == {name: "Operation not permitted" for name in expected}, outcome.output
+
+
+EXCHANGER = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+first, second = sys.argv[1].encode(), sys.argv[2].encode()
+while True:
+    libc.renameat2(-100, first, -100, second, 2)  # AT_FDCWD, RENAME_EXCHANGE
+"""
+"""Swaps two names for ever: as a command of a run whose workspace holds another run's would."""
+
+
+@pytest.mark.parametrize("shell", ["fresh", "persistent"])
+async def test_a_folder_swapped_for_a_symlink_on_the_workspace_path_never_gets_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shell: str
+) -> None:
+    """The worker checks the workspace, then bubblewrap binds it: bound by path, a swap in between
+    made the sandbox bind what the symlink names (the host's `/` in the attack), read-write."""
+    outer, outside = tmp_path / "outer", tmp_path / "outside"
+    inner = outer / "inner"
+    inner.mkdir(parents=True)
+    outside.mkdir()
+    (outside / "secret").write_text("OUTSIDE-SECRET")
+    (outer / "link").symlink_to(outside)
+    monkeypatch.setenv(ROOTS_ENV, str(outer))
+    tools_ = ToolActivities()
+    said = []
+    swapper = subprocess.Popen([sys.executable, "-c", EXCHANGER, str(inner), str(outer / "link")])
+    try:
+        for attempt in range(600):
+            persistent = {"run_folder": f"run-{attempt}", "shell": ShellState()} if shell == "persistent" else {}
+            command = "cat secret 2>/dev/null; echo planted > planted"
+            call = ToolCallInput(
+                call_id="c", idempotency_key=f"k{attempt}", workspace=str(inner), arguments={"command": command}
+            ).model_copy(update=persistent)
+            try:
+                outcome = await ActivityEnvironment().run(tools_.run_command, call)
+                said.append(f"{outcome.output} {outcome.error}")
+            except Exception as e:  # the swap met the worker's own checks first
+                said.append(str(e))
+            if persistent:
+                await RUN_SANDBOXES.end_run(str(inner), f"run-{attempt}")
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert not (outside / "planted").exists()
+    assert not [text for text in said if "OUTSIDE-SECRET" in text]

@@ -117,7 +117,10 @@ def describe_os_error(e: OSError, workspace: str) -> str:
     reason = PATH_ERRNOS[e.errno]
     if not e.filename:
         return reason
-    root = os.path.realpath(workspace)
+    try:
+        root = os.path.realpath(workspace)
+    except OSError:  # a folder on its path swapped between lstat and readlink (EINVAL): not said twice
+        root = os.path.abspath(workspace)
     filename = os.fsdecode(e.filename)
     if filename.startswith(root + os.sep):
         filename = os.path.relpath(filename, root)

@@ -102,6 +102,9 @@ class CommandRunner:
         except asyncio.CancelledError:
             await asyncio.to_thread(self._finish, call, launch, None)
             raise
+        except SandboxUnavailable as e:  # the run's sandbox could not start: nothing ran
+            await asyncio.to_thread(launch.close)
+            return await asyncio.to_thread(self._record, call, ToolOutcome(ok=False, error=str(e)))
         except BaseException:
             await asyncio.to_thread(launch.close)
             raise

@@ -52,10 +52,10 @@ from activities.tools.sandbox import (
     bwrap_binary,
     bwrap_options,
     command_env,
+    opened_workspace,
     refusal,
 )
 from activities.tools.seccomp import filter_file
-from activities.workspace import RESERVED_DIR
 from workflows.types import ShellState
 
 SANDBOX_IDLE_S = 600.0
@@ -137,7 +137,6 @@ class ShellLaunch(CommandLaunch):
             sandbox_python()
         except SandboxUnavailable as e:
             raise SandboxUnavailable(refusal(e)) from None
-        os.makedirs(os.path.join(workspace_root, RESERVED_DIR), exist_ok=True)
         base = command_env(env_allow, SANDBOX_HOME, SANDBOX_TMP)
         env = dict(base)
         for name, value in shell.env.items():
@@ -243,9 +242,12 @@ class RunSandbox:
         cgroups and limits (sandbox.LAUNCHER)."""
         control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         seccomp = os.open(filter_file(), os.O_RDONLY | os.O_CLOEXEC)
+        opened = [seccomp]
         try:
+            workspace = opened_workspace(workspace_root)
+            opened.append(workspace)
             argv = [
-                *bwrap_options(bwrap_binary(), workspace_root, network, seccomp_fd=seccomp),
+                *bwrap_options(bwrap_binary(), workspace_root, network, seccomp_fd=seccomp, workspace_fd=workspace),
                 "--as-pid-1",
                 "--",
                 *(sandbox_python(), "-I", "-S", "-c", HELPER_LOADER, str(theirs.fileno())),
@@ -258,14 +260,15 @@ class RunSandbox:
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL,
                 start_new_session=True,
-                pass_fds=(theirs.fileno(), seccomp),
+                pass_fds=(theirs.fileno(), seccomp, workspace),
             )
         except BaseException:
             control.close()
             raise
         finally:
             theirs.close()
-            os.close(seccomp)
+            for fd in opened:
+                os.close(fd)
         assert process.stdin is not None
         process.stdin.write(HELPER)
         process.stdin.close()

@@ -32,6 +32,7 @@ more. `DURABLE_AGENT_BWRAP` names another bubblewrap binary (the distribution's,
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import resource
@@ -83,6 +84,9 @@ what it creates in the workspace belongs to the worker's user on the host, and i
 nowhere, whichever user the worker is."""
 SECCOMP_FD = 3
 """Where a command's bubblewrap reads the seccomp filter: the launcher's `3<` redirection opens it."""
+WORKSPACE_FD = 4
+"""Where a launched bubblewrap finds the workspace to bind: the launcher's `4<` redirection opens
+the worker's descriptor of it (`opened_workspace`) through /proc."""
 CONFINED = (
     "--unshare-user", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
     "--cap-drop", "ALL",
@@ -121,15 +125,49 @@ def command_env(env_allow: list[str], home: str, tmp: str) -> dict[str, str]:
     return env
 
 
-def bwrap_argv(bwrap: str, workspace_root: str, network: bool) -> list[str]:
+def bwrap_argv(bwrap: str, workspace_root: str, network: bool, workspace_fd: int | None = None) -> list[str]:
     """bubblewrap's arguments, up to the command (see the module docstring). The seccomp
     filter is read from descriptor SECCOMP_FD, which the launcher opens."""
-    return [*bwrap_options(bwrap, workspace_root, network), "--", "bash", "-c"]
+    return [*bwrap_options(bwrap, workspace_root, network, workspace_fd=workspace_fd), "--", "bash", "-c"]
 
 
-def bwrap_options(bwrap: str, workspace_root: str, network: bool, seccomp_fd: int = SECCOMP_FD) -> list[str]:
+def opened_workspace(workspace_root: str) -> int:
+    """The workspace's folder opened once (`O_PATH`), for bubblewrap to bind by descriptor.
+
+    Bound by path, a folder on the way to it could be swapped for a symlink between the
+    worker's checks and bubblewrap's mount, by a command of a run whose workspace holds this
+    one, and the sandbox would bind what the link names (`/`) read-write. The descriptor is
+    the folder found here, checked to be the workspace itself (`workspace_root` is resolved),
+    with its reserved folder made through it (the mount point of that folder's mask); the
+    worker keeps it open until the sandbox is set up."""
+    fd = os.open(workspace_root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        found = os.readlink(f"/proc/self/fd/{fd}")
+        if found != workspace_root:
+            raise SandboxUnavailable(
+                f"the workspace {workspace_root} was moved while its sandbox was prepared (it is now {found}); "
+                "nothing ran"
+            )
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(RESERVED_DIR, dir_fd=fd)  # where the mask of the reserved folder is mounted
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def workspace_source(fd: int) -> str:
+    """The path a launcher opens the worker's workspace descriptor by: the same folder, whatever
+    its path leads to now."""
+    return f"/proc/{os.getpid()}/fd/{fd}"
+
+
+def bwrap_options(
+    bwrap: str, workspace_root: str, network: bool, seccomp_fd: int = SECCOMP_FD, workspace_fd: int | None = None
+) -> list[str]:
     """bubblewrap and its options, without the program it runs (a run's sandbox adds its own);
-    it reads the seccomp filter from `seccomp_fd`."""
+    it reads the seccomp filter from `seccomp_fd`, and binds the workspace from `workspace_fd`
+    (`opened_workspace`) if given, else by path (a folder of the worker's own making)."""
     argv = [bwrap, "--unshare-all", "--die-with-parent", "--new-session", *CONFINED, "--seccomp", str(seccomp_fd)]
     if network:
         argv.append("--share-net")
@@ -145,7 +183,8 @@ def bwrap_options(bwrap: str, workspace_root: str, network: bool, seccomp_fd: in
             argv += ["--ro-bind", "/dev/null", secret]
     reserved = os.path.join(workspace_root, RESERVED_DIR)
     argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", SANDBOX_TMP, "--dir", SANDBOX_HOME]
-    argv += ["--bind", workspace_root, workspace_root, "--tmpfs", reserved, "--remount-ro", reserved]
+    source = ["--bind-fd", str(workspace_fd)] if workspace_fd is not None else ["--bind", workspace_root]
+    argv += [*source, workspace_root, "--tmpfs", reserved, "--remount-ro", reserved]
     return [*argv, "--chdir", workspace_root]
 
 
@@ -157,26 +196,32 @@ while [ "$n" -gt 0 ]; do
 done
 ulimit -t "$1" -v "$2" -f "$3" -u "$4" -n "$5" -c 0 || {
   echo "durable-agent: could not set the command's resource limits" >&2; exit 125; }
-seccomp=$6
-shift 6
+seccomp=$6 workspace=$7
+shift 7
+if [ -n "$workspace" ]; then
+  exec 4<"$workspace" || { echo "durable-agent: could not open the workspace" >&2; exit 125; }
+fi
 if [ -n "$seccomp" ]; then
   exec "$@" 3<"$seccomp" || { echo "durable-agent: could not open the seccomp filter" >&2; exit 125; }
 fi
 exec "$@"
 """
 """Runs first in the command's new process and execs it: joins the command's cgroups and sets
-its rlimits (inherited by every child), opens the seccomp filter as descriptor SECCOMP_FD
-for bubblewrap, then becomes bubblewrap (or the unsandboxed shell) under the same pid. A
-shell does this rather than a `preexec_fn`, because Python must `fork` a worker of hundreds
-of MB to run a preexec function, where without one it uses `vfork`; the fork was the
-largest single cost of a command in the worker (py-spy). It fails closed: nothing of the
-command runs if a step fails."""
+its rlimits (inherited by every child), opens the seccomp filter as descriptor SECCOMP_FD and
+the workspace as WORKSPACE_FD for bubblewrap, then becomes bubblewrap (or the unsandboxed
+shell) under the same pid. A shell does this rather than a `preexec_fn`, because Python must
+`fork` a worker of hundreds of MB to run a preexec function, where without one it uses
+`vfork`; the fork was the largest single cost of a command in the worker (py-spy). It fails
+closed: nothing of the command runs if a step fails."""
 
 
-def launcher_argv(limits: CommandLimits, cgroup_procs: list[str], argv: list[str], seccomp_file: str = "") -> list[str]:
+def launcher_argv(
+    limits: CommandLimits, cgroup_procs: list[str], argv: list[str], seccomp_file: str = "", workspace: str = ""
+) -> list[str]:
     """`argv` behind LAUNCHER, with the limits in bash's units (KiB for -v and -f), each
     capped at the worker's own hard limit, which an unprivileged process cannot raise;
-    `seccomp_file` (if any) opened as descriptor SECCOMP_FD."""
+    `seccomp_file` (if any) opened as descriptor SECCOMP_FD, `workspace` (`workspace_source`)
+    as WORKSPACE_FD."""
     values = [
         _capped(resource.RLIMIT_CPU, limits.cpu_s),
         _capped(resource.RLIMIT_AS, limits.address_space_bytes) // 1024,
@@ -185,7 +230,7 @@ def launcher_argv(limits: CommandLimits, cgroup_procs: list[str], argv: list[str
         _capped(resource.RLIMIT_NOFILE, limits.open_files),
     ]
     head = ["bash", "-c", LAUNCHER, "durable-agent-launch", str(len(cgroup_procs)), *cgroup_procs]
-    return [*head, *map(str, values), seccomp_file, *argv]
+    return [*head, *map(str, values), seccomp_file, workspace, *argv]
 
 
 def _capped(which: int, value: int) -> int:
@@ -409,6 +454,8 @@ class CommandLaunch:
     env: dict[str, str]
     cgroup: CommandCgroup | None = None
     home: PlainHome | None = None
+    workspace_fd: int | None = None
+    """The workspace bubblewrap binds (`opened_workspace`), open until the command's end."""
 
     @classmethod
     def prepare(
@@ -423,11 +470,13 @@ class CommandLaunch:
             bwrap = bwrap_binary()
         except SandboxUnavailable as e:
             raise SandboxUnavailable(refusal(e)) from None
-        os.makedirs(os.path.join(workspace_root, RESERVED_DIR), exist_ok=True)
+        workspace_fd = opened_workspace(workspace_root)
         cgroup = CommandCgroup.create(limits)
         procs = cgroup.procs_files() if cgroup is not None else []
-        argv = launcher_argv(limits, procs, [*bwrap_argv(bwrap, workspace_root, network), command], filter_file())
-        return cls(argv, command_env(env_allow, SANDBOX_HOME, SANDBOX_TMP), cgroup=cgroup)
+        sandbox = [*bwrap_argv(bwrap, workspace_root, network, WORKSPACE_FD), command]
+        argv = launcher_argv(limits, procs, sandbox, filter_file(), workspace_source(workspace_fd))
+        env = command_env(env_allow, SANDBOX_HOME, SANDBOX_TMP)
+        return cls(argv, env, cgroup=cgroup, workspace_fd=workspace_fd)
 
     def start_record(self, command: str) -> dict[str, Any]:
         """What the journal's start record says of the command before it runs."""
@@ -440,6 +489,9 @@ class CommandLaunch:
         return self.cgroup is not None and self.cgroup.oom_killed()
 
     def close(self) -> None:
+        if self.workspace_fd is not None:
+            os.close(self.workspace_fd)
+            self.workspace_fd = None
         if self.cgroup is not None:
             self.cgroup.remove()
         if self.home is not None:

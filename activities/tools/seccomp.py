@@ -10,14 +10,11 @@ them (`unshare`, `mount`) print an ordinary error instead of dying.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import hashlib
+import fcntl
 import os
 import tempfile
 from functools import cache
-
-from activities.host import user_folder
 
 REFUSED = (
     # mounts: remounting the read-only binds, unmounting the masks, new file systems (cgroup)
@@ -58,27 +55,35 @@ class SeccompUnavailable(Exception):
     """The filter cannot be built here; the message says why."""
 
 
-FOLDER_PREFIX = "durable-agent-seccomp-"
-"""The filter's folder in the temporary directory, one per user: `<prefix><uid>`."""
+SEALS = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+"""The filter's memory file can be neither written, nor resized, nor unsealed, even by the worker."""
+
+
+def filter_file() -> str:
+    """Where a command's bubblewrap opens the compiled BPF program: the worker's own sealed
+    memory file, as `/proc/<worker pid>/fd/<n>`. Each open of that path is a new open file with
+    an offset of its own (bubblewrap reads the program from a descriptor, and a shared
+    descriptor's offset would be consumed by the first command).
+
+    The program never lies on disk, where a command of a workspace holding the file, or another
+    user owning a folder above it, could rewrite or swap it for every later sandbox. Only
+    processes that may inspect the worker (its user, root) can open the path, none can change
+    what it holds, and a sandboxed command sees a /proc of its own PID namespace."""
+    return f"/proc/{os.getpid()}/fd/{_sealed_program()}"
 
 
 @cache
-def filter_file() -> str:
-    """The compiled BPF program in a file only the worker's user can write, written once per
-    worker. Each command opens it afresh: bubblewrap reads the program from a descriptor,
-    and a shared descriptor's offset would be consumed by the first command.
-
-    The file is named by its content in the user's one folder, so that workers started again
-    and again (or side by side) share it instead of each leaving a folder of its own behind."""
-    program = _compiled()
+def _sealed_program() -> int:
+    """The program in a sealed memory file, built once per worker (a forked child inherits it)."""
+    program = memoryview(_compiled())
     try:
-        # A folder someone else laid out is not used: a private one of this worker's instead.
-        folder = str(user_folder(tempfile.gettempdir(), FOLDER_PREFIX) or tempfile.mkdtemp(prefix=FOLDER_PREFIX))
-        name = f"filter-{hashlib.sha256(program).hexdigest()[:16]}.bpf"
-        _write_once(folder, name, program)
+        fd = os.memfd_create("durable-agent-seccomp", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        while program:
+            program = program[os.write(fd, program) :]
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
     except OSError as e:
-        raise SeccompUnavailable(f"the seccomp filter cannot be written: {e}") from None
-    return os.path.join(folder, name)
+        raise SeccompUnavailable(f"the seccomp filter cannot be kept in a sealed memory file: {e}") from None
+    return fd
 
 
 def _compiled() -> bytes:
@@ -104,28 +109,6 @@ def _compiled() -> bytes:
             return f.read()
     except OSError as e:
         raise SeccompUnavailable(f"the seccomp filter cannot be built: {e}") from None
-
-
-def _write_once(folder: str, name: str, program: bytes) -> None:
-    """`name` holding `program`: kept if it already does, else replaced whole (a rename), so
-    that a command of another worker opening it meanwhile reads the old file or the new."""
-    path = os.path.join(folder, name)
-    try:
-        with open(path, "rb") as f:
-            if f.read() == program:
-                return
-    except FileNotFoundError:
-        pass
-    # A temporary name of its own: workers starting together (in other PID namespaces too) each rename theirs.
-    fd, temp = tempfile.mkstemp(dir=folder, prefix=f".{name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(program)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
 
 
 def _refuse(rules: object, action: int, name: str) -> None:

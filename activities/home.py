@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from activities.host import LIVE_REPLIES_PREFIX
-from activities.workspace import WorkspaceRefused
+from activities.workspace import WorkspaceError, WorkspaceRefused, resolved
 
 HOME_ENV = "DURABLE_AGENT_HOME"
 
@@ -29,7 +29,10 @@ def refuse_workspace_holding_worker_state(workspace: str) -> None:
     """Refuse a workspace that holds the home, or the temporary folder where each worker of this
     user keeps the sockets that serve its runs' live replies, or lies in those sockets' folder:
     the sandbox binds the workspace read-write, so a command could reach another run's reply."""
-    real = Path(os.path.realpath(workspace))
+    try:
+        real = Path(resolved(workspace))
+    except WorkspaceError as e:
+        raise WorkspaceRefused(str(e)) from None
     home = home_path()
     if home.is_relative_to(real):
         raise WorkspaceRefused(

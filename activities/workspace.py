@@ -42,11 +42,22 @@ def workspace_roots() -> list[str]:
     return [os.path.realpath(r) for r in listed.split(os.pathsep) if r] or [os.path.realpath(os.getcwd())]
 
 
+def resolved(folder: str) -> str:
+    """`os.path.realpath`, raising WorkspaceError where a folder on the path was swapped between
+    its `lstat` and `readlink` (Python 3.11 lets that EINVAL out)."""
+    try:
+        return os.path.realpath(folder)
+    except OSError as e:
+        raise WorkspaceError(
+            f"workspace {folder} cannot be resolved: {e.strerror}; a folder on its path changed"
+        ) from None
+
+
 def check_allowed(folder: str, roots: list[str], real: str | None = None) -> None:
     """Raise WorkspaceRefused unless `folder` resolves inside a root and outside system folders;
     `real`: the path it resolved to, as its user will use it (resolving again could give
     another, should a folder on its way be swapped for a symlink meanwhile)."""
-    real = real or os.path.realpath(folder)
+    real = real or resolved(folder)
     if real == "/" or any(_under_resolved(real, s) for s in _system_folders()):
         raise WorkspaceRefused(f"workspace {folder} resolves to {real}: a system folder is never a workspace")
     if not any(_under_resolved(real, root) for root in roots):
@@ -75,7 +86,7 @@ class Workspace:
     def __init__(self, folder: str, roots: list[str] | None = None) -> None:
         """`roots`: where workspaces may lie; default `workspace_roots()`."""
         self.given = os.path.abspath(folder)
-        self.root = os.path.realpath(folder)
+        self.root = resolved(folder)
         check_allowed(folder, roots if roots is not None else workspace_roots(), real=self.root)
         if not os.path.isdir(self.root):
             raise WorkspaceError(f"workspace folder does not exist: {folder}")

@@ -1142,11 +1142,9 @@ async def test_a_folder_swapped_for_a_symlink_on_the_workspace_path_never_gets_b
             call = ToolCallInput(
                 call_id="c", idempotency_key=f"k{attempt}", workspace=str(inner), arguments={"command": command}
             ).model_copy(update=persistent)
-            try:
-                outcome = await ActivityEnvironment().run(tools_.run_command, call)
-                said.append(f"{outcome.output} {outcome.error}")
-            except Exception as e:  # the swap met the worker's own checks first
-                said.append(str(e))
+            # Every try ends as a tool outcome (a refusal, or a run in the workspace), never an exception.
+            outcome = await ActivityEnvironment().run(tools_.run_command, call)
+            said.append(f"{outcome.output} {outcome.error}")
             if persistent:
                 await RUN_SANDBOXES.end_run(str(inner), f"run-{attempt}")
     finally:

@@ -186,6 +186,12 @@ class Journal:
         written through, whenever it was swapped. `create`: missing levels are made."""
         fd = os.open(self.workspace_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
+            if os.readlink(f"/proc/self/fd/{fd}") != os.path.abspath(self.workspace_root):
+                # A folder on the workspace's own path swapped for a symlink since it was resolved.
+                raise JournalUnsafe(
+                    f"not run: the workspace {self.workspace_root} was swapped while in use (a folder on its path "
+                    "is now a link); durable-agent never keeps its journal through one"
+                )
             for part in self.folder.relative_to(self.workspace_root).parts:
                 try:
                     below = _open_level(part, fd, create)

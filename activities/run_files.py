@@ -22,13 +22,13 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
 from temporalio import activity
 
-from activities.journal import atomic_write
+from activities.journal import write_at
 from activities.regular_files import SPECIAL_KINDS
 from activities.workspace import RESERVED_DIR
 
@@ -90,17 +90,29 @@ def parse_size(text: str, name: str) -> int:
 def chain_folder(workspace_root: str, kind: str, chain: str, workflow_id: str) -> Path:
     """`.durable-agent/<kind>/<chain>/`, created if missing, with its `chain.json`.
 
-    Each level is checked before it is used: a symlink or file in its place is refused,
-    so nothing is ever created through a link planted in the reserved folder.
-    """
-    path = Path(workspace_root)
-    for name in (RESERVED_DIR, kind, chain):
-        path = path / name
-        _ensure_folder(path)
-    identity = path / IDENTITY_FILE
-    if not os.path.lexists(identity):
-        atomic_write(identity, ChainIdentity(workflow_id=workflow_id).model_dump_json().encode(), 0o600)
-    return path
+    Made level by level through descriptors from the workspace's (`_opened`): a symlink or
+    file in a level's place is refused, and a folder on the workspace's own path swapped for
+    a symlink meanwhile leads nowhere, so nothing is ever created through a link."""
+    with made_reserved(workspace_root, kind, chain) as fd:
+        try:
+            os.stat(IDENTITY_FILE, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            write_at(fd, IDENTITY_FILE, ChainIdentity(workflow_id=workflow_id).model_dump_json().encode(), 0o600)
+    return Path(workspace_root, RESERVED_DIR, kind, chain)
+
+
+@contextmanager
+def made_reserved(workspace_root: str, *names: str) -> Iterator[int]:
+    """`.durable-agent/<names...>`, each level made if missing, opened as `reserved_folder` does."""
+    with ExitStack() as stack:
+        fd = stack.enter_context(_opened(workspace_root, None, workspace_root))
+        shown = "."
+        for name in (RESERVED_DIR, *names):
+            with suppress(FileExistsError):  # another call of the same run made it meanwhile
+                os.mkdir(name, dir_fd=fd)
+            fd = stack.enter_context(_opened(name, fd, shown))
+            shown = f"{shown}/{name}"
+        yield fd
 
 
 def step_journal_path(workspace_root: str, chain: str, step: int) -> Path:
@@ -113,22 +125,27 @@ def make_step_journal(workspace_root: str, chain: str, step: int, workflow_id: s
     (the workflow starts a step once the last one's calls have all closed), so no retry reads them."""
     chain_path = chain_folder(workspace_root, "journal", chain, workflow_id)
     folder = step_journal_path(workspace_root, chain, step)
-    if not os.path.lexists(folder):
-        _prune_steps(chain_path, step)
-    _ensure_folder(folder)
+    with made_reserved(workspace_root, "journal", chain) as chain_fd:
+        try:
+            os.stat(folder.name, dir_fd=chain_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            _prune_steps(chain_fd, chain_path, step)
+        with suppress(FileExistsError):
+            os.mkdir(folder.name, dir_fd=chain_fd)
+        with _opened(folder.name, chain_fd, str(chain_path)):
+            pass  # a folder: a link or file in its place is refused (HostileLayout)
     return folder
 
 
-def _prune_steps(chain_path: Path, step: int) -> None:
+def _prune_steps(chain_fd: int, chain_path: Path, step: int) -> None:
     removed = ChainFiles(workspace=str(chain_path), kind="journal", chain=chain_path.name)
-    with _opened(str(chain_path), None, str(chain_path)) as fd:
-        for entry in os.scandir(fd):
-            number = entry.name.removeprefix(STEP_PREFIX)
-            if entry.name.startswith(STEP_PREFIX) and number.isdigit() and int(number) < step:
-                try:
-                    remove_folder(fd, entry.name, f"{chain_path}/{entry.name}", removed)
-                except FileNotFoundError:
-                    pass  # a concurrent call of the same step removed it first
+    for entry in os.scandir(chain_fd):
+        number = entry.name.removeprefix(STEP_PREFIX)
+        if entry.name.startswith(STEP_PREFIX) and number.isdigit() and int(number) < step:
+            try:
+                remove_folder(chain_fd, entry.name, f"{chain_path}/{entry.name}", removed)
+            except FileNotFoundError:
+                pass  # a concurrent call of the same step removed it first
     if removed.files:
         activity.logger.info(
             "journal %s: removed %d entries (%d bytes) of steps before %d; their results are in history",
@@ -137,19 +154,6 @@ def _prune_steps(chain_path: Path, step: int) -> None:
             removed.bytes,
             step,
         )
-
-
-def _ensure_folder(path: Path) -> None:
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        try:
-            path.mkdir()
-        except FileExistsError:
-            pass  # another call of the same run made it meanwhile
-        mode = os.lstat(path).st_mode
-    if not stat.S_ISDIR(mode):
-        raise HostileLayout(f"{path} is {_kind_text(mode)}, not a folder; durable-agent refuses to use it")
 
 
 def _read_identity(chain_fd: int) -> ChainIdentity | None:
@@ -324,6 +328,9 @@ def _count(into: ChainFiles, st: os.stat_result) -> None:
 
 @contextmanager
 def _opened(name: str, dir_fd: int | None, shown_parent: str) -> Iterator[int]:
+    """Folder `name` of `dir_fd`, never through a link; without `dir_fd`, `name` is a resolved
+    absolute path, and the folder opened must be the one it named: a folder on the way swapped
+    for a symlink meanwhile (by a command of a run whose workspace holds this one) is refused."""
     shown = name if dir_fd is None else f"{shown_parent}/{name}"
     try:
         fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
@@ -331,6 +338,9 @@ def _opened(name: str, dir_fd: int | None, shown_parent: str) -> Iterator[int]:
         if e.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
         raise _hostile(shown, os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode) from None
+    if dir_fd is None and os.readlink(f"/proc/self/fd/{fd}") != name:
+        os.close(fd)
+        raise HostileLayout(f"{name} was swapped while in use: a folder on its path is now a link; nothing was written")
     try:
         yield fd
     finally:

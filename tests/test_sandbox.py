@@ -1124,7 +1124,8 @@ async def test_a_folder_swapped_for_a_symlink_on_the_workspace_path_never_gets_b
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shell: str
 ) -> None:
     """The worker checks the workspace, then bubblewrap binds it: bound by path, a swap in between
-    made the sandbox bind what the symlink names (the host's `/` in the attack), read-write."""
+    made the sandbox bind what the symlink names (the host's `/` in the attack), read-write; and
+    the journal and saved outputs, found by path, were written there."""
     outer, outside = tmp_path / "outer", tmp_path / "outside"
     inner = outer / "inner"
     inner.mkdir(parents=True)
@@ -1138,7 +1139,7 @@ async def test_a_folder_swapped_for_a_symlink_on_the_workspace_path_never_gets_b
     try:
         for attempt in range(600):
             persistent = {"run_folder": f"run-{attempt}", "shell": ShellState()} if shell == "persistent" else {}
-            command = "cat secret 2>/dev/null; echo planted > planted"
+            command = "cat secret 2>/dev/null; echo planted > planted; seq 1 30000"  # the output is saved too
             call = ToolCallInput(
                 call_id="c", idempotency_key=f"k{attempt}", workspace=str(inner), arguments={"command": command}
             ).model_copy(update=persistent)
@@ -1152,3 +1153,5 @@ async def test_a_folder_swapped_for_a_symlink_on_the_workspace_path_never_gets_b
         swapper.wait()
     assert not (outside / "planted").exists()
     assert not [text for text in said if "OUTSIDE-SECRET" in text]
+    # Nor does the worker's own bookkeeping (journal, saved outputs) follow the swap out.
+    assert sorted(p.name for p in outside.iterdir()) == ["secret"]

@@ -134,11 +134,12 @@ class OutputCapture:
 
     def _spill(self) -> None:
         if self._chain is None:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
+            with run_files.made_reserved(self._workspace_root, "outputs"):
+                pass
         else:
             run_files.chain_folder(self._workspace_root, "outputs", *self._chain)
         # Through the folder's descriptor from here: a `.durable-agent` swapped for a symlink
-        # since the check above is refused, never written through.
+        # since it was made is refused, never written through.
         folders = ("outputs", self._chain[0]) if self._chain else ("outputs",)
         with run_files.reserved_folder(self._workspace_root, *folders) as folder_fd:
             self.dropped = drop_oldest_outputs(folder_fd, self._max_bytes - self._save_max)

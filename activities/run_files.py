@@ -93,12 +93,20 @@ def chain_folder(workspace_root: str, kind: str, chain: str, workflow_id: str) -
     Made level by level through descriptors from the workspace's (`_opened`): a symlink or
     file in a level's place is refused, and a folder on the workspace's own path swapped for
     a symlink meanwhile leads nowhere, so nothing is ever created through a link."""
+    with opened_chain(workspace_root, kind, chain, workflow_id):
+        pass
+    return Path(workspace_root, RESERVED_DIR, kind, chain)
+
+
+@contextmanager
+def opened_chain(workspace_root: str, kind: str, chain: str, workflow_id: str) -> Iterator[int]:
+    """`chain_folder`, opened."""
     with made_reserved(workspace_root, kind, chain) as fd:
         try:
             os.stat(IDENTITY_FILE, dir_fd=fd, follow_symlinks=False)
         except FileNotFoundError:
             write_at(fd, IDENTITY_FILE, ChainIdentity(workflow_id=workflow_id).model_dump_json().encode(), 0o600)
-    return Path(workspace_root, RESERVED_DIR, kind, chain)
+        yield fd
 
 
 @contextmanager
@@ -123,9 +131,9 @@ def make_step_journal(workspace_root: str, chain: str, step: int, workflow_id: s
     """Create the journal folder of the chain's current step. At a step's first entry the
     folders of earlier steps go: every call of theirs is over and its result is in history
     (the workflow starts a step once the last one's calls have all closed), so no retry reads them."""
-    chain_path = chain_folder(workspace_root, "journal", chain, workflow_id)
     folder = step_journal_path(workspace_root, chain, step)
-    with made_reserved(workspace_root, "journal", chain) as chain_fd:
+    chain_path = folder.parent
+    with opened_chain(workspace_root, "journal", chain, workflow_id) as chain_fd:
         try:
             os.stat(folder.name, dir_fd=chain_fd, follow_symlinks=False)
         except FileNotFoundError:
@@ -338,7 +346,7 @@ def _opened(name: str, dir_fd: int | None, shown_parent: str) -> Iterator[int]:
         if e.errno not in (errno.ELOOP, errno.ENOTDIR):
             raise
         raise _hostile(shown, os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode) from None
-    if dir_fd is None and os.readlink(f"/proc/self/fd/{fd}") != name:
+    if dir_fd is None and os.readlink(f"/proc/self/fd/{fd}") != os.path.abspath(name):
         os.close(fd)
         raise HostileLayout(f"{name} was swapped while in use: a folder on its path is now a link; nothing was written")
     try:

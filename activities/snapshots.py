@@ -97,16 +97,16 @@ class Store:
     def take(
         self, workspace: str, previous: str | None, chain: str | None = None, exclude: Sequence[str] = ()
     ) -> tuple[str, int]:
-        """Snapshot `workspace` but the names matching `exclude`; returns the digest and the bytes
-        it added to the store."""
-        root = os.path.realpath(workspace)
+        """Snapshot `workspace` (resolved: its real path, as `Workspace.root` gives it) but the
+        names matching `exclude`; returns the digest and the bytes it added to the store."""
+        root = os.path.abspath(workspace)
         verified_ns = _coarse_now_ns()
         before = self._previous(root, previous)
         old_files, depth, old_verified = before[1], before[2], before[3]
         known, known_verified = (old_files, old_verified) if previous is not None else self._stat_hints(root)
         added = 0
         files: Files = {}
-        for rel, st, full in _walk(root, exclude):
+        for rel, st, where in _walk(root, exclude):
             old = known.get(rel)
             if (
                 old is not None
@@ -116,7 +116,10 @@ class Store:
             ):
                 files[rel] = old
                 continue
-            digest, written = self._put_blob(full, st)
+            put = self._put_blob(where, st)
+            if put is None:
+                continue  # no longer a file or link (changed meanwhile): the next snapshot has it
+            digest, written = put
             added += written
             files[rel] = [st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, digest]
         changes = {p: e for p, e in files.items() if old_files.get(p) != e}
@@ -164,12 +167,10 @@ class Store:
         with self._lock:
             self._latest.put(root, (digest, files, depth, verified_ns))
 
-    def _put_blob(self, full: str, st: os.stat_result) -> tuple[str, int]:
-        if stat.S_ISLNK(st.st_mode):
-            data = os.readlink(full).encode("utf-8", "surrogateescape")
-        else:
-            with open(full, "rb") as f:
-                data = f.read()
+    def _put_blob(self, where: tuple[int, str], st: os.stat_result) -> tuple[str, int] | None:
+        data = _content(where, st)
+        if data is None:
+            return None
         digest = hashlib.sha256(data).hexdigest()
         return digest, self._write_object("blobs", digest, data)
 
@@ -248,14 +249,15 @@ class Store:
         """Make `workspace` hold exactly the snapshot's files (`.durable-agent/` untouched)."""
         wanted = self.files(digest)
         root = os.path.realpath(workspace)
-        for rel, st, full in list(_walk(root)):
+        for rel, st, (folder_fd, name) in _walk(root):
             entry = wanted.get(rel)
-            if entry is None or stat.S_IFMT(st.st_mode) != stat.S_IFMT(entry[_MODE]) or st.st_size != entry[_SIZE]:
-                os.unlink(full)
-            elif not stat.S_ISLNK(st.st_mode) and hashlib.sha256(Path(full).read_bytes()).hexdigest() == entry[_DIGEST]:
-                wanted.pop(rel)
-            else:
-                os.unlink(full)
+            same = entry is not None and stat.S_IFMT(st.st_mode) == stat.S_IFMT(entry[_MODE])
+            if same and st.st_size == entry[_SIZE] and not stat.S_ISLNK(st.st_mode):  # type: ignore[index]
+                data = _content((folder_fd, name), st)
+                if data is not None and hashlib.sha256(data).hexdigest() == entry[_DIGEST]:  # type: ignore[index]
+                    wanted.pop(rel)
+                    continue
+            os.unlink(name, dir_fd=folder_fd)  # never follows: a link swapped in goes, not its target
         for rel, entry in wanted.items():
             target = os.path.join(root, rel)
             os.makedirs(os.path.dirname(target), exist_ok=True)
@@ -343,27 +345,80 @@ def _same_stat(entry: Entry, st: os.stat_result) -> bool:
     )
 
 
-def _walk(root: str, exclude: Sequence[str] = ()) -> Iterator[tuple[str, os.stat_result, str]]:
-    """(relative path, lstat, full path) of every regular file and symlink, `.durable-agent/`
-    at the top excluded; symlinked folders are recorded as links, never entered. A loop, not
-    nested generators: each file would pass through one per folder level."""
-    folders = [("", root)]
-    while folders:
-        rel, full = folders.pop()
-        try:
-            entries = os.scandir(full)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        with entries:
-            for entry in entries:
-                if (not rel and entry.name == RESERVED_DIR) or any(fnmatch(entry.name, p) for p in exclude):
-                    continue
-                st = entry.stat(follow_symlinks=False)
-                path = f"{rel}/{entry.name}" if rel else entry.name
-                if stat.S_ISDIR(st.st_mode):
-                    folders.append((path, entry.path))
-                elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                    yield path, st, entry.path
+def _walk(root: str, exclude: Sequence[str] = ()) -> Iterator[tuple[str, os.stat_result, tuple[int, str]]]:
+    """(relative path, lstat, (folder descriptor, name)) of every regular file and symlink,
+    `.durable-agent/` at the top excluded; symlinked folders are recorded as links, never
+    entered. Through descriptors from the root's, which must be `root` itself: a folder on the
+    way swapped for a symlink (by a command of a run whose workspace holds this one) is
+    refused at the root and skipped below it, never followed out of the workspace. A folder's
+    descriptor is valid until the walk moves on; one per level is open at a time."""
+    try:
+        top = os.open(root, _FOLDER_FLAGS)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # no folder: nothing to snapshot
+    frames: list[tuple[str, int, Iterator[str]]] = []
+    try:
+        if os.readlink(f"/proc/self/fd/{top}") != root:
+            raise SnapshotError(f"{root} was swapped while in use: a folder on its path is now a link")
+        files, folders = _listing("", top, exclude)
+        yield from ((path, st, (top, name)) for path, st, name in files)
+        frames.append(("", top, iter(folders)))
+        while frames:
+            rel, fd, pending = frames[-1]
+            name = next(pending, None)
+            if name is None:
+                frames.pop()
+                if fd != top:
+                    os.close(fd)
+                continue
+            try:
+                child = os.open(name, _FOLDER_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:
+                continue  # gone, or no longer a folder: not part of this snapshot
+            path = f"{rel}/{name}" if rel else name
+            frames.append((path, child, iter(())))  # so that `finally` closes it, should the listing fail
+            files, folders = _listing(path, child, exclude)
+            frames[-1] = (path, child, iter(folders))
+            yield from ((p, st, (child, n)) for p, st, n in files)
+    finally:
+        for _, fd, _ in frames:
+            if fd != top:
+                os.close(fd)
+        os.close(top)
+
+
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _listing(rel: str, fd: int, exclude: Sequence[str]) -> tuple[list[tuple[str, os.stat_result, str]], list[str]]:
+    """The files and links of an open folder (relative path, lstat, name), and its folders."""
+    files, folders = [], []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            if (not rel and entry.name == RESERVED_DIR) or any(fnmatch(entry.name, p) for p in exclude):
+                continue
+            st = entry.stat(follow_symlinks=False)
+            path = f"{rel}/{entry.name}" if rel else entry.name
+            if stat.S_ISDIR(st.st_mode):
+                folders.append(entry.name)
+            elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                files.append((path, st, entry.name))
+    return files, folders
+
+
+def _content(where: tuple[int, str], st: os.stat_result) -> bytes | None:
+    """A walked file's bytes or link's target, never through a link; None if it is neither now."""
+    folder_fd, name = where
+    try:
+        if stat.S_ISLNK(st.st_mode):
+            return os.readlink(name, dir_fd=folder_fd).encode("utf-8", "surrogateescape")
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder_fd)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return f.read()
 
 
 _T = TypeVar("_T")

@@ -183,7 +183,7 @@ async def rewind(
     if open_run:
         await handle.terminate(reason=f"rewound to step {step} by a person")
     store = Store()
-    workspace = point.agent.workspace
+    workspace = os.path.realpath(point.agent.workspace)
     before, _ = store.take(
         workspace, steps.points[-1].digest, chain=f"{workflow_id}-before-rewind-{uuid.uuid4().hex[:6]}"
     )

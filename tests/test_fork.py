@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +32,7 @@ from tests.helpers import HELD_COMMAND, release, start, step_done, until, wait_f
 from tests.scripts import ByGoal, Script, answer, tools
 from tests.test_cli import cli_env, durable_agent, one_line_error
 from tests.test_crash import SlowTurn, worker_env
+from tests.test_sandbox import EXCHANGER
 from workflows.state import Carry
 from workflows.types import AgentInput, AgentResult, AgentStatus, Usage
 
@@ -172,6 +175,32 @@ def test_one_changed_file_costs_its_bytes_and_an_unchanged_tree_nothing(tmp_path
     assert excluded == second  # nothing but excluded names changed
 
 
+def test_a_folder_swapped_for_a_link_during_a_snapshot_is_never_followed_out(tmp_path: Path) -> None:
+    """A command swapping a folder of the workspace with a symlink to a folder outside, while the
+    worker walks it: the snapshot records the folder or the link, never what lies outside (a
+    restore elsewhere, or a fork, would hand those files to the model)."""
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    (workspace / "sub").mkdir(parents=True)
+    (workspace / "sub" / "inside.txt").write_text("inside")
+    outside.mkdir()
+    (outside / "secret.txt").write_text("HOST-SECRET")
+    (workspace / "link").symlink_to(outside)
+    store = Store(tmp_path / "store")
+    swapper = subprocess.Popen([sys.executable, "-c", EXCHANGER, str(workspace / "sub"), str(workspace / "link")])
+    try:
+        while not (workspace / "sub").is_symlink():  # swapping
+            time.sleep(0.001)
+        digests: list[str] = []
+        began = time.monotonic()
+        while len(digests) < 300 or time.monotonic() - began < 1:
+            digests.append(store.take(str(workspace), None)[0])
+    finally:
+        swapper.kill()
+        swapper.wait()
+    seen = {name for digest in digests for name in store.files(digest)}
+    assert not [name for name in seen if name.endswith("secret.txt")], seen
+
+
 def test_a_runs_first_snapshot_reads_only_what_changed_since_the_workers_last_of_that_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -188,9 +217,9 @@ def test_a_runs_first_snapshot_reads_only_what_changed_since_the_workers_last_of
     hashed: list[str] = []
     put_blob = store._put_blob
 
-    def counted(full: str, st: os.stat_result) -> tuple[str, int]:
-        hashed.append(os.path.relpath(full, workspace))
-        return put_blob(full, st)
+    def counted(where: tuple[int, str], st: os.stat_result) -> tuple[str, int] | None:
+        hashed.append(where[1])  # the file's name in its folder: all lie at the top here
+        return put_blob(where, st)
 
     monkeypatch.setattr(store, "_put_blob", counted)
     (workspace / "f3.txt").write_text("changed by the run before")

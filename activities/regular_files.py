@@ -79,3 +79,16 @@ def _check(mode: int, path: str | Path, shown: str) -> None:
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
     if not stat.S_ISREG(mode):
         raise NotRegularFile(shown, mode)
+
+
+def read_regular_at(dir_fd: int, name: str, limit: int = -1) -> bytes | None:
+    """Up to `limit` bytes (all: -1) of regular file `name` of the opened folder, never through a
+    link and never blocking on a FIFO; None where there is no such regular file (any more)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return f.read(limit)

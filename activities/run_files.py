@@ -29,7 +29,7 @@ from pydantic import BaseModel, ValidationError
 from temporalio import activity
 
 from activities.journal import write_at
-from activities.regular_files import SPECIAL_KINDS
+from activities.regular_files import SPECIAL_KINDS, read_regular_at
 from activities.workspace import RESERVED_DIR
 
 KINDS = ("journal", "outputs", "archive")
@@ -166,17 +166,13 @@ def _prune_steps(chain_fd: int, chain_path: Path, step: int) -> None:
 
 def _read_identity(chain_fd: int) -> ChainIdentity | None:
     """The chain's `chain.json`, read through its folder; None if missing or not ours."""
-    try:
-        fd = os.open(IDENTITY_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=chain_fd)
-    except OSError:
+    data = read_regular_at(chain_fd, IDENTITY_FILE, 4096)
+    if data is None:
         return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        try:
-            return ChainIdentity.model_validate_json(f.read(4096))
-        except ValidationError:
-            return None
+    try:
+        return ChainIdentity.model_validate_json(data)
+    except ValidationError:
+        return None
 
 
 # --- reading and removing: folder descriptors, never a symlink followed ----------------------

@@ -43,6 +43,7 @@ from typing import TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.regular_files import read_regular_at
 from activities.workspace import RESERVED_DIR, Workspace, WorkspaceError, check_allowed, workspace_roots
 from workflows.hosts import RESTORE_ACTIVITY, RestoreDone, RestoreRequest
 from workflows.snapshots import SNAPSHOT_ACTIVITY, SnapshotRequest, SnapshotTaken
@@ -409,16 +410,12 @@ def _listing(rel: str, fd: int, exclude: Sequence[str]) -> tuple[list[tuple[str,
 def _content(where: tuple[int, str], st: os.stat_result) -> bytes | None:
     """A walked file's bytes or link's target, never through a link; None if it is neither now."""
     folder_fd, name = where
+    if not stat.S_ISLNK(st.st_mode):
+        return read_regular_at(folder_fd, name)
     try:
-        if stat.S_ISLNK(st.st_mode):
-            return os.readlink(name, dir_fd=folder_fd).encode("utf-8", "surrogateescape")
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder_fd)
+        return os.readlink(name, dir_fd=folder_fd).encode("utf-8", "surrogateescape")
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return f.read()
 
 
 _T = TypeVar("_T")

@@ -16,6 +16,10 @@ without being carried.
 from __future__ import annotations
 
 import asyncio
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +28,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities import run_files
-from activities.journal import atomic_write
+from activities.journal import write_at
 from activities.run_files import HostileLayout, RunFileCaps, run_file_caps
 from activities.workspace import Workspace, WorkspaceError
 from workflows.compaction import ARCHIVE_ROOT
@@ -33,6 +37,8 @@ from workflows.types import ArchiveWrite, ArchiveWritten, Message, RecallInput, 
 
 _MESSAGES = TypeAdapter(list[Message])
 NOT_ARCHIVED_SUFFIX = ".not-archived.txt"
+ARCHIVE_MODE = 0o600
+"""The run's own conversation: its worker's user alone reads it, as the journal."""
 
 
 def archive_file(first_step: int, last_step: int) -> str:
@@ -43,39 +49,56 @@ def write_steps(request: ArchiveWrite, max_bytes: int = RunFileCaps().archive_ma
     """Write the steps, unless that takes the chain's archive over `max_bytes`: then the steps
     are folded without being archived, a small note file says so, and so does the result."""
     root = Workspace(request.workspace).root
-    folder = _chain_folder(root, request.archive_dir)
     name = archive_file(request.first_step, request.last_step)
     data = b"".join(m.model_dump_json(exclude_defaults=True).encode() + b"\n" for m in request.messages)
-    held = _archived_bytes(folder, name)
-    if held + len(data) > max_bytes:
-        return _not_archived(request, folder, name, held, len(data), max_bytes)
-    atomic_write(folder / name, data)
+    with _opened_archive(root, request.archive_dir) as folder_fd:
+        held = _archived_bytes(folder_fd, name)
+        if held + len(data) > max_bytes:
+            return _not_archived(request, folder_fd, name, held, len(data), max_bytes)
+        write_at(folder_fd, name, data, ARCHIVE_MODE)
     return ArchiveWritten(path=f"{request.archive_dir}/{name}", messages=len(request.messages), bytes=len(data))
 
 
-def _chain_folder(root: str, archive_dir: str) -> Path:
+@contextmanager
+def _opened_archive(root: str, archive_dir: str) -> Iterator[int]:
+    """The run's archive folder, made if missing, through descriptors from the workspace's
+    (run_files): never through a link, nor through a folder on the workspace's path swapped for one."""
     chain = archive_dir.rsplit("/", 1)[-1]
-    if archive_dir != f"{ARCHIVE_ROOT}/{chain}":  # not a folder this project names
-        return Path(root) / archive_dir
-    workflow_id = activity.info().workflow_id if activity.in_activity() else ""
-    return run_files.chain_folder(root, "archive", chain, workflow_id)
+    if archive_dir == f"{ARCHIVE_ROOT}/{chain}":
+        workflow_id = activity.info().workflow_id if activity.in_activity() else ""
+        with run_files.opened_chain(root, "archive", chain, workflow_id) as fd:
+            yield fd
+        return
+    # Not a folder this project names (the workflow's state holds it, never the model).
+    folder = Path(root) / archive_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
-def _archived_bytes(folder: Path, except_name: str) -> int:
+def _archived_bytes(folder_fd: int, except_name: str) -> int:
     """The archive's bytes, leaving out the file about to be (re)written."""
-    return sum(p.lstat().st_size for p in folder.glob("steps-*.jsonl") if p.name != except_name)
+    with os.scandir(folder_fd) as entries:
+        return sum(
+            e.stat(follow_symlinks=False).st_size
+            for e in entries
+            if fnmatch(e.name, "steps-*.jsonl") and e.name != except_name and e.is_file(follow_symlinks=False)
+        )
 
 
 def _not_archived(
-    request: ArchiveWrite, folder: Path, name: str, held: int, size: int, max_bytes: int
+    request: ArchiveWrite, folder_fd: int, name: str, held: int, size: int, max_bytes: int
 ) -> ArchiveWritten:
     note = (
         f"steps {request.first_step}-{request.last_step} ({size:,} bytes) were folded without being archived: "
         f"the run's archive holds {held:,} bytes and its cap is {max_bytes:,} (DURABLE_AGENT_ARCHIVE_MAX_BYTES); "
         "`recall` and `export` cannot return them"
     )
-    atomic_write(folder / f"{name.removesuffix('.jsonl')}{NOT_ARCHIVED_SUFFIX}", note.encode() + b"\n")
-    activity.logger.warning("archive %s: %s", folder, note)
+    write_at(folder_fd, f"{name.removesuffix('.jsonl')}{NOT_ARCHIVED_SUFFIX}", note.encode() + b"\n", ARCHIVE_MODE)
+    activity.logger.warning("archive %s: %s", request.archive_dir, note)
     return ArchiveWritten(path="", messages=len(request.messages), bytes=0, not_archived=note)
 
 

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
+
 from activities.archive import read_archive, recall_text, write_steps
+from activities.run_files import HostileLayout
+from activities.workspace import ROOTS_ENV, WorkspaceError
 from tests.test_compaction import step_messages
+from tests.test_sandbox import EXCHANGER
 from workflows.types import ArchiveWrite, Message, RecallInput
 
 FOLDER = ".durable-agent/archive/run-1"
@@ -76,3 +85,29 @@ def test_steps_past_the_archive_cap_are_folded_unarchived_and_recall_says_so(tmp
         RecallInput(workspace=str(tmp_path), archive_dir=FOLDER, in_context_from=21, first_step=11, last_step=20)
     ).output
     assert "were folded without being archived" in text, text
+
+
+def test_a_folder_swapped_on_the_workspace_path_never_gets_the_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the journal (tests/test_sandbox.py): a run whose workspace holds this one swapping a
+    folder on its path for a symlink while steps are archived writes nothing where it points."""
+    outer, outside = tmp_path / "outer", tmp_path / "outside"
+    inner = outer / "inner"
+    inner.mkdir(parents=True)
+    outside.mkdir()
+    (outer / "link").symlink_to(outside)
+    monkeypatch.setenv(ROOTS_ENV, str(outer))  # `outside` is no workspace: only a swap could lead there
+    swapper = subprocess.Popen([sys.executable, "-c", EXCHANGER, str(inner), str(outer / "link")])
+    try:
+        while not inner.is_symlink():  # swapping
+            time.sleep(0.001)
+        attempt, began = 0, time.monotonic()
+        while attempt < 300 or time.monotonic() - began < 2:
+            attempt += 1
+            with contextlib.suppress(WorkspaceError, HostileLayout, OSError):  # the swap met a check
+                archive(inner, attempt, attempt)
+    finally:
+        swapper.kill()
+        swapper.wait()
+    assert list(outside.iterdir()) == []

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities import run_files
 from activities.journal import write_at
+from activities.regular_files import read_regular_at
 from activities.run_files import HostileLayout, RunFileCaps, run_file_caps
 from activities.workspace import Workspace, WorkspaceError
 from workflows.compaction import ARCHIVE_ROOT
@@ -102,29 +103,67 @@ def _not_archived(
     return ArchiveWritten(path="", messages=len(request.messages), bytes=0, not_archived=note)
 
 
-def not_archived_notes(folder: Path) -> list[str]:
-    """What the notes left at the archive's cap say, in step order."""
-    return [p.read_text().strip() for p in sorted(folder.glob(f"steps-*{NOT_ARCHIVED_SUFFIX}")) if p.is_file()]
-
-
 def read_archive(folder: Path) -> list[Message]:
     """Every archived message of a run, in step order; a damaged file is an error that says which."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return []
+    try:
+        return _archived_messages(fd, str(folder))
+    finally:
+        os.close(fd)
+
+
+def _archived_messages(folder_fd: int, shown: str) -> list[Message]:
     messages: list[Message] = []
-    for path in sorted(folder.glob("steps-*.jsonl")):
+    for name in _names(folder_fd, "steps-*.jsonl"):
+        data = read_regular_at(folder_fd, name)
+        if data is None:
+            continue  # not a regular file: never one of ours, nor followed
         try:
-            messages += _MESSAGES.validate_json(b"[" + b",".join(path.read_bytes().splitlines()) + b"]")
+            messages += _MESSAGES.validate_json(b"[" + b",".join(data.splitlines()) + b"]")
         except ValidationError as e:
-            raise ValueError(f"archive file {path} is damaged: {e.errors()[0]['msg']}") from None
+            raise ValueError(f"archive file {shown}/{name} is damaged: {e.errors()[0]['msg']}") from None
     return messages
+
+
+def _not_archived_notes(folder_fd: int) -> list[str]:
+    """What the notes left at the archive's cap say, in step order."""
+    notes = (read_regular_at(folder_fd, name) for name in _names(folder_fd, f"steps-*{NOT_ARCHIVED_SUFFIX}"))
+    return [note.decode(errors="replace").strip() for note in notes if note is not None]
+
+
+def _names(folder_fd: int, pattern: str) -> list[str]:
+    with os.scandir(folder_fd) as entries:
+        return sorted(e.name for e in entries if fnmatch(e.name, pattern))
+
+
+@contextmanager
+def _archive_to_read(root: str, archive_dir: str) -> Iterator[int | None]:
+    """The run's archive folder opened as `_opened_archive` opens it, without making it: None if
+    there is none."""
+    chain = archive_dir.rsplit("/", 1)[-1]
+    with ExitStack() as stack:
+        try:
+            if archive_dir == f"{ARCHIVE_ROOT}/{chain}":
+                fd: int | None = stack.enter_context(run_files.reserved_folder(root, "archive", chain))
+            else:
+                fd = os.open(Path(root) / archive_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                stack.callback(os.close, fd)
+        except FileNotFoundError:
+            fd = None
+        yield fd
 
 
 def recall_text(request: RecallInput) -> ToolOutcome:
     """The folded steps asked for, verbatim, grouped by step, within the output budget."""
-    folder = Path(Workspace(request.workspace).root) / request.archive_dir
-    try:
-        archived = read_archive(folder)
-    except ValueError as e:
-        return ToolOutcome(ok=False, error=str(e))
+    with _archive_to_read(Workspace(request.workspace).root, request.archive_dir) as folder_fd:
+        try:
+            archived = [] if folder_fd is None else _archived_messages(folder_fd, request.archive_dir)
+        except ValueError as e:
+            return ToolOutcome(ok=False, error=str(e))
+        notes = [] if folder_fd is None else _not_archived_notes(folder_fd)
     by_step: dict[int, list[Message]] = {}
     for message in archived:
         if message.kind not in RECORD_ONLY_KINDS:  # what the model was sent, nothing else
@@ -132,7 +171,7 @@ def recall_text(request: RecallInput) -> ToolOutcome:
     steps = _selected(by_step, request)
     if not steps:
         asked = f"query {request.query!r}" if request.query else f"steps {request.first_step}-{request.last_step}"
-        lost = "".join(f" Note: {note}." for note in not_archived_notes(folder))
+        lost = "".join(f" Note: {note}." for note in notes)
         return ToolOutcome(
             ok=True,
             output=f"No folded step matches {asked}. Steps from {request.in_context_from} on are "

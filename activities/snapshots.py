@@ -23,12 +23,12 @@ files, ownership. `docs/fork.md` has the figures that chose this over git's obje
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import functools
 import hashlib
 import json
 import os
-import shutil
 import stat
 import threading
 import time
@@ -235,21 +235,14 @@ class Store:
     def restore(self, digest: str, dest: str) -> int:
         """Write the snapshot's files into `dest` (which holds no other files); returns their count."""
         files = self.files(digest)
-        for rel, entry in sorted(files.items()):
-            target = os.path.join(dest, rel)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            if stat.S_ISLNK(entry[_MODE]):
-                os.symlink(self.blob(entry[_DIGEST]).decode("utf-8", "surrogateescape"), target)
-                continue
-            source = self.root / "blobs" / entry[_DIGEST][:2] / entry[_DIGEST][2:]
-            shutil.copyfile(source, target)  # a copy: the store's blob never changes
-            os.chmod(target, stat.S_IMODE(entry[_MODE]))
+        self._write_files(os.path.realpath(dest), files)
         return len(files)
 
     def reset(self, digest: str, workspace: str) -> None:
-        """Make `workspace` hold exactly the snapshot's files (`.durable-agent/` untouched)."""
+        """Make `workspace` (resolved, as `Workspace.root` gives it) hold exactly the snapshot's
+        files (`.durable-agent/` untouched)."""
         wanted = self.files(digest)
-        root = os.path.realpath(workspace)
+        root = os.path.abspath(workspace)
         for rel, st, (folder_fd, name) in _walk(root):
             entry = wanted.get(rel)
             same = entry is not None and stat.S_IFMT(st.st_mode) == stat.S_IFMT(entry[_MODE])
@@ -259,16 +252,33 @@ class Store:
                     wanted.pop(rel)
                     continue
             os.unlink(name, dir_fd=folder_fd)  # never follows: a link swapped in goes, not its target
-        for rel, entry in wanted.items():
-            target = os.path.join(root, rel)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            if stat.S_ISLNK(entry[_MODE]):
-                os.symlink(self.blob(entry[_DIGEST]).decode("utf-8", "surrogateescape"), target)
-            else:
-                shutil.copyfile(self.root / "blobs" / entry[_DIGEST][:2] / entry[_DIGEST][2:], target)
-                os.chmod(target, stat.S_IMODE(entry[_MODE]))
+        self._write_files(root, wanted)
         with self._lock:
             self._latest.drop(root)
+
+    def _write_files(self, root: str, files: Files) -> None:
+        """Each file and link of `files` into the folder `root` (resolved), through descriptors
+        as `_walk` reads: never through a link planted in the folder or swapped in on its path."""
+        top = _opened_root(root)
+        try:
+            for rel, entry in sorted(files.items()):
+                *folders, name = rel.split("/")
+                fd = _folder_made(top, folders)
+                try:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=fd)  # what stood there goes, never what a link names
+                    if stat.S_ISLNK(entry[_MODE]):
+                        os.symlink(self.blob(entry[_DIGEST]).decode("utf-8", "surrogateescape"), name, dir_fd=fd)
+                        continue
+                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                    with os.fdopen(os.open(name, flags, 0o600, dir_fd=fd), "wb") as f:
+                        f.write(self.blob(entry[_DIGEST]))
+                        os.fchmod(f.fileno(), stat.S_IMODE(entry[_MODE]))
+                finally:
+                    if fd != top:
+                        os.close(fd)
+        finally:
+            os.close(top)
 
 
 class LatestSnapshots:
@@ -354,13 +364,11 @@ def _walk(root: str, exclude: Sequence[str] = ()) -> Iterator[tuple[str, os.stat
     refused at the root and skipped below it, never followed out of the workspace. A folder's
     descriptor is valid until the walk moves on; one per level is open at a time."""
     try:
-        top = os.open(root, _FOLDER_FLAGS)
+        top = _opened_root(root)
     except (FileNotFoundError, NotADirectoryError):
         return  # no folder: nothing to snapshot
     frames: list[tuple[str, int, Iterator[str]]] = []
     try:
-        if os.readlink(f"/proc/self/fd/{top}") != root:
-            raise SnapshotError(f"{root} was swapped while in use: a folder on its path is now a link")
         files, folders = _listing("", top, exclude)
         yield from ((path, st, (top, name)) for path, st, name in files)
         frames.append(("", top, iter(folders)))
@@ -389,6 +397,37 @@ def _walk(root: str, exclude: Sequence[str] = ()) -> Iterator[tuple[str, os.stat
 
 
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _opened_root(root: str) -> int:
+    """The folder `root` names, checked to be that folder: none on its path swapped for a link."""
+    fd = os.open(root, _FOLDER_FLAGS)
+    if os.readlink(f"/proc/self/fd/{fd}") != root:
+        os.close(fd)
+        raise SnapshotError(f"{root} was swapped while in use: a folder on its path is now a link")
+    return fd
+
+
+def _folder_made(top: int, names: list[str]) -> int:
+    """The folder `names` leads to from `top`, each level made if missing and entered without
+    following a link (SnapshotError for one); `top` itself when `names` is empty."""
+    fd = top
+    try:
+        for name in names:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(name, dir_fd=fd)
+            try:
+                below = os.open(name, _FOLDER_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as e:
+                raise SnapshotError(f"{name} is not a folder (a link or a file stands there): {e.strerror}") from None
+            if fd != top:
+                os.close(fd)
+            fd = below
+    except BaseException:
+        if fd != top:
+            os.close(fd)
+        raise
+    return fd
 
 
 def _listing(rel: str, fd: int, exclude: Sequence[str]) -> tuple[list[tuple[str, os.stat_result, str]], list[str]]:

@@ -87,17 +87,21 @@ def test_steps_past_the_archive_cap_are_folded_unarchived_and_recall_says_so(tmp
     assert "were folded without being archived" in text, text
 
 
-def test_a_folder_swapped_on_the_workspace_path_never_gets_the_archive(
+def test_a_folder_swapped_on_the_workspace_path_never_gets_or_gives_the_archive(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """As the journal (tests/test_sandbox.py): a run whose workspace holds this one swapping a
-    folder on its path for a symlink while steps are archived writes nothing where it points."""
+    folder on its path for a symlink while steps are archived and recalled writes nothing where
+    it points, and `recall` reads nothing from there."""
     outer, outside = tmp_path / "outer", tmp_path / "outside"
     inner = outer / "inner"
     inner.mkdir(parents=True)
-    outside.mkdir()
+    planted = outside / FOLDER / "steps-000000-000000.jsonl"
+    planted.parent.mkdir(parents=True)
+    planted.write_text(Message(role="user", content="OUTSIDE-ARCHIVE", step=0).model_dump_json() + "\n")
     (outer / "link").symlink_to(outside)
     monkeypatch.setenv(ROOTS_ENV, str(outer))  # `outside` is no workspace: only a swap could lead there
+    recalled: list[str] = []
     swapper = subprocess.Popen([sys.executable, "-c", EXCHANGER, str(inner), str(outer / "link")])
     try:
         while not inner.is_symlink():  # swapping
@@ -107,7 +111,11 @@ def test_a_folder_swapped_on_the_workspace_path_never_gets_the_archive(
             attempt += 1
             with contextlib.suppress(WorkspaceError, HostileLayout, OSError):  # the swap met a check
                 archive(inner, attempt, attempt)
+            with contextlib.suppress(WorkspaceError, HostileLayout, OSError):
+                request = RecallInput(workspace=str(inner), archive_dir=FOLDER, in_context_from=1, query="OUTSIDE")
+                recalled.append(recall_text(request).output)
     finally:
         swapper.kill()
         swapper.wait()
-    assert list(outside.iterdir()) == []
+    assert [p.relative_to(outside) for p in outside.rglob("*") if p.is_file()] == [planted.relative_to(outside)]
+    assert not [text for text in recalled if "OUTSIDE-ARCHIVE" in text]

@@ -6,6 +6,7 @@ Real dev server, real worker, the scripted model server, the real CLI as a subpr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -199,6 +200,48 @@ def test_a_folder_swapped_for_a_link_during_a_snapshot_is_never_followed_out(tmp
         swapper.wait()
     seen = {name for digest in digests for name in store.files(digest)}
     assert not [name for name in seen if name.endswith("secret.txt")], seen
+
+
+RELINKER = """
+import os, sys
+folder, link_to = sys.argv[1], sys.argv[2]
+while True:  # the folder away, a link in its place, the link away, the folder back: whatever a reset removed
+    for step in (lambda: os.rename(folder, folder + "-away"), lambda: os.symlink(link_to, folder),
+                 lambda: os.unlink(folder), lambda: os.rename(folder + "-away", folder)):
+        try:
+            step()
+        except OSError:
+            pass
+"""
+"""Puts a symlink in a folder's place and back for ever, making again what a reset removes."""
+
+
+def test_a_folder_swapped_for_a_link_during_a_reset_is_never_written_through(tmp_path: Path) -> None:
+    """Rewinding a workspace to a snapshot while a command swaps one of its folders with a link
+    to a folder outside: the files go into the workspace's folder, or the reset fails, never outside."""
+    workspace, outside = tmp_path / "ws", tmp_path / "outside"
+    (workspace / "sub").mkdir(parents=True)
+    (workspace / "sub" / "inside.txt").write_text("inside")
+    outside.mkdir()
+    store = Store(tmp_path / "store")
+    digest = store.take(str(workspace), None)[0]
+    sub = os.open(workspace / "sub", os.O_RDONLY | os.O_DIRECTORY)  # the folder, under either name
+    swapper = subprocess.Popen([sys.executable, "-c", RELINKER, str(workspace / "sub"), str(outside)])
+    try:
+        while not (workspace / "sub").is_symlink():  # swapping
+            time.sleep(0.001)
+        resets, began = 0, time.monotonic()
+        while resets < 300 or time.monotonic() - began < 3:
+            resets += 1
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink("inside.txt", dir_fd=sub)  # so that each reset writes it again
+            with contextlib.suppress(SnapshotError, OSError):  # the swap met a check
+                store.reset(digest, str(workspace))
+    finally:
+        swapper.kill()
+        swapper.wait()
+        os.close(sub)
+    assert list(outside.iterdir()) == []
 
 
 def test_a_runs_first_snapshot_reads_only_what_changed_since_the_workers_last_of_that_folder(

@@ -64,20 +64,17 @@ def write_steps(request: ArchiveWrite, max_bytes: int = RunFileCaps().archive_ma
 def _opened_archive(root: str, archive_dir: str) -> Iterator[int]:
     """The run's archive folder, made if missing, through descriptors from the workspace's
     (run_files): never through a link, nor through a folder on the workspace's path swapped for one."""
-    chain = archive_dir.rsplit("/", 1)[-1]
-    if archive_dir == f"{ARCHIVE_ROOT}/{chain}":
-        workflow_id = activity.info().workflow_id if activity.in_activity() else ""
-        with run_files.opened_chain(root, "archive", chain, workflow_id) as fd:
-            yield fd
-        return
-    # Not a folder this project names (the workflow's state holds it, never the model).
-    folder = Path(root) / archive_dir
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
+    workflow_id = activity.info().workflow_id if activity.in_activity() else ""
+    with run_files.opened_chain(root, "archive", _chain_of(archive_dir), workflow_id) as fd:
         yield fd
-    finally:
-        os.close(fd)
+
+
+def _chain_of(archive_dir: str) -> str:
+    """The run chain of an archive folder, which the workflow names `ARCHIVE_ROOT/<chain>`."""
+    chain = archive_dir.rsplit("/", 1)[-1]
+    if archive_dir != f"{ARCHIVE_ROOT}/{chain}" or chain in ("", ".", ".."):
+        raise HostileLayout(f"{archive_dir} is not a run's archive folder ({ARCHIVE_ROOT}/<run>)")
+    return chain
 
 
 def _archived_bytes(folder_fd: int, except_name: str) -> int:
@@ -143,14 +140,9 @@ def _names(folder_fd: int, pattern: str) -> list[str]:
 def _archive_to_read(root: str, archive_dir: str) -> Iterator[int | None]:
     """The run's archive folder opened as `_opened_archive` opens it, without making it: None if
     there is none."""
-    chain = archive_dir.rsplit("/", 1)[-1]
     with ExitStack() as stack:
         try:
-            if archive_dir == f"{ARCHIVE_ROOT}/{chain}":
-                fd: int | None = stack.enter_context(run_files.reserved_folder(root, "archive", chain))
-            else:
-                fd = os.open(Path(root) / archive_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                stack.callback(os.close, fd)
+            fd: int | None = stack.enter_context(run_files.reserved_folder(root, "archive", _chain_of(archive_dir)))
         except FileNotFoundError:
             fd = None
         yield fd
@@ -158,12 +150,12 @@ def _archive_to_read(root: str, archive_dir: str) -> Iterator[int | None]:
 
 def recall_text(request: RecallInput) -> ToolOutcome:
     """The folded steps asked for, verbatim, grouped by step, within the output budget."""
-    with _archive_to_read(Workspace(request.workspace).root, request.archive_dir) as folder_fd:
-        try:
+    try:
+        with _archive_to_read(Workspace(request.workspace).root, request.archive_dir) as folder_fd:
             archived = [] if folder_fd is None else _archived_messages(folder_fd, request.archive_dir)
-        except ValueError as e:
-            return ToolOutcome(ok=False, error=str(e))
-        notes = [] if folder_fd is None else _not_archived_notes(folder_fd)
+            notes = [] if folder_fd is None else _not_archived_notes(folder_fd)
+    except (ValueError, HostileLayout, OSError) as e:  # retrying cannot repair a damaged or planted archive
+        return ToolOutcome(ok=False, error=f"the archive cannot be read: {e}")
     by_step: dict[int, list[Message]] = {}
     for message in archived:
         if message.kind not in RECORD_ONLY_KINDS:  # what the model was sent, nothing else

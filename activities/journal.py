@@ -265,36 +265,10 @@ class Journal:
         return os.path.relpath(path, self.workspace_root)
 
 
-def atomic_write(path: Path, data: bytes, mode: int | None = None, durable: bool = False) -> None:
-    """Replace `path` with `data`: a killed process or a reader sees the old content or the
-    new, never a mix. `durable`: also on disk before returning (fsync of the file and its
-    folder), so that a machine crash keeps it; each fsync waits for the disk.
-
-    Parent folders are created. The file gets `mode` if given; otherwise an existing file
-    keeps its permission bits and a new one gets the usual umask-filtered 0o666.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    mode = _existing_mode(path) if mode is None else mode
-    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(temp, mode)
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    if durable:
-        _fsync_folder(path.parent)
-
-
 def write_at(folder_fd: int, name: str, data: bytes, mode: int, durable: bool = False) -> None:
-    """atomic_write through an opened folder: temp file and rename both in `folder_fd`."""
+    """Replace `name` of the opened folder with `data`, whole: a temporary file renamed over it, both
+    in `folder_fd`, so that a killed process or a reader sees the old content or the new, never a
+    mix. `durable`: also on disk before returning (fsync of the file and its folder)."""
     temp = f".{name}.{uuid.uuid4().hex[:8]}.tmp"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=folder_fd)
     try:
@@ -333,22 +307,6 @@ def _unlink_at(folder_fd: int, name: str) -> None:
         os.unlink(name, dir_fd=folder_fd)
     except FileNotFoundError:
         pass
-
-
-def _existing_mode(path: Path) -> int | None:
-    try:
-        return path.stat().st_mode & 0o7777
-    except FileNotFoundError:
-        return None
-
-
-def _fsync_folder(folder: Path) -> None:
-    # The rename is durable only once the folder entry itself reaches the disk.
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _signed(stage: str, entry: dict[str, Any]) -> bytes:

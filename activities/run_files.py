@@ -147,11 +147,13 @@ def make_step_journal(workspace_root: str, chain: str, step: int, workflow_id: s
 
 def _prune_steps(chain_fd: int, chain_path: Path, step: int) -> None:
     removed = ChainFiles(workspace=str(chain_path), kind="journal", chain=chain_path.name)
-    for entry in os.scandir(chain_fd):
-        number = entry.name.removeprefix(STEP_PREFIX)
-        if entry.name.startswith(STEP_PREFIX) and number.isdigit() and int(number) < step:
+    with os.scandir(chain_fd) as entries:
+        names = [entry.name for entry in entries]
+    for name in names:
+        number = name.removeprefix(STEP_PREFIX)
+        if name.startswith(STEP_PREFIX) and number.isdigit() and int(number) < step:
             try:
-                remove_folder(chain_fd, entry.name, f"{chain_path}/{entry.name}", removed)
+                remove_folder(chain_fd, name, f"{chain_path}/{name}", removed)
             except FileNotFoundError:
                 pass  # a concurrent call of the same step removed it first
     if removed.files:
@@ -344,7 +346,7 @@ def _opened(name: str, dir_fd: int | None, shown_parent: str) -> Iterator[int]:
         raise _hostile(shown, os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode) from None
     if dir_fd is None and os.readlink(f"/proc/self/fd/{fd}") != os.path.abspath(name):
         os.close(fd)
-        raise HostileLayout(f"{name} was swapped while in use: a folder on its path is now a link; nothing was written")
+        raise HostileLayout(f"{name} was swapped while in use: a folder on its path is now a link; refused")
     try:
         yield fd
     finally:

@@ -233,8 +233,10 @@ class Store:
             raise SnapshotError(f"file content {digest[:12]} is not in the store {self.root}") from None
 
     def restore(self, digest: str, dest: str) -> int:
-        """Write the snapshot's files into `dest` (which holds no other files); returns their count."""
+        """Write the snapshot's files into `dest`, made if missing (a file of the same name there is
+        replaced, others are left); returns their count."""
         files = self.files(digest)
+        os.makedirs(dest, exist_ok=True)
         self._write_files(os.path.realpath(dest), files)
         return len(files)
 
@@ -258,7 +260,8 @@ class Store:
 
     def _write_files(self, root: str, files: Files) -> None:
         """Each file and link of `files` into the folder `root` (resolved), through descriptors
-        as `_walk` reads: never through a link planted in the folder or swapped in on its path."""
+        as `_walk` reads: never through a link planted in the folder, nor into another folder
+        should one on `root`'s path have been swapped for a link since it was resolved."""
         top = _opened_root(root)
         try:
             for rel, entry in sorted(files.items()):

@@ -20,8 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-from activities.journal import atomic_write
-from bench.task import ModelClient, PeerAgent, assistant_message, dumps, incomplete_step, run_tools
+from bench.task import ModelClient, PeerAgent, assistant_message, atomic_write, dumps, incomplete_step, run_tools
 
 Messages = list[dict[str, Any]]
 

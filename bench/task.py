@@ -15,10 +15,11 @@ import asyncio
 import json
 import os
 import time
+import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from activities.journal import atomic_write
 from activities.model import _reply, post_chat_completion
 from activities.model_clients import new_openai_client
 from activities.workspace import Workspace
@@ -143,3 +144,12 @@ def _cpu_s() -> float:
 
 def dumps(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """The plain loops' file write: a temporary file renamed over `path`, as durable-agent's
+    `write_file` replaces a file whole (without its journal or descriptors)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    temp.write_bytes(data)
+    os.replace(temp, path)

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -34,6 +35,7 @@ from tests.scripts import ByGoal, Script, answer, tools
 from tests.test_cli import cli_env, durable_agent, one_line_error
 from tests.test_crash import SlowTurn, worker_env
 from tests.test_sandbox import EXCHANGER
+from tests.unprivileged import nobody_folder, owned_by_nobody, unprivileged_argv, unprivileged_unavailable
 from workflows.state import Carry
 from workflows.types import AgentInput, AgentResult, AgentStatus, Usage
 
@@ -724,3 +726,35 @@ async def test_a_steps_last_call_takes_its_snapshot_after_the_others_where_it_ca
         Store(store_path()).reset(point.digest, str(restored))
         assert tree(restored) == files, point.step
         assert point.carry.snapshot == point.digest
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+UNREADABLE = """
+import os, sys
+from activities.snapshots import Store
+workspace, store = sys.argv[1], sys.argv[2]
+try:
+    Store(store).take(workspace, None)
+    print("taken")
+except PermissionError:
+    print("refused")
+"""
+
+
+def test_a_file_the_worker_may_not_read_fails_the_snapshot_instead_of_leaving_it_out() -> None:
+    """Taken without it, the snapshot would have a restore delete the file. As nobody: root reads anything."""
+    if (why := unprivileged_unavailable()) is not None:
+        pytest.skip(why)
+    home = nobody_folder()
+    try:
+        workspace = owned_by_nobody(home / "ws")
+        (workspace / "secret.txt").write_text("x")
+        (workspace / "secret.txt").chmod(0o000)
+        owned_by_nobody(workspace)
+        store = owned_by_nobody(home / "store")
+        argv = unprivileged_argv([sys.executable, "-c", UNREADABLE, str(workspace), str(store)], home)
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert done.stdout.strip() == "refused", done.stderr

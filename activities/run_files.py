@@ -87,20 +87,13 @@ def parse_size(text: str, name: str) -> int:
 # --- writing: the folders a run's tools write to ---------------------------------------------
 
 
-def chain_folder(workspace_root: str, kind: str, chain: str, workflow_id: str) -> Path:
-    """`.durable-agent/<kind>/<chain>/`, created if missing, with its `chain.json`.
+@contextmanager
+def opened_chain(workspace_root: str, kind: str, chain: str, workflow_id: str) -> Iterator[int]:
+    """`.durable-agent/<kind>/<chain>/`, made if missing with its `chain.json`, opened.
 
     Made level by level through descriptors from the workspace's (`_opened`): a symlink or
     file in a level's place is refused, and a folder on the workspace's own path swapped for
     a symlink meanwhile leads nowhere, so nothing is ever created through a link."""
-    with opened_chain(workspace_root, kind, chain, workflow_id):
-        pass
-    return Path(workspace_root, RESERVED_DIR, kind, chain)
-
-
-@contextmanager
-def opened_chain(workspace_root: str, kind: str, chain: str, workflow_id: str) -> Iterator[int]:
-    """`chain_folder`, opened."""
     with made_reserved(workspace_root, kind, chain) as fd:
         try:
             os.stat(IDENTITY_FILE, dir_fd=fd, follow_symlinks=False)

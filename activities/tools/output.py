@@ -133,15 +133,13 @@ class OutputCapture:
         self.close()
 
     def _spill(self) -> None:
+        # Made and written through the folder's descriptor: a link in place of any level, or a
+        # folder on the workspace's path swapped for one, is refused, never written through.
         if self._chain is None:
-            with run_files.made_reserved(self._workspace_root, "outputs"):
-                pass
+            folder = run_files.made_reserved(self._workspace_root, "outputs")
         else:
-            run_files.chain_folder(self._workspace_root, "outputs", *self._chain)
-        # Through the folder's descriptor from here: a `.durable-agent` swapped for a symlink
-        # since it was made is refused, never written through.
-        folders = ("outputs", self._chain[0]) if self._chain else ("outputs",)
-        with run_files.reserved_folder(self._workspace_root, *folders) as folder_fd:
+            folder = run_files.opened_chain(self._workspace_root, "outputs", *self._chain)
+        with folder as folder_fd:
             self.dropped = drop_oldest_outputs(folder_fd, self._max_bytes - self._save_max)
             self._file = create_regular(self._path.name, folder_fd)
         if self.dropped:

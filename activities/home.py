@@ -10,6 +10,7 @@ may a workspace hold the worker's temporary folder (`refuse_workspace_holding_wo
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -42,7 +43,7 @@ def refuse_workspace_holding_worker_state(workspace: str) -> None:
     for variable, folder in (("TMPDIR", tempfile.gettempdir()), ("XDG_RUNTIME_DIR", os.environ.get("XDG_RUNTIME_DIR"))):
         if not folder:
             continue
-        held = Path(os.path.realpath(folder))
+        held = _resolved_once(folder)
         sockets = held / f"{LIVE_REPLIES_PREFIX}{os.geteuid()}"
         if held.is_relative_to(real) or real.is_relative_to(sockets):
             raise WorkspaceRefused(
@@ -50,3 +51,9 @@ def refuse_workspace_holding_worker_state(workspace: str) -> None:
                 f"keep the sockets of their runs' live replies: the model's commands could reach them; give the "
                 f"worker a {variable} outside the workspace, or choose another workspace"
             )
+
+
+@functools.cache
+def _resolved_once(folder: str) -> Path:
+    """A worker folder's real path: it does not move while the worker runs, and every command checks it."""
+    return Path(os.path.realpath(folder))

@@ -25,10 +25,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import errno
 import functools
 import hashlib
 import json
 import os
+import shutil
 import stat
 import threading
 import time
@@ -38,7 +40,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -226,9 +228,12 @@ class Store:
         return files
 
     def blob(self, digest: str) -> bytes:
+        with self._opened_blob(digest) as f:
+            return f.read()
+
+    def _opened_blob(self, digest: str) -> BinaryIO:
         try:
-            with open(self.object_path("blobs", digest), "rb") as f:
-                return f.read()
+            return open(self.object_path("blobs", digest), "rb")
         except FileNotFoundError:
             raise SnapshotError(f"file content {digest[:12]} is not in the store {self.root}") from None
 
@@ -274,8 +279,11 @@ class Store:
                         os.symlink(self.blob(entry[_DIGEST]).decode("utf-8", "surrogateescape"), name, dir_fd=fd)
                         continue
                     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                    with os.fdopen(os.open(name, flags, 0o600, dir_fd=fd), "wb") as f:
-                        f.write(self.blob(entry[_DIGEST]))
+                    with (
+                        self._opened_blob(entry[_DIGEST]) as blob,
+                        os.fdopen(os.open(name, flags, 0o600, dir_fd=fd), "wb") as f,
+                    ):
+                        shutil.copyfileobj(blob, f)  # in pieces: a file of any size, never whole in memory
                         os.fchmod(f.fileno(), stat.S_IMODE(entry[_MODE]))
                 finally:
                     if fd != top:
@@ -385,7 +393,9 @@ def _walk(root: str, exclude: Sequence[str] = ()) -> Iterator[tuple[str, os.stat
                 continue
             try:
                 child = os.open(name, _FOLDER_FLAGS | os.O_NOFOLLOW, dir_fd=fd)
-            except OSError:
+            except OSError as e:
+                if e.errno not in _GONE:
+                    raise  # a folder the worker may not read fails the snapshot: never left out
                 continue  # gone, or no longer a folder: not part of this snapshot
             path = f"{rel}/{name}" if rel else name
             frames.append((path, child, iter(())))  # so that `finally` closes it, should the listing fail
@@ -400,6 +410,9 @@ def _walk(root: str, exclude: Sequence[str] = ()) -> Iterator[tuple[str, os.stat
 
 
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL)
+"""What a walked name may have become meanwhile: gone, a file or link where a folder was, or no
+longer a link (readlink's EINVAL)."""
 
 
 def _opened_root(root: str) -> int:
@@ -456,7 +469,9 @@ def _content(where: tuple[int, str], st: os.stat_result) -> bytes | None:
         return read_regular_at(folder_fd, name)
     try:
         return os.readlink(name, dir_fd=folder_fd).encode("utf-8", "surrogateescape")
-    except OSError:
+    except OSError as e:
+        if e.errno not in _GONE:
+            raise
         return None
 
 

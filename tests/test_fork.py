@@ -742,16 +742,18 @@ except PermissionError:
 """
 
 
-def test_a_file_the_worker_may_not_read_fails_the_snapshot_instead_of_leaving_it_out() -> None:
-    """Taken without it, the snapshot would have a restore delete the file. As nobody: root reads anything."""
+@pytest.mark.parametrize("unreadable", ["file", "folder"])
+def test_what_the_worker_may_not_read_fails_the_snapshot_instead_of_being_left_out(unreadable: str) -> None:
+    """Taken without it, the snapshot would have a restore delete it. As nobody: root reads anything."""
     if (why := unprivileged_unavailable()) is not None:
         pytest.skip(why)
     home = nobody_folder()
     try:
         workspace = owned_by_nobody(home / "ws")
-        (workspace / "secret.txt").write_text("x")
-        (workspace / "secret.txt").chmod(0o000)
+        (workspace / "private").mkdir()
+        (workspace / "private" / "secret.txt").write_text("x")
         owned_by_nobody(workspace)
+        (workspace / "private" / ("secret.txt" if unreadable == "file" else "")).chmod(0o000)
         store = owned_by_nobody(home / "store")
         argv = unprivileged_argv([sys.executable, "-c", UNREADABLE, str(workspace), str(store)], home)
         done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)

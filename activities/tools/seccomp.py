@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import tempfile
 from functools import cache
 
 REFUSED = (
@@ -75,18 +74,19 @@ def filter_file() -> str:
 @cache
 def _sealed_program() -> int:
     """The program in a sealed memory file, built once per worker (a forked child inherits it)."""
-    program = memoryview(_compiled())
+    rules = _rules()
     try:
         fd = os.memfd_create("durable-agent-seccomp", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-        while program:
-            program = program[os.write(fd, program) :]
+        with os.fdopen(fd, "wb", closefd=False) as f:
+            rules.export_bpf(f)  # type: ignore[attr-defined]
         fcntl.fcntl(fd, fcntl.F_ADD_SEALS, SEALS)
     except OSError as e:
         raise SeccompUnavailable(f"the seccomp filter cannot be kept in a sealed memory file: {e}") from None
     return fd
 
 
-def _compiled() -> bytes:
+def _rules() -> object:
+    """The filter's rules, compiled by libseccomp."""
     try:
         import pyseccomp as seccomp
     except (ImportError, RuntimeError) as e:  # RuntimeError: libseccomp itself is missing
@@ -103,10 +103,7 @@ def _compiled() -> bytes:
         # library fall back on clone, whose flags the rules above do see.
         rules.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
         rules.add_rule(refuse, "ioctl", seccomp.Arg(1, seccomp.MASKED_EQ, 0xFFFFFFFF, TIOCSTI))
-        with tempfile.TemporaryFile() as f:
-            rules.export_bpf(f)
-            f.seek(0)
-            return f.read()
+        return rules
     except OSError as e:
         raise SeccompUnavailable(f"the seccomp filter cannot be built: {e}") from None
 

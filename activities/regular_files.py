@@ -81,17 +81,28 @@ def _check(mode: int, path: str | Path, shown: str) -> None:
         raise NotRegularFile(shown, mode)
 
 
-def read_regular_at(dir_fd: int, name: str, limit: int = -1) -> bytes | None:
-    """Up to `limit` bytes (all: -1) of regular file `name` of the opened folder, never through a
-    link and never blocking on a FIFO; None where there is no such regular file (any more). Any
-    other failure (a file it may not read, no descriptor left) is raised: never taken for absent."""
+def open_regular_at(dir_fd: int, name: str) -> BinaryIO | None:
+    """Regular file `name` of the opened folder, opened for binary reading, never through a link
+    and never blocking on a FIFO; None where there is no such regular file (any more). Any other
+    failure (a file it may not read, no descriptor left) is raised: never taken for absent."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as e:
         if e.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ENXIO):  # gone, a link, a socket
             return None
         raise
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
+def read_regular_at(dir_fd: int, name: str, limit: int = -1) -> bytes | None:
+    """Up to `limit` bytes (all: -1) of regular file `name` of the opened folder, as
+    `open_regular_at` opens it; None where there is no such regular file (any more)."""
+    opened = open_regular_at(dir_fd, name)
+    if opened is None:
+        return None
+    with opened as f:
         return f.read(limit)

@@ -6,8 +6,10 @@ Layout under the store (`DURABLE_AGENT_SNAPSHOT_STORE`, default `DURABLE_AGENT_H
   lists every file (`files`, a base) or only what changed since its `parent` (`changes`, a path
   mapped to its entry or to null when deleted); every `BASE_EVERY`th is a base, so a snapshot
   is rebuilt from at most that many small reads, and a step that changed one file costs that
-  file's bytes (once, whoever wrote them before) plus a ~200-byte manifest. A step that changed
-  nothing costs nothing: its digest is its parent's.
+  file's bytes (once, whoever wrote them before) plus a ~200-byte manifest. A manifest names
+  the folder it was taken of (`root`, as the worker resolved and checked it): `rewind` resets
+  no other. A step that changed nothing in the same folder costs nothing: its digest is its
+  parent's.
 - `refs/<chain>`: the digest of a run chain's latest snapshot, for `durable-agent gc`; every
   snapshot of the chain is reached from it through the parents.
 
@@ -45,7 +47,7 @@ from typing import BinaryIO, TypeVar
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.regular_files import read_regular_at
+from activities.regular_files import open_regular_at
 from activities.workspace import RESERVED_DIR, Workspace, WorkspaceError, check_allowed, workspace_roots
 from workflows.hosts import RESTORE_ACTIVITY, RestoreDone, RestoreRequest
 from workflows.snapshots import SNAPSHOT_ACTIVITY, SnapshotRequest, SnapshotTaken
@@ -58,6 +60,13 @@ CACHED_FILES = 100_000
 ~500 bytes each: 50 MB, beyond the newest workspace's, which is always kept. Counted in files,
 not workspaces: with a cap of 64 workspaces, a worker serving more runs re-read each run's
 manifests at every step (docs/fork.md)."""
+
+WHOLE_READ_BYTES = 1 << 20
+"""A file up to this size is read whole and hashed in memory, as most are; a larger one is
+copied into the store in pieces of this size while hashed: a snapshot never holds more of a
+file in memory, whatever its size (a sparse file of 8 GB included)."""
+DIFF_MAX_BYTES = 1 << 20
+"""`unified_diff` shows a text file's lines up to this size; a larger one is named, not shown."""
 
 Entry = list  # [mode, size, mtime_ns, ctime_ns, inode, sha256]
 Files = dict[str, Entry]
@@ -104,8 +113,7 @@ class Store:
         names matching `exclude`; returns the digest and the bytes it added to the store."""
         root = os.path.abspath(workspace)
         verified_ns = _coarse_now_ns()
-        before = self._previous(root, previous)
-        old_files, depth, old_verified = before[1], before[2], before[3]
+        old_files, depth, old_verified, taken_from = self._previous(root, previous)
         known, known_verified = (old_files, old_verified) if previous is not None else self._stat_hints(root)
         added = 0
         files: Files = {}
@@ -127,11 +135,11 @@ class Store:
             files[rel] = [st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, digest]
         changes = {p: e for p, e in files.items() if old_files.get(p) != e}
         changes.update({p: None for p in old_files.keys() - files.keys()})
-        if previous is not None and not changes:
+        if previous is not None and not changes and taken_from == root:
             self._remember(root, previous, files, depth, verified_ns)
             return previous, added
         base = previous is None or depth + 1 >= BASE_EVERY
-        manifest = {"parent": previous, "verified_ns": verified_ns}
+        manifest = {"parent": previous, "verified_ns": verified_ns, "root": root}
         manifest.update({"depth": 0, "files": files} if base else {"depth": depth + 1, "changes": changes})
         digest, written = self._put_manifest(manifest)
         self._remember(root, digest, files, manifest["depth"], verified_ns)
@@ -139,15 +147,23 @@ class Store:
             self._write_ref(chain, digest)
         return digest, added + written
 
-    def _previous(self, root: str, previous: str | None) -> tuple[str, Files, int, int]:
+    def _previous(self, root: str, previous: str | None) -> tuple[Files, int, int, str | None]:
+        """The previous snapshot's files, depth, `verified_ns` and the folder it was taken of."""
         with self._lock:
             cached = self._latest.get(root)
         if previous is None:
-            return ("", {}, 0, 0)
+            return ({}, 0, 0, None)
         if cached is not None and cached[0] == previous:
-            return cached
+            return (*cached[1:], root)
         manifest = self.manifest(previous)
-        return (previous, self.files(previous), int(manifest["depth"]), int(manifest.get("verified_ns", 0)))
+        verified_ns = int(manifest.get("verified_ns", 0))
+        return (self.files(previous), int(manifest["depth"]), verified_ns, manifest.get("root"))
+
+    def taken_from(self, digest: str) -> str | None:
+        """The folder (resolved, as the worker that checked it saw it) a snapshot was taken of;
+        None for a snapshot stored before manifests named it. A step that changed nothing
+        shares its parent's digest only when taken of the same folder."""
+        return self.manifest(digest).get("root")
 
     def _stat_hints(self, root: str) -> tuple[Files, int]:
         """For a run's first snapshot: the file entries of the latest snapshot this worker took
@@ -171,11 +187,47 @@ class Store:
             self._latest.put(root, (digest, files, depth, verified_ns))
 
     def _put_blob(self, where: tuple[int, str], st: os.stat_result) -> tuple[str, int] | None:
-        data = _content(where, st)
-        if data is None:
+        """A walked file's bytes or link's target stored; None if it is neither now."""
+        if stat.S_ISLNK(st.st_mode):
+            target = _link_target(where)
+            return None if target is None else self._put_bytes(target)
+        opened = open_regular_at(*where)
+        if opened is None:
             return None
+        with opened as f:
+            head = f.read(WHOLE_READ_BYTES + 1)  # the size walked may have grown since
+            return self._put_bytes(head) if len(head) <= WHOLE_READ_BYTES else self._put_streamed(head, f)
+
+    def _put_bytes(self, data: bytes) -> tuple[str, int]:
         digest = hashlib.sha256(data).hexdigest()
         return digest, self._write_object("blobs", digest, data)
+
+    def _put_streamed(self, head: bytes, rest: BinaryIO) -> tuple[str, int]:
+        """A large file's blob: `head` and the rest copied into a temporary file of the store
+        while hashed, then named by its digest (dropped if the store has it already). A copy
+        left by a killed worker is in `blobs/incoming/`, which `durable-agent gc` sweeps."""
+        folder = f"{os.fspath(self.root)}/blobs/incoming"
+        os.makedirs(folder, exist_ok=True)
+        temporary = f"{folder}/{_writer()}.tmp"
+        hashed = hashlib.sha256()
+        try:
+            with open(temporary, "wb") as copy:
+                chunk = head
+                while chunk:
+                    hashed.update(chunk)
+                    copy.write(chunk)
+                    chunk = rest.read(WHOLE_READ_BYTES)
+                size = copy.tell()
+            digest = hashed.hexdigest()
+            path = self.object_path("blobs", digest)
+            if os.path.exists(path):
+                return digest, 0
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.replace(temporary, path)
+            return digest, size
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
 
     def _put_manifest(self, manifest: dict) -> tuple[str, int]:
         data = zlib.compress(json.dumps(manifest, separators=(",", ":"), sort_keys=True).encode(), 6)
@@ -245,19 +297,17 @@ class Store:
         self._write_files(os.path.realpath(dest), files)
         return len(files)
 
-    def reset(self, digest: str, workspace: str) -> None:
+    def reset(self, digest: str, workspace: str, exclude: Sequence[str] = ()) -> None:
         """Make `workspace` (resolved, as `Workspace.root` gives it) hold exactly the snapshot's
-        files (`.durable-agent/` untouched)."""
+        files, with their modes; `.durable-agent/` and the names matching `exclude` (which the
+        run's snapshots leave out: `node_modules`, a virtualenv) are left as they are."""
         wanted = self.files(digest)
         root = os.path.abspath(workspace)
-        for rel, st, (folder_fd, name) in _walk(root):
+        for rel, st, (folder_fd, name) in _walk(root, exclude):
             entry = wanted.get(rel)
-            same = entry is not None and stat.S_IFMT(st.st_mode) == stat.S_IFMT(entry[_MODE])
-            if same and st.st_size == entry[_SIZE] and not stat.S_ISLNK(st.st_mode):  # type: ignore[index]
-                data = _content((folder_fd, name), st)
-                if data is not None and hashlib.sha256(data).hexdigest() == entry[_DIGEST]:  # type: ignore[index]
-                    wanted.pop(rel)
-                    continue
+            if entry is not None and _holds(entry, st, (folder_fd, name)):
+                wanted.pop(rel)
+                continue
             os.unlink(name, dir_fd=folder_fd)  # never follows: a link swapped in goes, not its target
         self._write_files(root, wanted)
         with self._lock:
@@ -330,14 +380,15 @@ def changed(before: Files, after: Files) -> tuple[list[str], list[str], list[str
 
 
 def unified_diff(store: Store, before: Files, after: Files) -> str:
-    """A unified diff of the text files; a binary one is named, not shown."""
+    """A unified diff of the text files; a binary one, or one over DIFF_MAX_BYTES, is named, not shown."""
     added, modified, deleted = changed(before, after)
     out: list[str] = []
     for path in sorted([*added, *modified, *deleted]):
         old = _text(store, before.get(path))
         new = _text(store, after.get(path))
         if old is None or new is None:
-            out.append(f"Binary file {path} differs\n")
+            large = any(e is not None and e[_SIZE] > DIFF_MAX_BYTES for e in (before.get(path), after.get(path)))
+            out.append(f"{'Large' if large else 'Binary'} file {path} differs\n")
             continue
         out += difflib.unified_diff(
             old,
@@ -349,8 +400,11 @@ def unified_diff(store: Store, before: Files, after: Files) -> str:
 
 
 def _text(store: Store, entry: Entry | None) -> list[str] | None:
+    """A file's lines; None for a binary file or one over DIFF_MAX_BYTES."""
     if entry is None:
         return []
+    if entry[_SIZE] > DIFF_MAX_BYTES:
+        return None
     try:
         return store.blob(entry[_DIGEST]).decode().splitlines(keepends=True)
     except UnicodeDecodeError:
@@ -462,11 +516,21 @@ def _listing(rel: str, fd: int, exclude: Sequence[str]) -> tuple[list[tuple[str,
     return files, folders
 
 
-def _content(where: tuple[int, str], st: os.stat_result) -> bytes | None:
-    """A walked file's bytes or link's target, never through a link; None if it is neither now."""
+def _holds(entry: Entry, st: os.stat_result, where: tuple[int, str]) -> bool:
+    """Whether a walked regular file is the entry's already: its mode (type and permission bits),
+    size and content. A link is never taken to hold: it is made again, which costs a few bytes."""
+    if st.st_mode != entry[_MODE] or st.st_size != entry[_SIZE] or not stat.S_ISREG(st.st_mode):
+        return False
+    opened = open_regular_at(*where)
+    if opened is None:
+        return False
+    with opened as f:
+        return hashlib.file_digest(f, "sha256").hexdigest() == entry[_DIGEST]
+
+
+def _link_target(where: tuple[int, str]) -> bytes | None:
+    """A walked link's target; None if it is no longer a link."""
     folder_fd, name = where
-    if not stat.S_ISLNK(st.st_mode):
-        return read_regular_at(folder_fd, name)
     try:
         return os.readlink(name, dir_fd=folder_fd).encode("utf-8", "surrogateescape")
     except OSError as e:
@@ -545,7 +609,7 @@ class SnapshotActivities:
             check_allowed(request.workspace, self._roots)
             await asyncio.to_thread(os.makedirs, request.workspace, exist_ok=True)
             root = Workspace(request.workspace, self._roots).root
-            await asyncio.to_thread(self._store.reset, request.digest, root)
+            await asyncio.to_thread(self._store.reset, request.digest, root, request.exclude)
             return RestoreDone(files=len(await asyncio.to_thread(self._store.files, request.digest)))
         except (WorkspaceError, SnapshotError) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from None

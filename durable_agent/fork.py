@@ -179,15 +179,22 @@ async def rewind(
     steps = await chain_steps(client, workflow_id)
     point = find_point(steps, workflow_id, step)
     effects = [f"step {s}: {describe_call(call)}" for s, call in steps.calls_after(point)]
+    store = Store()
+    workspace = _checked_workspace(store, point.agent.workspace, steps.points[-1].digest)
     announce(effects)
     if open_run:
         await handle.terminate(reason=f"rewound to step {step} by a person")
-    store = Store()
-    workspace = os.path.realpath(point.agent.workspace)
-    before, _ = store.take(
-        workspace, steps.points[-1].digest, chain=f"{workflow_id}-before-rewind-{uuid.uuid4().hex[:6]}"
-    )
-    store.reset(point.digest, workspace)
+    exclude = point.agent.snapshot_exclude  # left as they are, like every snapshot of the run
+    try:
+        before, _ = store.take(
+            workspace,
+            steps.points[-1].digest,
+            chain=f"{workflow_id}-before-rewind-{uuid.uuid4().hex[:6]}",
+            exclude=exclude,
+        )
+        store.reset(point.digest, workspace, exclude)
+    except SnapshotError as e:
+        raise ForkError(f"{e}; the run was ended and its files may be partly reset: rewind again") from None
     agent = _rewound_input(point, workflow_id, step, effects, message)
     started = await start_agent(
         client, agent, workflow_id, description.task_queue, summary=f"rewound to step {step}: {agent.goal}"
@@ -195,6 +202,20 @@ async def rewind(
     return Rewound(
         workflow_id=workflow_id, run_id=started.result_run_id, step=step, before=before, side_effects=effects
     )
+
+
+def _checked_workspace(store: Store, workspace: str, latest: str) -> str:
+    """`workspace` resolved, if it is the folder the run's worker checked and took its latest
+    snapshot of. Another means a folder on its path is now a link (a command of a run whose
+    workspace holds this one can swap one): resetting where it leads could empty any folder."""
+    real = os.path.realpath(workspace)
+    taken_from = store.taken_from(latest)
+    if taken_from is not None and taken_from != real:
+        raise ForkError(
+            f"{workspace} now resolves to {real}, but the run's snapshots are of {taken_from}: a folder "
+            "on its path was replaced by a link; nothing was changed"
+        )
+    return real
 
 
 def _rewound_input(

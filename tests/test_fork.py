@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -176,6 +178,85 @@ def test_one_changed_file_costs_its_bytes_and_an_unchanged_tree_nothing(tmp_path
     (workspace / "build.log").write_text("noise")
     excluded, _ = store.take(str(workspace), second, exclude=["node_modules", "*.log"])
     assert excluded == second  # nothing but excluded names changed
+
+
+def test_a_reset_leaves_the_excluded_names_and_gives_back_each_files_mode(tmp_path: Path) -> None:
+    """What the run's snapshots leave out (`node_modules`, build logs) is not the run's to
+    delete; a file whose bits changed since (`chmod +x`) gets the snapshot's again."""
+    workspace = tmp_path / "ws"
+    (workspace / "src" / "node_modules").mkdir(parents=True)
+    (workspace / "src" / "node_modules" / "dep.js").write_text("installed")
+    (workspace / "src" / "main.py").write_text("print(1)")
+    (workspace / "src" / "main.py").chmod(0o644)
+    store = Store(tmp_path / "store")
+    exclude = ["node_modules", "*.log"]
+    digest, _ = store.take(str(workspace), None, exclude=exclude)
+    (workspace / "src" / "main.py").chmod(0o700)
+    (workspace / "build.log").write_text("noise")
+    (workspace / "new.txt").write_text("made after")
+
+    store.reset(digest, str(workspace), exclude)
+
+    assert tree(workspace) == {
+        "src/main.py": b"print(1)",
+        "src/node_modules/dep.js": b"installed",
+        "build.log": b"noise",
+    }
+    assert (workspace / "src" / "main.py").stat().st_mode & 0o777 == 0o644
+    os.utime(workspace / "src" / "main.py", ns=(0, 0))
+    store.reset(digest, str(workspace), exclude)
+    assert (workspace / "src" / "main.py").stat().st_mtime_ns == 0  # what holds already is not written again
+
+
+def test_a_snapshot_names_the_folder_it_was_taken_of(tmp_path: Path) -> None:
+    """What `rewind` checks the workspace against: a fork's first snapshot, of the same files in
+    another folder, names the fork's folder; an unchanged step's is its parent's."""
+    source, fork = tmp_path / "source", tmp_path / "fork"
+    for folder in (source, fork):
+        folder.mkdir()
+        (folder / "a.txt").write_text("same")
+    store = Store(tmp_path / "store")
+    first, _ = store.take(str(source), None)
+    unchanged, _ = store.take(str(source), first)
+    forked, _ = store.take(str(fork), first)
+
+    assert unchanged == first and store.taken_from(first) == str(source)
+    assert forked != first and store.taken_from(forked) == str(fork)
+    assert [e[-1] for e in store.files(forked).values()] == [e[-1] for e in store.files(first).values()]
+
+
+def test_a_large_file_is_stored_reset_and_diffed_in_pieces_never_whole_in_memory(tmp_path: Path) -> None:
+    """A 64 MiB file (sparse: a command's `truncate` makes one in no time) costs a snapshot
+    about one piece of memory, not its size; its blob holds its bytes, and `diff` names it."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    big = workspace / "big.bin"
+    with big.open("wb") as f:
+        f.truncate(64 << 20)
+        f.seek(40 << 20)
+        f.write(b"middle")
+    store = Store(tmp_path / "store")
+    tracemalloc.start()
+    try:
+        digest, added = store.take(str(workspace), None)
+        big.chmod(0o600)  # a reset compares its content too
+        store.reset(digest, str(workspace))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert peak < 8 << 20, peak
+    entry = store.files(digest)["big.bin"]
+    with big.open("rb") as f:
+        assert entry[-1] == hashlib.file_digest(f, "sha256").hexdigest()
+    assert added >= 64 << 20 and os.path.getsize(store.object_path("blobs", entry[-1])) == 64 << 20
+    assert list((store.root / "blobs" / "incoming").iterdir()) == []  # the copy became the blob
+    (workspace / "small.txt").write_text("text")
+    after, _ = store.take(str(workspace), digest)
+    big.write_bytes(b"now small")
+    last, _ = store.take(str(workspace), after)
+    shown = snapshots.unified_diff(store, store.files(after), store.files(last))
+    assert shown == "Large file big.bin differs\n", shown
 
 
 def test_a_folder_swapped_for_a_link_during_a_snapshot_is_never_followed_out(tmp_path: Path) -> None:
@@ -455,7 +536,12 @@ async def test_rewind_of_a_failed_run_then_resume_completes_and_rewinding_the_re
     model_server.responder = lambda request: (
         answer("fixed") if any(m.get("content") == fix for m in request["messages"]) else script(request)
     )
-    handle = await start(client, task_queue, goal="write a.txt", workspace=str(workspace))
+    (workspace / "node_modules").mkdir()  # left out of the run's snapshots: a rewind leaves it too
+    (workspace / "node_modules" / "dep.js").write_text("installed")
+    (workspace / "run.sh").write_text("echo run")
+    handle = await start(
+        client, task_queue, goal="write a.txt", workspace=str(workspace), snapshot_exclude=["node_modules"]
+    )
 
     async def command_running() -> None:
         pending = lambda d: [a.activity_type.name for a in d.raw_description.pending_activities]  # noqa: E731
@@ -467,12 +553,16 @@ async def test_rewind_of_a_failed_run_then_resume_completes_and_rewinding_the_re
     one_line_error(refused, 2, "is running run_command")
     await handle.terminate(reason="stuck")  # the run failed: a person ended it
     assert (workspace / "a.txt").read_text() == "three"
+    (workspace / "node_modules" / "dep.js").write_text("installed again")
+    (workspace / "run.sh").chmod(0o755)
 
     back = await durable_agent("rewind", handle.id, "--to-step", "2", "--message", fix, env=cli_env())
 
     assert back.returncode == 0, back
     assert "step 3: write_file: a.txt" in back.stdout and "step 4: run_command: sleep 60" in back.stdout
     assert (workspace / "a.txt").read_text() == "two"
+    assert (workspace / "node_modules" / "dep.js").read_text() == "installed again"
+    assert (workspace / "run.sh").stat().st_mode & 0o777 == 0o644  # the mode of step 2 too
     rewound = client.get_workflow_handle(handle.id, result_type=AgentResult)
     assert (await wait_for(rewound, lambda s: s.state == "paused")).step == 2
     asked_before = len(model_server.requests)
@@ -485,6 +575,28 @@ async def test_rewind_of_a_failed_run_then_resume_completes_and_rewinding_the_re
 
     assert again.returncode == 0, again
     assert (workspace / "a.txt").read_text() == "three"  # the state the first rewind left
+
+
+async def test_rewind_refuses_a_workspace_whose_path_now_leads_elsewhere_and_changes_nothing(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, tmp_path: Path
+) -> None:
+    """A folder on the workspace's path swapped for a link after the run (a command of a run
+    whose workspace holds this one can do it): the rewind's reset would empty the folder the
+    link leads to. It is refused before anything changes, on either side."""
+    workspace = tmp_path / "parent" / "ws"
+    workspace.mkdir(parents=True)
+    workflow_id = await six_step_run(client, task_queue, model_server, workspace)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "ws").mkdir(parents=True)
+    (elsewhere / "ws" / "precious.txt").write_text("not the run's")
+    (tmp_path / "parent").rename(tmp_path / "parent-away")
+    (tmp_path / "parent").symlink_to(elsewhere)
+
+    refused = await durable_agent("rewind", workflow_id, "--to-step", "2", env=cli_env())
+
+    one_line_error(refused, 2, "was replaced by a link; nothing was changed")
+    assert tree(elsewhere) == {"ws/precious.txt": b"not the run's"}
+    assert (tmp_path / "parent-away" / "ws" / "log.txt").read_text() == "".join(f"line{i}\n" for i in range(1, 7))
 
 
 async def test_gc_removes_the_snapshots_of_a_closed_run_by_age_and_keeps_an_open_ones(
@@ -502,6 +614,9 @@ async def test_gc_removes_the_snapshots_of_a_closed_run_by_age_and_keeps_an_open
     refs = {p.name: p.read_text() for p in (store.root / "refs").iterdir()}
     [closed_digest] = [d for name, d in refs.items() if name.startswith(closed.id)]
     [open_digest] = [d for name, d in refs.items() if name.startswith(opened.id)]
+    left_copy = store.root / "blobs" / "incoming" / "4242-1.tmp"  # a large file's copy, its worker killed
+    left_copy.parent.mkdir(exist_ok=True)
+    left_copy.write_bytes(b"half a file")
     hour_ago = time.time() - 7200  # as if written two hours ago: past the sweep's grace for fresh objects
     for path in store.root.rglob("*"):
         os.utime(path, (hour_ago, hour_ago))
@@ -516,6 +631,7 @@ async def test_gc_removes_the_snapshots_of_a_closed_run_by_age_and_keeps_an_open
     assert f"kept          snapshots of {opened.id}" in collected.stdout
     with pytest.raises(SnapshotError):
         store.files(closed_digest)
+    assert not left_copy.exists()
     restored = tmp_path / "restored"
     restored.mkdir()
     Store().restore(open_digest, str(restored))

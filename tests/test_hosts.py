@@ -250,7 +250,18 @@ async def test_move_restores_the_last_step_on_the_other_host(
     model_server.responder = script()
     workspace = fleet.folder("alpha") / "moved"
     workspace.mkdir()
-    handle = await start(client, task_queue, goal="move me", workspace=str(workspace), host="alpha", tools=TOOLS)
+    handle = await start(
+        client,
+        task_queue,
+        goal="move me",
+        workspace=str(workspace),
+        host="alpha",
+        tools=TOOLS,
+        snapshot_exclude=["node_modules"],
+    )
+    in_beta = ["nsenter", "-t", str(fleet.workers["beta"].pid), "-m"]
+    installed = 'mkdir -p "$0/node_modules" && echo built-on-beta > "$0/node_modules/dep.js"'
+    subprocess.run([*in_beta, "sh", "-c", installed, str(workspace)], check=True)  # beta's own, left by the move
     await until(lambda: ledger(workspace) == ["1", "2"])
     fleet.kill("alpha")
     await wait_for(handle, lambda s: s.host_wait is not None, timeout_s=60)
@@ -263,7 +274,6 @@ async def test_move_restores_the_last_step_on_the_other_host(
     moved = await asyncio.create_subprocess_exec(DURABLE_AGENT, "move", handle.id, "--to-host", "beta")
     assert await moved.wait() == 0
     await wait_for(handle, lambda s: any(m.startswith("moved to beta") for m in s.host_moves), timeout_s=60)
-    in_beta = ["nsenter", "-t", str(fleet.workers["beta"].pid), "-m"]
     # After the restore (which resets the folder); mkdir, so that a move without one shows in the ledger.
     subprocess.run([*in_beta, "sh", "-c", 'mkdir -p "$0" && touch "$0/go"', str(workspace)], check=True)
     result = await asyncio.wait_for(handle.result(), timeout=120)
@@ -273,6 +283,8 @@ async def test_move_restores_the_last_step_on_the_other_host(
         [*in_beta, "cat", str(workspace / "ledger.txt")], capture_output=True, text=True, check=True
     )
     assert beta_view.stdout.split() == ["1", "2"]
+    beta_dep = [*in_beta, "cat", str(workspace / "node_modules" / "dep.js")]
+    assert subprocess.run(beta_dep, capture_output=True, text=True, check=True).stdout == "built-on-beta\n"
     ran = await where_activities_ran(handle)
     restores = [(queue, fleet.pids.get(pid)) for name, queue, pid in ran if name == "restore_snapshot"]
     assert restores == [(host_queue(task_queue, "beta"), "beta")]

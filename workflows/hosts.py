@@ -93,10 +93,12 @@ class HostPollers(BaseModel):
 
 class RestoreRequest(BaseModel):
     """Input of `restore_snapshot`: make `workspace` (on the host that runs it) hold exactly the
-    snapshot's files."""
+    snapshot's files; the names matching `exclude` are left as the host has them."""
 
     workspace: str
     digest: str
+    exclude: list[str] = Field(default_factory=list)
+    """`AgentInput.snapshot_exclude`: what the run's snapshots leave out."""
 
 
 class RestoreDone(BaseModel):
@@ -342,7 +344,9 @@ class HostSteps:
             return
         digest = self._carry.snapshot  # None: no snapshot yet (the host never took a call)
         if digest is not None:
-            request = RestoreRequest(workspace=self._agent.workspace, digest=digest)
+            request = RestoreRequest(
+                workspace=self._agent.workspace, digest=digest, exclude=self._agent.snapshot_exclude
+            )
             try:
                 await workflow.execute_activity(
                     RESTORE_ACTIVITY,

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from temporalio.client import Client
+from temporalio.plugin import SimplePlugin
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.model import ModelActivities
@@ -103,11 +104,14 @@ def build_model_worker(client: Client, queue: str | None = None) -> Worker | Non
     settings = worker_settings(queue)
     if not settings.model_queue_is_separate:
         return None
+    model = ModelActivities()
     return Worker(
         client,
         task_queue=settings.model_task_queue,
         identity=worker_identity(),
-        activities=ModelActivities().all(),
+        activities=model.all(),
+        # Its clients' connections closed when it stops, as the agent worker's plugin does.
+        plugins=[SimplePlugin("durable_agent.model_clients", run_context=model.serving)],
         interceptors=interceptors(None),
         max_task_queue_activities_per_second=settings.model_rps,
         max_heartbeat_throttle_interval=HEARTBEAT_THROTTLE,

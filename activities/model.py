@@ -19,8 +19,8 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager, nullcontext
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -76,6 +76,14 @@ class ModelActivities:
         self._stream = os.environ.get("DURABLE_AGENT_MODEL_STREAM", "1") != "0"
         """Ask for streamed replies; off for good once the endpoint shows it cannot stream
         with usage."""
+
+    @asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """While a worker runs these activities; their clients' connections are closed after."""
+        try:
+            yield
+        finally:
+            await self._clients.aclose()
 
     @activity.defn(name="call_model")
     async def call_model(self, input: ModelCallInput) -> ModelReply:

@@ -71,6 +71,7 @@ class ModelClients:
 
     def __init__(self, given: AsyncOpenAI | None = None) -> None:
         self._clients: list[AsyncOpenAI] = [] if given is None else [given]
+        self._given = given
         self._in_flight = [0] * len(self._clients)
         self._max_clients = 1 if given is not None else MAX_CLIENTS
         self._tls: Any = None
@@ -129,6 +130,16 @@ class ModelClients:
             self._tls = tls
             self._clients.append(client)
             self._in_flight.append(0)
+
+    async def aclose(self) -> None:
+        """Close the connections of the clients made here (a given client is its owner's to
+        close), once the worker has stopped calling the model. Left to the garbage collector,
+        a client's close is scheduled on a loop that may no longer run, and never happens."""
+        made = [c for c in self._clients if c is not self._given]
+        self._clients = [] if self._given is None else [self._given]
+        self._in_flight = [0] * len(self._clients)
+        self._making_first = None
+        await asyncio.gather(*(client.close() for client in made))
 
 
 def _first_client() -> tuple[Any, AsyncOpenAI]:

@@ -171,6 +171,8 @@ class ModelServer:
         own (any prefix before `/chat/completions` works) are told apart by the path."""
         self.connections = 0
         """TCP connections accepted so far: a client that reuses its connections opens few."""
+        self.open_connections = 0
+        """Of those, the ones not closed yet."""
         self._lock = threading.Lock()
         self._httpd = _QuietServer(("127.0.0.1", port), _handler_for(self))
         self._httpd.daemon_threads = True
@@ -318,6 +320,12 @@ def _handler_for(server: ModelServer) -> type[BaseHTTPRequestHandler]:
             super().setup()
             with server._lock:
                 server.connections += 1
+                server.open_connections += 1
+
+        def finish(self) -> None:  # once per connection, when it closes
+            with server._lock:
+                server.open_connections -= 1
+            super().finish()
 
         def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
             if self._refused():

@@ -102,6 +102,8 @@ class DurableAgentPlugin(SimplePlugin):
         self._tool_activities: dict[str, UserToolActivities] = {}
         self._tool_queues: set[str] = set()
         """The queues of the workers this plugin starts beside a worker: tools, and the host's."""
+        self._models: dict[str, ModelActivities] = {}
+        """Each agent worker's model calls, when this plugin made them: closed when it stops."""
         self._configured: dict[str, WorkerConfig] = {}
         """Each agent worker's config as this plugin left it: its host worker serves the same."""
 
@@ -117,7 +119,11 @@ class DurableAgentPlugin(SimplePlugin):
         tools = UserToolActivities(self.tools, queue, mcp)
         self._tool_activities[queue] = tools
         self._tool_queues.update(tools.queues())
-        ours = list(self._activities) if self._activities is not None else ModelActivities().all()
+        if self._activities is None:
+            self._models[queue] = ModelActivities()
+            ours = self._models[queue].all()
+        else:
+            ours = list(self._activities)
         given = [*(config.get("activities") or []), *self._agents, *ours]
         needed = [*workflow_activities(), tools.tool_catalog, tools.run_tool_here, *mcp.all()]
         needed.append(tools.dependencies.wait_for_dependency)  # activity tools' dependencies, by URL
@@ -143,6 +149,8 @@ class DurableAgentPlugin(SimplePlugin):
             return
         tools = self._tool_activities.get(config["task_queue"])  # type: ignore[typeddict-item]
         async with AsyncExitStack() as stack:
+            if (model := self._models.get(config["task_queue"])) is not None:  # type: ignore[typeddict-item]
+                await stack.enter_async_context(model.serving())  # entered first, so left last
             if tools is not None and tools.mcp is not None:
                 # Pushed first, so run last: after the host's and the tools' workers, which may start servers, stopped.
                 stack.push_async_callback(tools.mcp.pool.close_all)

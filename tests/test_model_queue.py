@@ -4,6 +4,7 @@ the context delivered by reference (worker cache or the `model_context` query)."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ from durable_agent.model_queue import model_call_waiting
 from durable_agent.model_server import Failure, ModelServer, Reply
 from durable_agent.processes import spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
-from tests.helpers import start, wait_for
+from tests.helpers import start, until, wait_for
 from tests.scripts import Script, answer, tool_results, tools
 from tests.test_crash import worker_env
 from tests.test_replay import replayer
@@ -207,6 +208,31 @@ async def test_the_model_rate_is_enforced_by_the_server(
     # Nine zero-latency calls take well under a second unlimited; at one a second the
     # server spaces them out (allowing a burst of two at the start).
     assert arrivals[-1] - arrivals[0] >= 6.0
+
+
+@pytest.mark.parametrize("own_queue", [False, True], ids=["agent-worker", "model-queue-worker"])
+async def test_a_stopped_worker_leaves_no_model_connection_open(
+    client: Client,
+    model_server: ModelServer,
+    task_queue: str,
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    own_queue: bool,
+) -> None:
+    """Whichever worker calls the model closes its connections when it stops. Left to the
+    garbage collector, their close was scheduled on a loop no longer running, and never ran."""
+    if own_queue:
+        monkeypatch.setenv("DURABLE_AGENT_MODEL_TASK_QUEUE", f"{task_queue}-model")
+    model_server.responder = lambda request: answer("done")
+    workers = [build_worker(client, task_queue), build_model_worker(client, task_queue)]
+    assert (workers[1] is not None) == own_queue
+    async with contextlib.AsyncExitStack() as running:
+        for worker in filter(None, workers):
+            await running.enter_async_context(worker)
+        handle = await start(client, task_queue, goal="answer", workspace=str(workspace))
+        assert (await handle.result()).state == "completed"
+        assert model_server.open_connections == 1  # kept for the next call while the worker runs
+    await until(lambda: model_server.open_connections == 0, within_s=10)
 
 
 def test_a_rate_puts_model_calls_on_their_own_queue(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,6 +32,7 @@ import functools
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import stat
 import threading
@@ -64,7 +65,11 @@ manifests at every step (docs/fork.md)."""
 WHOLE_READ_BYTES = 1 << 20
 """A file up to this size is read whole and hashed in memory, as most are; a larger one is
 copied into the store in pieces of this size while hashed: a snapshot never holds more of a
-file in memory, whatever its size (a sparse file of 8 GB included)."""
+file in memory, whatever its size. The store holds every byte of it (a sparse file's holes
+too): `snapshot_exclude` is for what is large and rebuilt (datasets, build output)."""
+PERMISSIONS = 0o777
+"""The mode bits a restore gives a file: setuid and setgid never (the restored file belongs to
+whoever restores, root included), though a snapshot records them."""
 DIFF_MAX_BYTES = 1 << 20
 """`unified_diff` shows a text file's lines up to this size; a larger one is named, not shown."""
 
@@ -85,10 +90,13 @@ def store_path() -> Path:
     return Path(home).resolve() / "snapshots"
 
 
-def _writer() -> str:
-    """Names a temporary file by process and thread: two runs' snapshots in one worker may
-    write the same blob at once (the same file in two workspaces), each into its own."""
-    return f"{os.getpid()}-{threading.get_ident()}"
+def _temporary_in(folder: str) -> tuple[int, str]:
+    """A new file of its own in `folder` (descriptor, path), named at random and made
+    exclusively: two runs' snapshots may write the same blob at once, in one worker or in
+    workers of several hosts sharing the store, whose pids and thread ids may be the same.
+    Its mode is the umask's, as the object's will be."""
+    path = f"{folder}/.{secrets.token_hex(12)}.tmp"
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), path
 
 
 def _coarse_now_ns() -> int:
@@ -187,7 +195,9 @@ class Store:
             self._latest.put(root, (digest, files, depth, verified_ns))
 
     def _put_blob(self, where: tuple[int, str], st: os.stat_result) -> tuple[str, int] | None:
-        """A walked file's bytes or link's target stored; None if it is neither now."""
+        """A walked file's bytes (as many as the walk saw: a file something appends to
+        meanwhile is read to that size, and read again next time, its stat changed) or link's
+        target stored; None if it is neither now."""
         if stat.S_ISLNK(st.st_mode):
             target = _link_target(where)
             return None if target is None else self._put_bytes(target)
@@ -195,28 +205,27 @@ class Store:
         if opened is None:
             return None
         with opened as f:
-            head = f.read(WHOLE_READ_BYTES + 1)  # the size walked may have grown since
-            return self._put_bytes(head) if len(head) <= WHOLE_READ_BYTES else self._put_streamed(head, f)
+            if st.st_size <= WHOLE_READ_BYTES:
+                return self._put_bytes(f.read(st.st_size))
+            return self._put_streamed(f, st.st_size)
 
     def _put_bytes(self, data: bytes) -> tuple[str, int]:
         digest = hashlib.sha256(data).hexdigest()
         return digest, self._write_object("blobs", digest, data)
 
-    def _put_streamed(self, head: bytes, rest: BinaryIO) -> tuple[str, int]:
-        """A large file's blob: `head` and the rest copied into a temporary file of the store
-        while hashed, then named by its digest (dropped if the store has it already). A copy
-        left by a killed worker is in `blobs/incoming/`, which `durable-agent gc` sweeps."""
+    def _put_streamed(self, source: BinaryIO, size: int) -> tuple[str, int]:
+        """A large file's blob: its first `size` bytes copied into a temporary file of the
+        store while hashed, then named by its digest (dropped if the store has it already). A
+        copy left by a killed worker is in `blobs/incoming/`, which `durable-agent gc` sweeps."""
         folder = f"{os.fspath(self.root)}/blobs/incoming"
         os.makedirs(folder, exist_ok=True)
-        temporary = f"{folder}/{_writer()}.tmp"
+        fd, temporary = _temporary_in(folder)
         hashed = hashlib.sha256()
         try:
-            with open(temporary, "wb") as copy:
-                chunk = head
-                while chunk:
+            with os.fdopen(fd, "wb") as copy:
+                while chunk := source.read(min(WHOLE_READ_BYTES, size - copy.tell())):
                     hashed.update(chunk)
                     copy.write(chunk)
-                    chunk = rest.read(WHOLE_READ_BYTES)
                 size = copy.tell()
             digest = hashed.hexdigest()
             path = self.object_path("blobs", digest)
@@ -240,17 +249,23 @@ class Store:
             return 0
         folder = os.path.dirname(path)
         os.makedirs(folder, exist_ok=True)
-        temporary = f"{folder}/.{digest[2:]}.{_writer()}.tmp"
-        with open(temporary, "wb") as f:
-            f.write(data)
-        os.replace(temporary, path)  # whole or absent: a reader never sees half an object
+        fd, temporary = _temporary_in(folder)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(temporary, path)  # whole or absent: a reader never sees half an object
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
+            raise
         return len(data)
 
     def _write_ref(self, chain: str, digest: str) -> None:
         path = self.root / "refs" / chain
         path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{chain}.{_writer()}.tmp")
-        temporary.write_text(digest)
+        fd, temporary = _temporary_in(str(path.parent))
+        with os.fdopen(fd, "w") as f:
+            f.write(digest)
         os.replace(temporary, path)
 
     # --- reading ------------------------------------------------------------------------
@@ -289,12 +304,21 @@ class Store:
         except FileNotFoundError:
             raise SnapshotError(f"file content {digest[:12]} is not in the store {self.root}") from None
 
-    def restore(self, digest: str, dest: str) -> int:
-        """Write the snapshot's files into `dest`, made if missing (a file of the same name there is
-        replaced, others are left); returns their count."""
+    def restore(self, digest: str, folder: str) -> int:
+        """Write the snapshot's files into `folder` (a resolved path, its parent there), made
+        if missing (a file of the same name there is replaced, others are left); returns their
+        count. The parent must still be the folder its path names (a folder on it swapped for a
+        link is refused), and `folder` is entered without following a link."""
         files = self.files(digest)
-        os.makedirs(dest, exist_ok=True)
-        self._write_files(os.path.realpath(dest), files)
+        parent = _opened_root(os.path.dirname(folder) or "/")
+        try:
+            top = _folder_made(parent, [os.path.basename(folder)])
+        finally:
+            os.close(parent)
+        try:
+            self._write_files_at(top, files)
+        finally:
+            os.close(top)
         return len(files)
 
     def reset(self, digest: str, workspace: str, exclude: Sequence[str] = ()) -> None:
@@ -309,37 +333,36 @@ class Store:
                 wanted.pop(rel)
                 continue
             os.unlink(name, dir_fd=folder_fd)  # never follows: a link swapped in goes, not its target
-        self._write_files(root, wanted)
+        top = _opened_root(root)
+        try:
+            self._write_files_at(top, wanted)
+        finally:
+            os.close(top)
         with self._lock:
             self._latest.drop(root)
 
-    def _write_files(self, root: str, files: Files) -> None:
-        """Each file and link of `files` into the folder `root` (resolved), through descriptors
-        as `_walk` reads: never through a link planted in the folder, nor into another folder
-        should one on `root`'s path have been swapped for a link since it was resolved."""
-        top = _opened_root(root)
-        try:
-            for rel, entry in sorted(files.items()):
-                *folders, name = rel.split("/")
-                fd = _folder_made(top, folders)
-                try:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(name, dir_fd=fd)  # what stood there goes, never what a link names
-                    if stat.S_ISLNK(entry[_MODE]):
-                        os.symlink(self.blob(entry[_DIGEST]).decode("utf-8", "surrogateescape"), name, dir_fd=fd)
-                        continue
-                    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                    with (
-                        self._opened_blob(entry[_DIGEST]) as blob,
-                        os.fdopen(os.open(name, flags, 0o600, dir_fd=fd), "wb") as f,
-                    ):
-                        shutil.copyfileobj(blob, f)  # in pieces: a file of any size, never whole in memory
-                        os.fchmod(f.fileno(), stat.S_IMODE(entry[_MODE]))
-                finally:
-                    if fd != top:
-                        os.close(fd)
-        finally:
-            os.close(top)
+    def _write_files_at(self, top: int, files: Files) -> None:
+        """Each file and link of `files` into the opened folder `top`, through descriptors as
+        `_walk` reads: never through a link planted in the folder."""
+        for rel, entry in sorted(files.items()):
+            *folders, name = rel.split("/")
+            fd = _folder_made(top, folders)
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=fd)  # what stood there goes, never what a link names
+                if stat.S_ISLNK(entry[_MODE]):
+                    os.symlink(self.blob(entry[_DIGEST]).decode("utf-8", "surrogateescape"), name, dir_fd=fd)
+                    continue
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                with (
+                    self._opened_blob(entry[_DIGEST]) as blob,
+                    os.fdopen(os.open(name, flags, 0o600, dir_fd=fd), "wb") as f,
+                ):
+                    shutil.copyfileobj(blob, f)  # in pieces: a file of any size, never whole in memory
+                    os.fchmod(f.fileno(), entry[_MODE] & PERMISSIONS)
+            finally:
+                if fd != top:
+                    os.close(fd)
 
 
 class LatestSnapshots:
@@ -517,15 +540,19 @@ def _listing(rel: str, fd: int, exclude: Sequence[str]) -> tuple[list[tuple[str,
 
 
 def _holds(entry: Entry, st: os.stat_result, where: tuple[int, str]) -> bool:
-    """Whether a walked regular file is the entry's already: its mode (type and permission bits),
-    size and content. A link is never taken to hold: it is made again, which costs a few bytes."""
-    if st.st_mode != entry[_MODE] or st.st_size != entry[_SIZE] or not stat.S_ISREG(st.st_mode):
+    """Whether a walked regular file is the entry's already: its permission bits, size and
+    content. A link is never taken to hold: it is made again, which costs a few bytes."""
+    same_bits = st.st_mode & PERMISSIONS == entry[_MODE] & PERMISSIONS
+    if not stat.S_ISREG(st.st_mode) or not stat.S_ISREG(entry[_MODE]) or not same_bits or st.st_size != entry[_SIZE]:
         return False
     opened = open_regular_at(*where)
     if opened is None:
         return False
+    hashed = hashlib.sha256()
     with opened as f:
-        return hashlib.file_digest(f, "sha256").hexdigest() == entry[_DIGEST]
+        while chunk := f.read(WHOLE_READ_BYTES):
+            hashed.update(chunk)
+    return hashed.hexdigest() == entry[_DIGEST]  # bytes beyond the size (written meanwhile) differ too
 
 
 def _link_target(where: tuple[int, str]) -> bytes | None:
@@ -613,3 +640,6 @@ class SnapshotActivities:
             return RestoreDone(files=len(await asyncio.to_thread(self._store.files, request.digest)))
         except (WorkspaceError, SnapshotError) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from None
+        except OSError as e:
+            message = f"restore_snapshot could not write the workspace: {e}"
+            raise ApplicationError(message, type="RestoreFailed") from e

@@ -92,11 +92,11 @@ async def start_fork(client: Client, request: ForkRequest, plan: ForkPlan) -> Wo
     """Restores the files, then starts the run on the source's task queue."""
     point = plan.point
     queue = (await client.get_workflow_handle(request.source).describe()).task_queue
-    Path(plan.workspace).mkdir(parents=True, exist_ok=True)
+    store = Store()
     try:
-        Store().restore(point.digest, plan.workspace)
-    except SnapshotError as e:
-        raise ForkError(str(e)) from None
+        store.restore(point.digest, _fork_folder(store, plan))
+    except (SnapshotError, OSError) as e:
+        raise ForkError(f"the fork's files could not be restored: {e}") from None
     agent = fork_input(request, plan)
     summary = f"fork of {request.source} at step {request.step}: {agent.goal}"
     try:
@@ -105,6 +105,20 @@ async def start_fork(client: Client, request: ForkRequest, plan: ForkPlan) -> Wo
         )
     except WorkflowAlreadyStartedError:
         raise ForkError(f"a run with id {plan.workflow_id} exists already (--id)") from None
+
+
+def _fork_folder(store: Store, plan: ForkPlan) -> str:
+    """The fork's folder, resolved. Beside the source's workspace (the default): in the parent
+    of the folder the source's snapshots were taken of, as its worker resolved it, so that a
+    folder on that path swapped for a link since is refused, not followed (a command of a run
+    whose workspace holds the source's can swap one). Elsewhere: its parent, made if missing,
+    resolved now."""
+    parent, name = os.path.split(plan.workspace)
+    source_root = store.taken_from(plan.point.digest)
+    if source_root is not None and parent == os.path.dirname(os.path.abspath(plan.point.agent.workspace)):
+        return os.path.join(os.path.dirname(source_root), name)
+    os.makedirs(parent, exist_ok=True)
+    return os.path.join(os.path.realpath(parent), name)
 
 
 def fork_input(request: ForkRequest, plan: ForkPlan) -> AgentInput:
@@ -180,7 +194,8 @@ async def rewind(
     point = find_point(steps, workflow_id, step)
     effects = [f"step {s}: {describe_call(call)}" for s, call in steps.calls_after(point)]
     store = Store()
-    workspace = _checked_workspace(store, point.agent.workspace, steps.points[-1].digest)
+    since = next(i for i, p in enumerate(steps.points) if p is point)
+    workspace = checked_workspace(store, point, workflow_id, [p.digest for p in steps.points[since:]])
     announce(effects)
     if open_run:
         await handle.terminate(reason=f"rewound to step {step} by a person")
@@ -193,7 +208,7 @@ async def rewind(
             exclude=exclude,
         )
         store.reset(point.digest, workspace, exclude)
-    except SnapshotError as e:
+    except (SnapshotError, OSError) as e:
         raise ForkError(f"{e}; the run was ended and its files may be partly reset: rewind again") from None
     agent = _rewound_input(point, workflow_id, step, effects, message)
     started = await start_agent(
@@ -204,16 +219,22 @@ async def rewind(
     )
 
 
-def _checked_workspace(store: Store, workspace: str, latest: str) -> str:
-    """`workspace` resolved, if it is the folder the run's worker checked and took its latest
-    snapshot of. Another means a folder on its path is now a link (a command of a run whose
-    workspace holds this one can swap one): resetting where it leads could empty any folder."""
-    real = os.path.realpath(workspace)
-    taken_from = store.taken_from(latest)
-    if taken_from is not None and taken_from != real:
+def checked_workspace(store: Store, point: StepPoint, workflow_id: str, digests: list[str]) -> str:
+    """The workspace resolved, if it is the folder the run's worker checked and took each
+    snapshot of, from the step rewound to on (`digests`). Another means a folder on its path
+    is now a link (a command of a run whose workspace holds this one can swap one), or the
+    workspace moved: resetting where the path leads could empty any folder."""
+    real = os.path.realpath(point.agent.workspace)
+    try:
+        taken_from = {store.taken_from(digest) for digest in dict.fromkeys(digests)} - {None, real}
+    except SnapshotError as e:
+        raise ForkError(str(e)) from None
+    if taken_from:
         raise ForkError(
-            f"{workspace} now resolves to {real}, but the run's snapshots are of {taken_from}: a folder "
-            "on its path was replaced by a link; nothing was changed"
+            f"{point.agent.workspace} now resolves to {real}, but the run's snapshots since step {point.step} "
+            f"are of {min(taken_from)}: a folder on its path was replaced by a link, or the workspace moved; "
+            f"nothing was changed (`durable-agent fork {workflow_id} --at-step {point.step} --workspace DIR` "
+            "restores the step into a new folder)"
         )
     return real
 

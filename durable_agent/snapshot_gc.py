@@ -45,6 +45,7 @@ async def collect(client: Client, store: Store, older_than_s: float, dry_run: bo
             continue
         sweep.lines.append(f"{verb:13} snapshots of {ref.name}: {text}, {age / 86_400:.1f}d ago")
         gone.append(ref)
+    _sweep_left_copies(store, sweep, verb, dry_run)
     if not gone:
         return sweep
     kept_refs = [r for r in refs if r not in gone]
@@ -78,6 +79,21 @@ async def _closed_at(client: Client, ref: Path) -> tuple[float | None, str]:
     return closed, f"run {workflow_id}: {description.status.name.lower()}"
 
 
+def _sweep_left_copies(store: Store, sweep: SnapshotSweep, verb: str, dry_run: bool) -> None:
+    """The copies of large files a killed worker left in `blobs/incoming/` (activities/snapshots.py
+    `_put_streamed`), older than SWEEP_GRACE_S: at every gc, whatever chain it removes."""
+    incoming = store.root / "blobs" / "incoming"
+    young = time.time() - SWEEP_GRACE_S
+    left = [p for p in incoming.iterdir() if p.stat().st_mtime < young] if incoming.is_dir() else []
+    if not left:
+        return
+    size = sum(p.stat().st_size for p in left)
+    sweep.lines.append(f"{verb:13} {len(left)} copies of large files a stopped worker left: {size:,} bytes")
+    sweep.files, sweep.bytes = sweep.files + len(left), sweep.bytes + size
+    for path in left if not dry_run else []:
+        path.unlink(missing_ok=True)
+
+
 def _unreachable(store: Store, refs: list[Path]) -> list[Path]:
     manifests, blobs = set(), set()
     for ref in refs:
@@ -91,7 +107,7 @@ def _unreachable(store: Store, refs: list[Path]) -> list[Path]:
     young = time.time() - SWEEP_GRACE_S
     found = []
     for kind, reached in (("manifests", manifests), ("blobs", blobs)):
-        for folder in sorted((store.root / kind).glob("*")):
+        for folder in sorted((store.root / kind).glob("[0-9a-f][0-9a-f]")):  # not `incoming`
             for path in folder.iterdir():
                 if folder.name + path.name not in reached and os.stat(path).st_mtime < young:
                     found.append(path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ import sys
 import threading
 import time
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from temporalio.worker import Worker
 
 from activities import snapshots
 from activities.snapshots import STORE_ENV, SnapshotError, Store, store_path
-from durable_agent.fork import ForkPlan, ForkRequest, fork_input
+from durable_agent.fork import ForkError, ForkPlan, ForkRequest, checked_workspace, fork_input
 from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
 from durable_agent.server import EmbeddedServer
@@ -188,12 +189,15 @@ def test_a_reset_leaves_the_excluded_names_and_gives_back_each_files_mode(tmp_pa
     (workspace / "src" / "node_modules" / "dep.js").write_text("installed")
     (workspace / "src" / "main.py").write_text("print(1)")
     (workspace / "src" / "main.py").chmod(0o644)
+    (workspace / "tool").write_text("setuid")
+    (workspace / "tool").chmod(0o4755)
     store = Store(tmp_path / "store")
     exclude = ["node_modules", "*.log"]
     digest, _ = store.take(str(workspace), None, exclude=exclude)
     (workspace / "src" / "main.py").chmod(0o700)
     (workspace / "build.log").write_text("noise")
     (workspace / "new.txt").write_text("made after")
+    (workspace / "tool").write_text("changed")
 
     store.reset(digest, str(workspace), exclude)
 
@@ -201,8 +205,10 @@ def test_a_reset_leaves_the_excluded_names_and_gives_back_each_files_mode(tmp_pa
         "src/main.py": b"print(1)",
         "src/node_modules/dep.js": b"installed",
         "build.log": b"noise",
+        "tool": b"setuid",
     }
     assert (workspace / "src" / "main.py").stat().st_mode & 0o777 == 0o644
+    assert (workspace / "tool").stat().st_mode & 0o7777 == 0o755  # never setuid: it is the resetter's file now
     os.utime(workspace / "src" / "main.py", ns=(0, 0))
     store.reset(digest, str(workspace), exclude)
     assert (workspace / "src" / "main.py").stat().st_mtime_ns == 0  # what holds already is not written again
@@ -394,6 +400,38 @@ def test_threads_writing_the_same_blob_at_once_each_write_their_own_temporary_fi
         assert [p.name for p in (store.root / "blobs" / digest[:2]).iterdir()] == [digest[2:]]
 
 
+class CopiedMeanwhile(io.BytesIO):
+    """A file's bytes, whose first read lets `meanwhile` run first: another copy into the
+    same store, as a worker of another host with the same pid and thread id makes it."""
+
+    def __init__(self, data: bytes, meanwhile: Callable[[], object]) -> None:
+        super().__init__(data)
+        self._meanwhile: Callable[[], object] | None = meanwhile
+
+    def read(self, size: int | None = -1) -> bytes:
+        if self._meanwhile is not None:
+            meanwhile, self._meanwhile = self._meanwhile, None
+            meanwhile()
+        return super().read(size)
+
+
+def test_copies_of_large_files_made_at_once_never_share_a_temporary_file(tmp_path: Path) -> None:
+    """Workers on several hosts may have the same pid (1, in a container) and thread ids; a
+    temporary file named by them was one for two large files copied at once, and a blob was
+    stored under a digest its bytes do not have. Here the second copy runs inside the first,
+    in the same thread: the same pid and thread id, deterministically."""
+    store = Store(tmp_path / "store")
+    first, second = b"1" * (3 << 20), b"2" * (3 << 20)
+    inner: list[tuple[str, int]] = []
+    source = CopiedMeanwhile(first, lambda: inner.append(store._put_streamed(io.BytesIO(second), len(second))))
+
+    outer = store._put_streamed(source, len(first))
+
+    for data, (digest, _) in ((first, outer), (second, inner[0])):
+        assert digest == hashlib.sha256(data).hexdigest()
+        assert Path(store.object_path("blobs", digest)).read_bytes() == data
+
+
 def test_a_worker_with_many_runs_keeps_each_runs_latest_snapshot_warm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -577,12 +615,13 @@ async def test_rewind_of_a_failed_run_then_resume_completes_and_rewinding_the_re
     assert (workspace / "a.txt").read_text() == "three"  # the state the first rewind left
 
 
-async def test_rewind_refuses_a_workspace_whose_path_now_leads_elsewhere_and_changes_nothing(
+async def test_rewind_and_fork_refuse_a_workspace_whose_path_now_leads_elsewhere_and_change_nothing(
     client: Client, worker: Worker, task_queue: str, model_server: ModelServer, tmp_path: Path
 ) -> None:
     """A folder on the workspace's path swapped for a link after the run (a command of a run
     whose workspace holds this one can do it): the rewind's reset would empty the folder the
-    link leads to. It is refused before anything changes, on either side."""
+    link leads to, a fork beside it would write its files there. Both are refused before
+    anything changes, on either side."""
     workspace = tmp_path / "parent" / "ws"
     workspace.mkdir(parents=True)
     workflow_id = await six_step_run(client, task_queue, model_server, workspace)
@@ -593,9 +632,12 @@ async def test_rewind_refuses_a_workspace_whose_path_now_leads_elsewhere_and_cha
     (tmp_path / "parent").symlink_to(elsewhere)
 
     refused = await durable_agent("rewind", workflow_id, "--to-step", "2", env=cli_env())
+    not_forked = await durable_agent("fork", workflow_id, "--at-step", "2", env=cli_env())
 
-    one_line_error(refused, 2, "was replaced by a link; nothing was changed")
+    one_line_error(refused, 2, "since step 2 are of")
+    one_line_error(not_forked, 2, "was swapped while in use")
     assert tree(elsewhere) == {"ws/precious.txt": b"not the run's"}
+    assert list(elsewhere.iterdir()) == [elsewhere / "ws"]
     assert (tmp_path / "parent-away" / "ws" / "log.txt").read_text() == "".join(f"line{i}\n" for i in range(1, 7))
 
 
@@ -614,7 +656,7 @@ async def test_gc_removes_the_snapshots_of_a_closed_run_by_age_and_keeps_an_open
     refs = {p.name: p.read_text() for p in (store.root / "refs").iterdir()}
     [closed_digest] = [d for name, d in refs.items() if name.startswith(closed.id)]
     [open_digest] = [d for name, d in refs.items() if name.startswith(opened.id)]
-    left_copy = store.root / "blobs" / "incoming" / "4242-1.tmp"  # a large file's copy, its worker killed
+    left_copy = store.root / "blobs" / "incoming" / ".4242.tmp"  # a large file's copy, its worker killed
     left_copy.parent.mkdir(exist_ok=True)
     left_copy.write_bytes(b"half a file")
     hour_ago = time.time() - 7200  # as if written two hours ago: past the sweep's grace for fresh objects
@@ -624,6 +666,8 @@ async def test_gc_removes_the_snapshots_of_a_closed_run_by_age_and_keeps_an_open
     young = await durable_agent("gc", str(tmp_path), "--snapshots-older-than", "1d", env=cli_env())
     assert young.returncode == 0 and f"kept          snapshots of {closed.id}" in young.stdout, young
     assert store.files(closed_digest)
+    assert "removed       1 copies of large files a stopped worker left: 11 bytes" in young.stdout
+    assert not left_copy.exists()  # at every gc, whether a chain goes or not
     collected = await durable_agent("gc", str(tmp_path), "--snapshots-older-than", "0s", env=cli_env())
 
     assert collected.returncode == 0, collected
@@ -631,7 +675,6 @@ async def test_gc_removes_the_snapshots_of_a_closed_run_by_age_and_keeps_an_open
     assert f"kept          snapshots of {opened.id}" in collected.stdout
     with pytest.raises(SnapshotError):
         store.files(closed_digest)
-    assert not left_copy.exists()
     restored = tmp_path / "restored"
     restored.mkdir()
     Store().restore(open_digest, str(restored))
@@ -736,6 +779,26 @@ async def test_a_fork_of_a_paused_run_leaves_it_paused_and_its_files_alone(
     assert (await handle.query("status", result_type=AgentStatus)).state == "paused"
     await client.get_workflow_handle(fork["workflow_id"]).result()
     await handle.terminate()
+
+
+def test_rewind_checks_every_snapshot_from_its_step_on_not_only_the_latest(tmp_path: Path) -> None:
+    """A link swapped onto the workspace's path after step 1, within the worker's roots: the
+    worker's later snapshots follow it and name the folder it leads to. Rewinding to step 1
+    would reset that folder to another's files; the step's own snapshot names the first."""
+    first, other = tmp_path / "first", tmp_path / "other"
+    for folder in (first, other):
+        folder.mkdir()
+        (folder / "a.txt").write_text(folder.name)
+    store = Store(tmp_path / "store")
+    step_1, _ = store.take(str(first), None)
+    step_2, _ = store.take(str(other), step_1)  # after the swap
+    (tmp_path / "ws").symlink_to(other)
+    agent = AgentInput(goal="g", workspace=str(tmp_path / "ws"), model="m1")
+    point = StepPoint(step=1, run_id="r", digest=step_1, carry=Carry(step=1), agent=agent, elapsed_s=0, turns_before=1)
+
+    with pytest.raises(ForkError, match=f"since step 1 are of {first}: a folder on its path was replaced"):
+        checked_workspace(store, point, "run-id", [step_1, step_2])
+    assert checked_workspace(store, point.model_copy(update={"step": 2}), "run-id", [step_2]) == str(other)
 
 
 def test_fork_input_takes_the_model_and_counts_budgets_from_the_step_unless_fresh() -> None:

@@ -126,7 +126,8 @@ class Journal:
         if self.max_bytes is None:
             return
         try:
-            held = sum(e.stat(follow_symlinks=False).st_size for e in os.scandir(self.folder))
+            with os.scandir(self.folder) as entries:
+                held = sum(_size(entry) for entry in entries)
         except FileNotFoundError:
             return
         if held >= self.max_bytes:
@@ -323,3 +324,11 @@ def _corrupt(shown: str) -> ApplicationError:
         type="JournalCorrupt",
         non_retryable=True,
     )
+
+
+def _size(entry: os.DirEntry[str]) -> int:
+    """An entry's size; 0 for one removed since it was listed (a start record ended, a temporary file renamed)."""
+    try:
+        return entry.stat(follow_symlinks=False).st_size
+    except FileNotFoundError:
+        return 0

@@ -193,11 +193,14 @@ class CommandRunner:
                     record = _group_record(sandbox.process.pid, command)
                     await asyncio.to_thread(_begin, call, launch, record)
                     return sandbox, sandbox.start_command(launch, output.write_fd)  # type: ignore[arg-type]
-                except SandboxGone:
+                except SandboxGone as e:
                     RUN_SANDBOXES.release(key, sandbox)
                     if attempts == 2:
                         await asyncio.to_thread(call.journal.forget_start, input.idempotency_key)  # nothing ran
-                        raise
+                        raise SandboxUnavailable(
+                            f"the run's sandbox ended as it started, twice ({e}); nothing ran: try again "
+                            "(bubblewrap stops when a folder on the workspace's path is swapped as it binds it)"
+                        ) from None
                 except BaseException:
                     RUN_SANDBOXES.release(key, sandbox)
                     raise

@@ -90,6 +90,19 @@ def store_path() -> Path:
     return Path(home).resolve() / "snapshots"
 
 
+def _kept(path: str) -> bool:
+    """Whether the store holds the object at `path`; if so, stamped now: `durable-agent gc`
+    spares an object younger than an hour, and this one is about to be reached by a manifest
+    and a ref still to be written (a blob of a closed chain that a new snapshot reuses)."""
+    try:
+        os.utime(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except PermissionError:  # another user's object in a shared store: there, if not stamped
+        return os.path.exists(path)
+
+
 def _temporary_in(folder: str) -> tuple[int, str]:
     """A new file of its own in `folder` (descriptor, path), named at random and made
     exclusively: two runs' snapshots may write the same blob at once, in one worker or in
@@ -188,7 +201,7 @@ class Store:
         return f"{os.fspath(self.root)}/{kind}/{digest[:2]}/{digest[2:]}"
 
     def _has_blob(self, digest: str) -> bool:
-        return os.path.exists(self.object_path("blobs", digest))
+        return _kept(self.object_path("blobs", digest))
 
     def _remember(self, root: str, digest: str, files: Files, depth: int, verified_ns: int) -> None:
         with self._lock:
@@ -229,7 +242,7 @@ class Store:
                 size = copy.tell()
             digest = hashed.hexdigest()
             path = self.object_path("blobs", digest)
-            if os.path.exists(path):
+            if _kept(path):
                 return digest, 0
             os.makedirs(os.path.dirname(path), exist_ok=True)
             os.replace(temporary, path)
@@ -245,7 +258,7 @@ class Store:
 
     def _write_object(self, kind: str, digest: str, data: bytes) -> int:
         path = self.object_path(kind, digest)
-        if os.path.exists(path):  # most blobs of a snapshot are there already
+        if _kept(path):  # most blobs of a snapshot are there already
             return 0
         folder = os.path.dirname(path)
         os.makedirs(folder, exist_ok=True)
@@ -305,10 +318,10 @@ class Store:
             raise SnapshotError(f"file content {digest[:12]} is not in the store {self.root}") from None
 
     def restore(self, digest: str, folder: str) -> int:
-        """Write the snapshot's files into `folder` (a resolved path, its parent there), made
-        if missing (a file of the same name there is replaced, others are left); returns their
-        count. The parent must still be the folder its path names (a folder on it swapped for a
-        link is refused), and `folder` is entered without following a link."""
+        """Write the snapshot's files into `folder` (a resolved path, its parent there), a new
+        or empty folder; returns their count. The parent must still be the folder its path
+        names (a folder on it swapped for a link is refused), and `folder` is entered without
+        following a link, and found empty through its descriptor."""
         files = self.files(digest)
         parent = _opened_root(os.path.dirname(folder) or "/")
         try:
@@ -316,6 +329,8 @@ class Store:
         finally:
             os.close(parent)
         try:
+            if os.listdir(top):
+                raise SnapshotError(f"{folder} holds files: a snapshot is restored into a new or empty folder only")
             self._write_files_at(top, files)
         finally:
             os.close(top)
@@ -323,8 +338,9 @@ class Store:
 
     def reset(self, digest: str, workspace: str, exclude: Sequence[str] = ()) -> None:
         """Make `workspace` (resolved, as `Workspace.root` gives it) hold exactly the snapshot's
-        files, with their modes; `.durable-agent/` and the names matching `exclude` (which the
-        run's snapshots leave out: `node_modules`, a virtualenv) are left as they are."""
+        files, with their permission bits (PERMISSIONS); `.durable-agent/` and the names
+        matching `exclude` (which the run's snapshots leave out: `node_modules`, a virtualenv)
+        are left as they are, but for a folder standing where the snapshot has a file."""
         wanted = self.files(digest)
         root = os.path.abspath(workspace)
         for rel, st, (folder_fd, name) in _walk(root, exclude):
@@ -348,8 +364,7 @@ class Store:
             *folders, name = rel.split("/")
             fd = _folder_made(top, folders)
             try:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(name, dir_fd=fd)  # what stood there goes, never what a link names
+                _remove_at(fd, name)  # what stood there goes, never what a link names
                 if stat.S_ISLNK(entry[_MODE]):
                     os.symlink(self.blob(entry[_DIGEST]).decode("utf-8", "surrogateescape"), name, dir_fd=fd)
                     continue
@@ -501,6 +516,17 @@ def _opened_root(root: str) -> int:
     return fd
 
 
+def _remove_at(folder_fd: int, name: str) -> None:
+    """Whatever stands at `name` in the opened folder: a file or link, or a folder with all it
+    holds (where the snapshot has a file, a folder made since, its excluded names included)."""
+    try:
+        os.unlink(name, dir_fd=folder_fd)
+    except FileNotFoundError:
+        pass
+    except IsADirectoryError:
+        shutil.rmtree(name, dir_fd=folder_fd)  # through descriptors, never following a link
+
+
 def _folder_made(top: int, names: list[str]) -> int:
     """The folder `names` leads to from `top`, each level made if missing and entered without
     following a link (SnapshotError for one); `top` itself when `names` is empty."""
@@ -542,7 +568,7 @@ def _listing(rel: str, fd: int, exclude: Sequence[str]) -> tuple[list[tuple[str,
 def _holds(entry: Entry, st: os.stat_result, where: tuple[int, str]) -> bool:
     """Whether a walked regular file is the entry's already: its permission bits, size and
     content. A link is never taken to hold: it is made again, which costs a few bytes."""
-    same_bits = st.st_mode & PERMISSIONS == entry[_MODE] & PERMISSIONS
+    same_bits = stat.S_IMODE(st.st_mode) == entry[_MODE] & PERMISSIONS  # a setuid bit added since goes too
     if not stat.S_ISREG(st.st_mode) or not stat.S_ISREG(entry[_MODE]) or not same_bits or st.st_size != entry[_SIZE]:
         return False
     opened = open_regular_at(*where)

@@ -22,7 +22,6 @@ import json
 import os
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 from pydantic import BaseModel
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
@@ -63,11 +62,29 @@ async def plan_fork(client: Client, request: ForkRequest) -> tuple[ForkPlan, Cha
     steps = await chain_steps(client, request.source)
     point = find_point(steps, request.source, request.step)
     new_id = request.new_id or f"{request.source}-fork{request.step}-{uuid.uuid4().hex[:6]}"
-    workspace = request.workspace or str(Path(point.agent.workspace).parent / new_id)
+    workspace = _fork_folder(point, request.workspace, new_id)
     if os.path.exists(workspace) and (not os.path.isdir(workspace) or os.listdir(workspace)):
         raise ForkError(f"{workspace} holds files: a fork's workspace must be a new or empty folder (--workspace)")
     effects = [f"step {step}: {describe_call(call)}" for step, call in steps.calls_after(point)]
-    return ForkPlan(workflow_id=new_id, workspace=os.path.abspath(workspace), point=point, side_effects=effects), steps
+    return ForkPlan(workflow_id=new_id, workspace=workspace, point=point, side_effects=effects), steps
+
+
+def _fork_folder(point: StepPoint, given: str | None, name: str) -> str:
+    """The fork's folder, resolved: where its files are restored and its run works. By default
+    beside the source's workspace, in the parent of the folder the source's snapshots were
+    taken of, as its worker resolved it: a folder on that path swapped for a link since (a
+    command of a run whose workspace holds the source's can swap one) is refused when the
+    files are restored, never followed. A `--workspace` given is resolved now."""
+    if given is not None:
+        folder = os.path.abspath(given)
+        return os.path.join(os.path.realpath(os.path.dirname(folder)), os.path.basename(folder))
+    try:
+        source_root = Store().taken_from(point.digest)
+    except SnapshotError as e:
+        raise ForkError(str(e)) from None
+    given_parent = os.path.dirname(os.path.abspath(point.agent.workspace))
+    parent = os.path.dirname(source_root) if source_root is not None else os.path.realpath(given_parent)
+    return os.path.join(parent, name)
 
 
 def find_point(steps: ChainSteps, source: str, step: int) -> StepPoint:
@@ -92,9 +109,9 @@ async def start_fork(client: Client, request: ForkRequest, plan: ForkPlan) -> Wo
     """Restores the files, then starts the run on the source's task queue."""
     point = plan.point
     queue = (await client.get_workflow_handle(request.source).describe()).task_queue
-    store = Store()
     try:
-        store.restore(point.digest, _fork_folder(store, plan))
+        os.makedirs(os.path.dirname(plan.workspace), exist_ok=True)  # by path: `restore` checks it is that folder
+        Store().restore(point.digest, plan.workspace)
     except (SnapshotError, OSError) as e:
         raise ForkError(f"the fork's files could not be restored: {e}") from None
     agent = fork_input(request, plan)
@@ -105,20 +122,6 @@ async def start_fork(client: Client, request: ForkRequest, plan: ForkPlan) -> Wo
         )
     except WorkflowAlreadyStartedError:
         raise ForkError(f"a run with id {plan.workflow_id} exists already (--id)") from None
-
-
-def _fork_folder(store: Store, plan: ForkPlan) -> str:
-    """The fork's folder, resolved. Beside the source's workspace (the default): in the parent
-    of the folder the source's snapshots were taken of, as its worker resolved it, so that a
-    folder on that path swapped for a link since is refused, not followed (a command of a run
-    whose workspace holds the source's can swap one). Elsewhere: its parent, made if missing,
-    resolved now."""
-    parent, name = os.path.split(plan.workspace)
-    source_root = store.taken_from(plan.point.digest)
-    if source_root is not None and parent == os.path.dirname(os.path.abspath(plan.point.agent.workspace)):
-        return os.path.join(os.path.dirname(source_root), name)
-    os.makedirs(parent, exist_ok=True)
-    return os.path.join(os.path.realpath(parent), name)
 
 
 def fork_input(request: ForkRequest, plan: ForkPlan) -> AgentInput:

@@ -5,7 +5,7 @@ its earlier ones are reached through their parents. A ref goes once its chain ha
 longer than `--snapshots-older-than` (a chain Temporal does not know, and the state kept before
 a rewind, age from the ref's last write); then every manifest and blob no remaining ref reaches
 goes, except those younger than `SWEEP_GRACE_S`: a worker writing a snapshot now has stored its
-blobs before the manifest and ref that will reach them.
+blobs (or stamped a stored one it reuses) before the manifest and ref that will reach them.
 """
 
 from __future__ import annotations
@@ -49,10 +49,10 @@ async def collect(client: Client, store: Store, older_than_s: float, dry_run: bo
     if not gone:
         return sweep
     kept_refs = [r for r in refs if r not in gone]
-    for path in _unreachable(store, kept_refs):
-        sweep.files, sweep.bytes = sweep.files + 1, sweep.bytes + path.stat().st_size
+    for path, size in _unreachable(store, kept_refs).items():
+        sweep.files, sweep.bytes = sweep.files + 1, sweep.bytes + size
         if not dry_run:
-            path.unlink()
+            path.unlink(missing_ok=True)
     for ref in gone if not dry_run else []:
         ref.unlink()
     return sweep
@@ -84,17 +84,27 @@ def _sweep_left_copies(store: Store, sweep: SnapshotSweep, verb: str, dry_run: b
     `_put_streamed`), older than SWEEP_GRACE_S: at every gc, whatever chain it removes."""
     incoming = store.root / "blobs" / "incoming"
     young = time.time() - SWEEP_GRACE_S
-    left = [p for p in incoming.iterdir() if p.stat().st_mtime < young] if incoming.is_dir() else []
+    listed = incoming.iterdir() if incoming.is_dir() else iter(())
+    left = {path: st for path in listed if (st := _stat(path)) and st.st_mtime < young}
     if not left:
         return
-    size = sum(p.stat().st_size for p in left)
+    size = sum(st.st_size for st in left.values())
     sweep.lines.append(f"{verb:13} {len(left)} copies of large files a stopped worker left: {size:,} bytes")
     sweep.files, sweep.bytes = sweep.files + len(left), sweep.bytes + size
     for path in left if not dry_run else []:
         path.unlink(missing_ok=True)
 
 
-def _unreachable(store: Store, refs: list[Path]) -> list[Path]:
+def _stat(path: Path) -> os.stat_result | None:
+    """None for a file gone since it was listed (a copy or object a worker finished meanwhile)."""
+    try:
+        return path.stat()
+    except FileNotFoundError:
+        return None
+
+
+def _unreachable(store: Store, refs: list[Path]) -> dict[Path, int]:
+    """The objects no ref reaches, older than SWEEP_GRACE_S, with their sizes."""
     manifests, blobs = set(), set()
     for ref in refs:
         digest: str | None = ref.read_text().strip()
@@ -105,10 +115,10 @@ def _unreachable(store: Store, refs: list[Path]) -> list[Path]:
             blobs.update(entry[-1] for entry in entries.values() if entry is not None)
             digest = manifest["parent"]
     young = time.time() - SWEEP_GRACE_S
-    found = []
+    found = {}
     for kind, reached in (("manifests", manifests), ("blobs", blobs)):
         for folder in sorted((store.root / kind).glob("[0-9a-f][0-9a-f]")):  # not `incoming`
             for path in folder.iterdir():
-                if folder.name + path.name not in reached and os.stat(path).st_mtime < young:
-                    found.append(path)
+                if folder.name + path.name not in reached and (st := _stat(path)) and st.st_mtime < young:
+                    found[path] = st.st_size
     return found

@@ -28,6 +28,7 @@ from temporalio.worker import Worker
 
 from activities import snapshots
 from activities.snapshots import STORE_ENV, SnapshotError, Store, store_path
+from durable_agent import snapshot_gc
 from durable_agent.fork import ForkError, ForkPlan, ForkRequest, checked_workspace, fork_input
 from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
@@ -111,6 +112,38 @@ async def test_fork_at_step_3_restores_three_lines_and_asks_only_for_the_later_s
     assert await description.static_summary() == f"fork of {source} at step 3: append six lines"
     details = await description.static_details() or ""
     assert f"**Forked from:** {source} at step 3" in details and "step 6: run_command: echo line6" in details
+
+
+async def test_a_fork_of_a_run_started_through_a_link_goes_into_the_folder_it_checked(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, tmp_path: Path
+) -> None:
+    """A run started on a path through a link (home/proj -> data/proj): the fork's folder is
+    beside the folder the run's snapshots are of, checked empty there, and is the fork's
+    workspace (it was checked beside the link and restored beside its target, into a
+    person's own folder there)."""
+    (tmp_path / "data" / "proj").mkdir(parents=True)
+    (tmp_path / "data" / "app2").mkdir()
+    (tmp_path / "data" / "app2" / "notes.txt").write_text("PRECIOUS")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "proj").symlink_to(tmp_path / "data" / "proj")
+    source = await six_step_run(client, task_queue, model_server, tmp_path / "home" / "proj")
+    env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue)
+
+    refused = await durable_agent("fork", source, "--at-step", "2", "--id", "app2", env=env)
+    answer_at_once = ("--message", RETRY, "--json")
+    beside = await durable_agent("fork", source, "--at-step", "2", "--id", "app3", *answer_at_once, env=env)
+    deeper = tmp_path / "new" / "deeper" / "app4"  # its parent made
+    named = await durable_agent("fork", source, "--at-step", "2", "--workspace", str(deeper), *answer_at_once, env=env)
+
+    one_line_error(refused, 2, "holds files")
+    assert (tmp_path / "data" / "app2" / "notes.txt").read_text() == "PRECIOUS"
+    for forked, folder in ((beside, tmp_path / "data" / "app3"), (named, deeper)):
+        assert forked.returncode == 0, forked
+        fork = json.loads(forked.stdout)
+        assert fork["workspace"] == str(folder)
+        result = await client.get_workflow_handle(fork["workflow_id"], result_type=AgentResult).result()
+        assert result.output == "the fork is done"
+        assert (folder / "log.txt").read_text() == "line1\nline2\n"
 
 
 async def test_steps_and_diff_name_each_steps_files(
@@ -209,9 +242,34 @@ def test_a_reset_leaves_the_excluded_names_and_gives_back_each_files_mode(tmp_pa
     }
     assert (workspace / "src" / "main.py").stat().st_mode & 0o777 == 0o644
     assert (workspace / "tool").stat().st_mode & 0o7777 == 0o755  # never setuid: it is the resetter's file now
-    os.utime(workspace / "src" / "main.py", ns=(0, 0))
+    (workspace / "tool").chmod(0o4755)  # a setuid bit added since goes too
+    (workspace / "src" / "main.py").unlink()  # a folder where the snapshot has a file, excluded names in it
+    (workspace / "src" / "main.py" / "node_modules").mkdir(parents=True)
+    (workspace / "src" / "main.py" / "out.o").write_text("built")
+    store.reset(digest, str(workspace), exclude)
+    assert (workspace / "tool").stat().st_mode & 0o7777 == 0o755
+    assert (workspace / "src" / "main.py").read_text() == "print(1)"
+    os.utime(workspace / "src" / "main.py", ns=(0, 0))  # (made again above: its mode was the step's)
     store.reset(digest, str(workspace), exclude)
     assert (workspace / "src" / "main.py").stat().st_mtime_ns == 0  # what holds already is not written again
+
+
+def test_a_snapshot_that_reuses_a_stored_blob_stamps_it_for_gc(tmp_path: Path) -> None:
+    """A new run's first snapshot reuses the blobs of a closed chain, whose manifest and ref it
+    writes after them: a `gc` sweeping meanwhile must spare them, as it spares new objects."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "a.txt").write_text("kept across runs")
+    (workspace / "big.bin").write_bytes(b"x" * (2 << 20))  # a large file's blob, through its own path
+    Store(tmp_path / "store").take(str(workspace), None)
+    two_hours_ago = time.time() - 7200
+    for path in (tmp_path / "store").rglob("*"):
+        os.utime(path, (two_hours_ago, two_hours_ago))
+
+    Store(tmp_path / "store").take(str(workspace), None)  # another worker: no stat cache, every file read
+
+    swept = snapshot_gc._unreachable(Store(tmp_path / "store"), refs=[])  # its ref not written yet
+    assert [p for p in swept if p.parent.parent.name == "blobs"] == []
 
 
 def test_a_snapshot_names_the_folder_it_was_taken_of(tmp_path: Path) -> None:

@@ -112,6 +112,14 @@ class EndpointGate:
             self._outages.pop(endpoint, None)
             outage.healthy.set()
 
+    async def stop(self) -> None:
+        """The worker stops: its probe loops and checks end (their waiters go on, as each
+        loop's end does), so that none goes on probing through a client closed after this."""
+        tasks = [o.prober for o in self._outages.values() if o.prober is not None] + list(self._checks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def waiting(self) -> dict[str, datetime]:
         """Endpoints down now, and since when."""
         return {endpoint: outage.since for endpoint, outage in self._outages.items()}

@@ -79,10 +79,12 @@ class ModelActivities:
 
     @asynccontextmanager
     async def serving(self) -> AsyncIterator[None]:
-        """While a worker runs these activities; their clients' connections are closed after."""
+        """While a worker runs these activities; their endpoint probes end and their clients'
+        connections are closed after."""
         try:
             yield
         finally:
+            await self.outages.gate.stop()
             await self._clients.aclose()
 
     @activity.defn(name="call_model")

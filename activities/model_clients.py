@@ -85,11 +85,13 @@ class ModelClients:
         if not self._clients:
             await self._first_client()
         index = self._pick()
+        client = self._clients[index]
         self._in_flight[index] += 1
         try:
-            yield self._clients[index]
+            yield client
         finally:
-            self._in_flight[index] -= 1
+            if index < len(self._clients) and self._clients[index] is client:  # not closed meanwhile
+                self._in_flight[index] -= 1
 
     def clients(self) -> int:
         return len(self._clients)

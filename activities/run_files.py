@@ -285,12 +285,13 @@ def remove_folder(parent_fd: int, name: str, shown: str, removed: ChainFiles) ->
 
 def _remove_loose_files(kind_fd: int, shown: str, removed: ChainFiles) -> None:
     loose: list[tuple[str, os.stat_result]] = []
-    for entry in os.scandir(kind_fd):
-        st = entry.stat(follow_symlinks=False)
-        if stat.S_ISREG(st.st_mode):
-            loose.append((entry.name, st))
-        elif not stat.S_ISDIR(st.st_mode):
-            raise _hostile(f"{shown}/{entry.name}", st.st_mode)
+    with os.scandir(kind_fd) as entries:
+        for entry in entries:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                loose.append((entry.name, st))
+            elif not stat.S_ISDIR(st.st_mode):
+                raise _hostile(f"{shown}/{entry.name}", st.st_mode)
     for name, st in loose:
         _unlink((kind_fd, name), st, removed)
 
@@ -300,17 +301,18 @@ Visit = Callable[[tuple[int, str], os.stat_result], None]
 
 def _walk(fd: int, shown: str, depth: int, visit: Visit, remove_folders: bool = False) -> None:
     """Visit every regular file under `fd` as `visit((folder_fd, name), stat)`."""
-    for entry in os.scandir(fd):
-        st = entry.stat(follow_symlinks=False)
-        if stat.S_ISREG(st.st_mode):
-            visit((fd, entry.name), st)
-        elif stat.S_ISDIR(st.st_mode) and depth > 0:
-            with _opened(entry.name, fd, shown) as child:
-                _walk(child, f"{shown}/{entry.name}", depth - 1, visit, remove_folders)
-            if remove_folders:
-                os.rmdir(entry.name, dir_fd=fd)
-        else:
-            raise _hostile(f"{shown}/{entry.name}", st.st_mode)
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISREG(st.st_mode):
+                visit((fd, entry.name), st)
+            elif stat.S_ISDIR(st.st_mode) and depth > 0:
+                with _opened(entry.name, fd, shown) as child:
+                    _walk(child, f"{shown}/{entry.name}", depth - 1, visit, remove_folders)
+                if remove_folders:
+                    os.rmdir(entry.name, dir_fd=fd)
+            else:
+                raise _hostile(f"{shown}/{entry.name}", st.st_mode)
 
 
 def _unlink(where: tuple[int, str], st: os.stat_result, removed: ChainFiles) -> None:

@@ -102,8 +102,8 @@ class DurableAgentPlugin(SimplePlugin):
         self._tool_activities: dict[str, UserToolActivities] = {}
         self._tool_queues: set[str] = set()
         """The queues of the workers this plugin starts beside a worker: tools, and the host's."""
-        self._models: dict[str, ModelActivities] = {}
-        """Each agent worker's model calls, when this plugin made them: closed when it stops."""
+        self._models: list[ModelActivities] = []
+        """The model calls this plugin made, one per agent worker: each closed when its worker stops."""
         self._configured: dict[str, WorkerConfig] = {}
         """Each agent worker's config as this plugin left it: its host worker serves the same."""
 
@@ -120,8 +120,8 @@ class DurableAgentPlugin(SimplePlugin):
         self._tool_activities[queue] = tools
         self._tool_queues.update(tools.queues())
         if self._activities is None:
-            self._models[queue] = ModelActivities()
-            ours = self._models[queue].all()
+            self._models.append(ModelActivities())
+            ours = self._models[-1].all()
         else:
             ours = list(self._activities)
         given = [*(config.get("activities") or []), *self._agents, *ours]
@@ -149,7 +149,7 @@ class DurableAgentPlugin(SimplePlugin):
             return
         tools = self._tool_activities.get(config["task_queue"])  # type: ignore[typeddict-item]
         async with AsyncExitStack() as stack:
-            if (model := self._models.get(config["task_queue"])) is not None:  # type: ignore[typeddict-item]
+            if (model := self._model_of(worker.config(active_config=True))) is not None:
                 await stack.enter_async_context(model.serving())  # entered first, so left last
             if tools is not None and tools.mcp is not None:
                 # Pushed first, so run last: after the host's and the tools' workers, which may start servers, stopped.
@@ -165,6 +165,12 @@ class DurableAgentPlugin(SimplePlugin):
                 warming.add_done_callback(_seen)  # a failed import fails the first MCP call, told there
                 stack.callback(warming.cancel)
             await super().run_worker(worker, next)
+
+    def _model_of(self, config: WorkerConfig) -> ModelActivities | None:
+        """The model calls this plugin made for this worker: found among its activities (two
+        workers of one queue each have their own)."""
+        owners = {id(getattr(function, "__self__", None)) for function in config.get("activities") or []}
+        return next((model for model in self._models if id(model) in owners), None)
 
     def _host_worker(self, config: WorkerConfig) -> Worker:
         """The worker of this host's queue: the same activities as the agent worker (the run's

@@ -25,6 +25,8 @@ from temporalio.testing import ActivityEnvironment
 from temporalio.worker import Worker
 
 from activities import model_context
+from activities.model import ModelActivities
+from durable_agent import DurableAgentPlugin
 from durable_agent.model_queue import model_call_waiting
 from durable_agent.model_server import Failure, ModelServer, Reply
 from durable_agent.processes import spawn_worker, stop_gently
@@ -233,6 +235,35 @@ async def test_a_stopped_worker_leaves_no_model_connection_open(
         assert (await handle.result()).state == "completed"
         assert model_server.open_connections == 1  # kept for the next call while the worker runs
     await until(lambda: model_server.open_connections == 0, within_s=10)
+
+
+async def test_each_of_two_workers_of_one_plugin_closes_its_own_model_connections(
+    temporal_server: EmbeddedServer, client: Client, model_server: ModelServer, task_queue: str, workspace: Path
+) -> None:
+    """A user's plugin given to two workers of one queue (on two connections: the SDK refuses
+    two on one): each has its own model clients, and the one that stops closes its own (it
+    closed the last configured one's, whose calls in flight then failed)."""
+    model_server.responder = lambda request: answer("done")
+    plugin = DurableAgentPlugin()
+    first = Worker(client, task_queue=task_queue, plugins=[plugin])
+    other_connection = await Client.connect(temporal_server.address, data_converter=client.data_converter)
+    Worker(other_connection, task_queue=task_queue, plugins=[plugin])  # configured after the first, never run
+    async with first:
+        handle = await start(client, task_queue, goal="answer", workspace=str(workspace))
+        assert (await handle.result()).state == "completed"
+        assert model_server.open_connections == 1
+    await until(lambda: model_server.open_connections == 0, within_s=10)
+
+
+async def test_a_stopped_worker_ends_its_model_endpoint_probes() -> None:
+    """A worker that stops while a model endpoint is down: its probe loop ends with it (it went
+    on probing through a client made after the worker had closed its own)."""
+    model = ModelActivities()
+    async with model.serving():
+        outage = model.outages.gate.mark_down("http://127.0.0.1:9/v1/", "connection refused")
+        await asyncio.sleep(0)
+    assert outage.prober is not None and outage.prober.done()
+    assert outage.healthy.is_set() and model.outages.gate.waiting() == {}  # its waiters went on
 
 
 def test_a_rate_puts_model_calls_on_their_own_queue(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -121,6 +121,8 @@ async def test_a_worker_keeps_a_connection_for_every_call_it_makes_at_once(model
     assert model_server.connections == 150
     # Spread over clients of at most CALLS_PER_CLIENT calls each: every pool stays small.
     assert clients.clients() == math.ceil(150 / CALLS_PER_CLIENT)
+    await clients.aclose()  # as a stopping worker does: every client's connections
+    await until(lambda: model_server.open_connections == 0, within_s=10)
 
 
 async def test_a_worker_with_few_calls_at_once_uses_one_client(model_server: ModelServer) -> None:
@@ -138,6 +140,7 @@ async def test_a_worker_with_few_calls_at_once_uses_one_client(model_server: Mod
         await until(lambda: not model_stream._tails)
     assert clients.clients() == 1
     assert model_server.connections == CALLS_PER_CLIENT
+    await clients.aclose()
 
 
 async def test_a_body_left_open_after_the_end_marker_does_not_hold_the_call(
@@ -382,6 +385,7 @@ async def test_a_new_workers_first_wave_of_calls_makes_one_client(monkeypatch: p
 
     await asyncio.gather(*(call() for _ in range(CALLS_PER_CLIENT)))
     assert len(made) == 1 and clients.clients() == 1
+    await clients.aclose()
 
 
 def test_the_live_text_holds_back_a_word_still_arriving() -> None:

@@ -159,10 +159,11 @@ def drop_oldest_outputs(folder_fd: int, keep_bytes: int) -> list[tuple[str, int]
     """Replace the oldest saved outputs of the opened folder by a line saying so until it
     holds at most `keep_bytes`; returns what was replaced: (file name, bytes it held)."""
     entries = []
-    for entry in os.scandir(folder_fd):
-        if entry.is_file(follow_symlinks=False) and entry.name != run_files.IDENTITY_FILE:
-            stat = entry.stat(follow_symlinks=False)
-            entries.append((stat.st_mtime, stat.st_size, entry.name))
+    with os.scandir(folder_fd) as listed:
+        for entry in listed:
+            if entry.is_file(follow_symlinks=False) and entry.name != run_files.IDENTITY_FILE:
+                stat = entry.stat(follow_symlinks=False)
+                entries.append((stat.st_mtime, stat.st_size, entry.name))
     total = sum(size for _, size, _ in entries)
     dropped: list[tuple[str, int]] = []
     for _, size, name in sorted(entries):

@@ -62,29 +62,40 @@ async def plan_fork(client: Client, request: ForkRequest) -> tuple[ForkPlan, Cha
     steps = await chain_steps(client, request.source)
     point = find_point(steps, request.source, request.step)
     new_id = request.new_id or f"{request.source}-fork{request.step}-{uuid.uuid4().hex[:6]}"
-    workspace = _fork_folder(point, request.workspace, new_id)
-    if os.path.exists(workspace) and (not os.path.isdir(workspace) or os.listdir(workspace)):
-        raise ForkError(f"{workspace} holds files: a fork's workspace must be a new or empty folder (--workspace)")
+    source = _source_folder(point)
+    workspace = _fork_folder(source, request.workspace, new_id)
+    if os.path.commonpath([workspace, source]) == source:
+        raise ForkError(
+            f"{workspace} lies in the source's workspace {source}: its snapshots would hold the fork's files "
+            "(and a rewind of it delete them); give a --workspace beside it"
+        )
+    try:
+        if os.path.exists(workspace) and (not os.path.isdir(workspace) or os.listdir(workspace)):
+            raise ForkError(f"{workspace} holds files: a fork's workspace must be a new or empty folder (--workspace)")
+    except OSError as e:
+        raise ForkError(f"{workspace} cannot be looked into: {e.strerror}") from None
     effects = [f"step {step}: {describe_call(call)}" for step, call in steps.calls_after(point)]
     return ForkPlan(workflow_id=new_id, workspace=workspace, point=point, side_effects=effects), steps
 
 
-def _fork_folder(point: StepPoint, given: str | None, name: str) -> str:
-    """The fork's folder, resolved: where its files are restored and its run works. By default
-    beside the source's workspace, in the parent of the folder the source's snapshots were
-    taken of, as its worker resolved it: a folder on that path swapped for a link since (a
-    command of a run whose workspace holds the source's can swap one) is refused when the
-    files are restored, never followed. A `--workspace` given is resolved now."""
-    if given is not None:
-        folder = os.path.abspath(given)
-        return os.path.join(os.path.realpath(os.path.dirname(folder)), os.path.basename(folder))
+def _source_folder(point: StepPoint) -> str:
+    """The folder the source's snapshots were taken of, as its worker resolved it (its
+    workspace resolved now, for snapshots stored before manifests named it)."""
     try:
-        source_root = Store().taken_from(point.digest)
+        return Store().taken_from(point.digest) or os.path.realpath(point.agent.workspace)
     except SnapshotError as e:
         raise ForkError(str(e)) from None
-    given_parent = os.path.dirname(os.path.abspath(point.agent.workspace))
-    parent = os.path.dirname(source_root) if source_root is not None else os.path.realpath(given_parent)
-    return os.path.join(parent, name)
+
+
+def _fork_folder(source: str, given: str | None, name: str) -> str:
+    """The fork's folder, resolved: where its files are restored and its run works. By default
+    beside the source's folder (`_source_folder`): a folder on that path swapped for a link
+    since (a command of a run whose workspace holds the source's can swap one) is refused when
+    the files are restored, never followed. A `--workspace` given is resolved now."""
+    if given is None:
+        return os.path.join(os.path.dirname(source), name)
+    folder = os.path.abspath(given)
+    return os.path.join(os.path.realpath(os.path.dirname(folder)), os.path.basename(folder))
 
 
 def find_point(steps: ChainSteps, source: str, step: int) -> StepPoint:

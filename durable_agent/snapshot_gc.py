@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.snapshots import Store
+from activities.snapshots import SnapshotError, Store
 
 SWEEP_GRACE_S = 3_600.0
 _CHAIN = re.compile(r"^(.+)-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
@@ -49,10 +49,9 @@ async def collect(client: Client, store: Store, older_than_s: float, dry_run: bo
     if not gone:
         return sweep
     kept_refs = [r for r in refs if r not in gone]
-    for path, size in _unreachable(store, kept_refs).items():
-        sweep.files, sweep.bytes = sweep.files + 1, sweep.bytes + size
-        if not dry_run:
-            path.unlink(missing_ok=True)
+    for path, size in _unreachable(store, kept_refs, sweep.lines).items():
+        if dry_run or _removed_if_old(path):
+            sweep.files, sweep.bytes = sweep.files + 1, sweep.bytes + size
     for ref in gone if not dry_run else []:
         ref.unlink()
     return sweep
@@ -71,12 +70,14 @@ async def _closed_at(client: Client, ref: Path) -> tuple[float | None, str]:
         if e.status != RPCStatusCode.NOT_FOUND:
             raise
         return written, f"run {workflow_id} unknown to Temporal"
-    if description.raw_description.workflow_execution_info.first_run_id != first_run_id:
-        return written, f"run {workflow_id}: a later chain reused its id"
+    # A later chain of the id may be this one going on (`durable-agent continue` keeps its
+    # snapshots' chain) or another: while it is open the ref is kept, after it by its close.
+    later = description.raw_description.workflow_execution_info.first_run_id != first_run_id
+    of = f"run {workflow_id}" + (" (a later chain of the id)" if later else "")
     if description.status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW, None):
-        return None, f"run {workflow_id}: open"
+        return None, f"{of}: open"
     closed = description.close_time.timestamp() if description.close_time else written
-    return closed, f"run {workflow_id}: {description.status.name.lower()}"
+    return max(closed, written), f"{of}: {description.status.name.lower()}"
 
 
 def _sweep_left_copies(store: Store, sweep: SnapshotSweep, verb: str, dry_run: bool) -> None:
@@ -103,14 +104,35 @@ def _stat(path: Path) -> os.stat_result | None:
         return None
 
 
-def _unreachable(store: Store, refs: list[Path]) -> dict[Path, int]:
-    """The objects no ref reaches, older than SWEEP_GRACE_S, with their sizes."""
+def _removed_if_old(path: Path) -> bool:
+    """Remove an object found old and unreached, unless a worker stamped it since (a snapshot
+    reusing it: activities/snapshots.py `_kept`). Renamed first: a stamp after the rename finds
+    no object and writes it again; one before it shows in the second look, and it goes back."""
+    aside = path.with_name(f"{path.name}.gc")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return False
+    if os.stat(aside).st_mtime >= time.time() - SWEEP_GRACE_S:
+        os.rename(aside, path)  # the same bytes as any copy written meanwhile: named by them
+        return False
+    aside.unlink()
+    return True
+
+
+def _unreachable(store: Store, refs: list[Path], lines: list[str]) -> dict[Path, int]:
+    """The objects no ref reaches, older than SWEEP_GRACE_S, with their sizes; none when a kept
+    chain lacks a manifest (what its earlier snapshots reach is unknown), said in `lines`."""
     manifests, blobs = set(), set()
     for ref in refs:
         digest: str | None = ref.read_text().strip()
         while digest and digest not in manifests:
             manifests.add(digest)
-            manifest = store.manifest(digest)
+            try:
+                manifest = store.manifest(digest)
+            except SnapshotError as e:
+                lines.append(f"not swept     snapshots of {ref.name} are damaged ({e}): no object is removed")
+                return {}
             entries = manifest.get("files") or manifest.get("changes") or {}
             blobs.update(entry[-1] for entry in entries.values() if entry is not None)
             digest = manifest["parent"]

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import tracemalloc
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -177,11 +178,14 @@ async def test_a_bad_step_a_full_folder_and_a_run_without_snapshots_are_one_line
     beyond = await durable_agent("fork", source, "--at-step", "9", env=env)
     full = await durable_agent("fork", source, "--at-step", "2", "--workspace", str(tmp_path / "full"), env=env)
     unknown = await durable_agent("fork", "no-such-run", "--at-step", "1", env=env)
+    inside = await durable_agent("fork", source, "--at-step", "2", "--workspace", str(workspace / "sub"), env=env)
 
     one_line_error(beyond, 2, "has no snapshot of step 9: its steps with one are 0-6")
     one_line_error(full, 2, "holds files")
     assert (tmp_path / "full" / "kept.txt").read_text() == "mine" and len(os.listdir(tmp_path / "full")) == 1
     one_line_error(unknown, 2, "no-such-run has no workspace snapshots")
+    one_line_error(inside, 2, "lies in the source's workspace")  # its snapshots would hold the fork's files
+    assert not (workspace / "sub").exists()
 
 
 def test_one_changed_file_costs_its_bytes_and_an_unchanged_tree_nothing(tmp_path: Path) -> None:
@@ -268,8 +272,40 @@ def test_a_snapshot_that_reuses_a_stored_blob_stamps_it_for_gc(tmp_path: Path) -
 
     Store(tmp_path / "store").take(str(workspace), None)  # another worker: no stat cache, every file read
 
-    swept = snapshot_gc._unreachable(Store(tmp_path / "store"), refs=[])  # its ref not written yet
+    swept = snapshot_gc._unreachable(Store(tmp_path / "store"), [], [])  # its ref not written yet
     assert [p for p in swept if p.parent.parent.name == "blobs"] == []
+
+
+def test_gc_spares_an_object_stamped_after_it_was_found_old_and_a_store_it_cannot_read_whole(
+    tmp_path: Path,
+) -> None:
+    """gc lists what no ref reaches and is old, then removes it: a snapshot that reuses one of
+    those blobs meanwhile stamps it, and it stays. A chain whose manifest is missing makes gc
+    remove nothing: what its earlier snapshots reach is unknown."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "a.txt").write_text("old content")
+    store = Store(tmp_path / "store")
+    digest, _ = store.take(str(workspace), None)
+    blob = Path(store.object_path("blobs", store.files(digest)["a.txt"][-1]))
+    for path in store.root.rglob("*"):
+        os.utime(path, (0, 0))
+    lines: list[str] = []
+    found = snapshot_gc._unreachable(store, [], lines)
+    assert blob in found
+
+    os.utime(blob)  # a new run's snapshot reuses it (`_kept`), between gc's look and its removal
+
+    assert not snapshot_gc._removed_if_old(blob) and blob.exists()
+    manifest = Path(store.object_path("manifests", digest))
+    assert snapshot_gc._removed_if_old(manifest) and not manifest.exists()
+    (store.root / "refs").mkdir()
+    (store.root / "refs" / "damaged").write_text(digest)
+    assert snapshot_gc._unreachable(store, [store.root / "refs" / "damaged"], lines) == {}
+    assert lines == [
+        f"not swept     snapshots of damaged are damaged (snapshot {digest[:12]} is not in the store "
+        f"{store.root}): no object is removed"
+    ]
 
 
 def test_a_snapshot_names_the_folder_it_was_taken_of(tmp_path: Path) -> None:
@@ -714,6 +750,10 @@ async def test_gc_removes_the_snapshots_of_a_closed_run_by_age_and_keeps_an_open
     refs = {p.name: p.read_text() for p in (store.root / "refs").iterdir()}
     [closed_digest] = [d for name, d in refs.items() if name.startswith(closed.id)]
     [open_digest] = [d for name, d in refs.items() if name.startswith(opened.id)]
+    # A conversation going on (`durable-agent continue`) keeps its chain's ref under the id's
+    # earlier first run: open, it is kept, however old its last snapshot.
+    going_on = store.root / "refs" / f"{opened.id}-{uuid.uuid4()}"
+    going_on.write_text(open_digest)
     left_copy = store.root / "blobs" / "incoming" / ".4242.tmp"  # a large file's copy, its worker killed
     left_copy.parent.mkdir(exist_ok=True)
     left_copy.write_bytes(b"half a file")
@@ -731,6 +771,9 @@ async def test_gc_removes_the_snapshots_of_a_closed_run_by_age_and_keeps_an_open
     assert collected.returncode == 0, collected
     assert f"removed       snapshots of {closed.id}" in collected.stdout
     assert f"kept          snapshots of {opened.id}" in collected.stdout
+    assert f"kept          snapshots of {going_on.name}: run {opened.id} (a later chain of the id): open" in (
+        collected.stdout
+    )
     with pytest.raises(SnapshotError):
         store.files(closed_digest)
     restored = tmp_path / "restored"

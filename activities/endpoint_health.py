@@ -50,6 +50,8 @@ class EndpointGate:
         """Probes this worker has sent, over all endpoints."""
         self._answered: dict[str, datetime] = {}
         """When a probe of the endpoint last found it up."""
+        self._stopped = False
+        """Set by `stop`: no probe starts after it."""
 
     def outage(self, endpoint: str) -> Outage | None:
         """The endpoint's current outage; None while it is not known to be down."""
@@ -61,6 +63,8 @@ class EndpointGate:
         if (outage := self._outages.get(endpoint)) is not None:
             outage.last_error = error
             return outage
+        if self._stopped:
+            return None  # the worker stopped: the call's own error stands
         check = self._checks.get(endpoint)
         if check is None:
             check = self._checks[endpoint] = asyncio.get_running_loop().create_task(self._probe_once(endpoint))
@@ -78,6 +82,8 @@ class EndpointGate:
     def mark_down(self, endpoint: str, error: str) -> Outage:
         """The endpoint failed: an outage begins (its probe loop with it), or goes on."""
         outage = self._outages.get(endpoint)
+        if outage is None and self._stopped:
+            return Outage(since=datetime.now(UTC), last_error=error)  # the worker stopped: nobody probes
         if outage is None:
             outage = self._outages[endpoint] = Outage(since=datetime.now(UTC), last_error=error)
             outage.prober = asyncio.get_running_loop().create_task(self._probe_until_up(endpoint, outage))
@@ -115,6 +121,7 @@ class EndpointGate:
     async def stop(self) -> None:
         """The worker stops: its probe loops and checks end (their waiters go on, as each
         loop's end does), so that none goes on probing through a client closed after this."""
+        self._stopped = True
         tasks = [o.prober for o in self._outages.values() if o.prober is not None] + list(self._checks.values())
         for task in tasks:
             task.cancel()

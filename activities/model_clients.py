@@ -16,7 +16,7 @@ import importlib
 import os
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
@@ -72,6 +72,8 @@ class ModelClients:
     def __init__(self, given: AsyncOpenAI | None = None) -> None:
         self._clients: list[AsyncOpenAI] = [] if given is None else [given]
         self._given = given
+        self._closed = False
+        """Set by `aclose`: a call still running after its worker stopped makes no new client."""
         self._in_flight = [0] * len(self._clients)
         self._max_clients = 1 if given is not None else MAX_CLIENTS
         self._tls: Any = None
@@ -82,6 +84,8 @@ class ModelClients:
     @asynccontextmanager
     async def lease(self) -> AsyncIterator[AsyncOpenAI]:
         """The client for one call, counted as in flight on it until the call ends."""
+        if self._closed:
+            raise ApplicationError("the worker has stopped: its model clients are closed", type="WorkerStopped")
         if not self._clients:
             await self._first_client()
         index = self._pick()
@@ -137,11 +141,17 @@ class ModelClients:
         """Close the connections of the clients made here (a given client is its owner's to
         close), once the worker has stopped calling the model. Left to the garbage collector,
         a client's close is scheduled on a loop that may no longer run, and never happens."""
+        self._closed = True
+        if (making := self._making_first) is not None:
+            with suppress(Exception):
+                await asyncio.shield(making)  # made while closing: closed with the others
         made = [c for c in self._clients if c is not self._given]
+        if making is not None and making.done() and not making.cancelled() and making.exception() is None:
+            made.append(making.result()[1])
         self._clients = [] if self._given is None else [self._given]
         self._in_flight = [0] * len(self._clients)
         self._making_first = None
-        await asyncio.gather(*(client.close() for client in made))
+        await asyncio.gather(*(client.close() for client in dict.fromkeys(made)))
 
 
 def _first_client() -> tuple[Any, AsyncOpenAI]:

@@ -170,7 +170,7 @@ class DurableAgentPlugin(SimplePlugin):
         """The model calls this plugin made for this worker: found among its activities (two
         workers of one queue each have their own)."""
         owners = {id(getattr(function, "__self__", None)) for function in config.get("activities") or []}
-        return next((model for model in self._models if id(model) in owners), None)
+        return next((m for m in self._models if owners & {id(m), id(m.outages)}), None)
 
     def _host_worker(self, config: WorkerConfig) -> Worker:
         """The worker of this host's queue: the same activities as the agent worker (the run's

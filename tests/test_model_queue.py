@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from temporalio import activity
 from temporalio.api.enums.v1 import PendingActivityState
 from temporalio.api.workflow.v1 import PendingActivityInfo
 from temporalio.client import Client, WorkflowHandle, WorkflowQueryFailedError
@@ -255,15 +256,38 @@ async def test_each_of_two_workers_of_one_plugin_closes_its_own_model_connection
     await until(lambda: model_server.open_connections == 0, within_s=10)
 
 
-async def test_a_stopped_worker_ends_its_model_endpoint_probes() -> None:
+async def test_a_stopped_worker_ends_its_model_endpoint_probes_and_makes_no_client(model_server: ModelServer) -> None:
     """A worker that stops while a model endpoint is down: its probe loop ends with it (it went
-    on probing through a client made after the worker had closed its own)."""
+    on probing through a client made after the worker had closed its own), and a call still
+    running after the stop (one the server gave up on) starts no probe and makes no client."""
     model = ModelActivities()
+    gate = model.outages.gate
     async with model.serving():
-        outage = model.outages.gate.mark_down("http://127.0.0.1:9/v1/", "connection refused")
+        outage = gate.mark_down("http://127.0.0.1:9/v1/", "connection refused")
         await asyncio.sleep(0)
     assert outage.prober is not None and outage.prober.done()
-    assert outage.healthy.is_set() and model.outages.gate.waiting() == {}  # its waiters went on
+    assert outage.healthy.is_set() and gate.waiting() == {}  # its waiters went on
+
+    assert await gate.confirm("http://127.0.0.1:9/v1/", "read error") is None  # no probe: its own error stands
+    assert gate.mark_down("http://127.0.0.1:9/v1/", "read error").prober is None and gate.waiting() == {}
+    with pytest.raises(ApplicationError, match="the worker has stopped"):
+        async with model.outages._clients.lease():
+            pass
+    assert gate.probes == 0 and model_server.connections == 0
+
+
+async def test_a_plugin_closes_its_model_calls_where_a_worker_brings_its_own_call_model(client: Client) -> None:
+    """A worker given its own `call_model` still runs the plugin's `wait_for_model_endpoint`,
+    whose probes the plugin ends when the worker stops."""
+
+    @activity.defn(name="call_model")
+    async def own_call_model(input: object) -> object:
+        return input
+
+    plugin = DurableAgentPlugin()
+    worker = Worker(client, task_queue="own-model", activities=[own_call_model], plugins=[plugin])
+    [model] = plugin._models
+    assert plugin._model_of(worker.config(active_config=True)) is model
 
 
 def test_a_rate_puts_model_calls_on_their_own_queue(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,6 +24,7 @@ from activities import run_files
 from activities.run_files import LEGACY, ChainFiles
 from activities.workspace import RESERVED_DIR
 from workflows.compaction import run_folder
+from workflows.types import AgentInput
 
 DAY_S = 86_400.0
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -83,7 +84,10 @@ async def chain_state(client: Client, files: ChainFiles) -> ChainState:
             raise
         return _unknown(f"run {workflow_id} unknown to Temporal (retention expired, or another namespace)")
     info = description.raw_description.workflow_execution_info
-    if run_folder(workflow_id, info.first_run_id) != files.chain:
+    chains = {run_folder(workflow_id, info.first_run_id)}
+    if files.chain not in chains and (went_on := await continued_chain(client, workflow_id)):
+        chains.add(run_folder(workflow_id, went_on))  # a conversation's later turn keeps its files
+    if files.chain not in chains:
         # The id was reused by a later chain, which starts only once ours has closed.
         started = info.start_time.ToSeconds()
         return ChainState(
@@ -93,6 +97,21 @@ async def chain_state(client: Client, files: ChainFiles) -> ChainState:
         return ChainState(closed=False, text=f"run {workflow_id}: open")
     closed_at = description.close_time.timestamp() if description.close_time else None
     return ChainState(closed=True, closed_at=closed_at, text=f"run {workflow_id}: {description.status.name.lower()}")
+
+
+async def continued_chain(client: Client, workflow_id: str) -> str | None:
+    """The chain (its first run id) whose files the id's latest run goes on with, when that is
+    not its own: `durable-agent continue` starts a later turn of a conversation as a new chain
+    of the id, its input's carry naming the first. None for a chain of its own, or an input
+    that is not a run's of durable-agent."""
+    async for event in client.get_workflow_handle(workflow_id).fetch_history_events(page_size=1):
+        payloads = event.workflow_execution_started_event_attributes.input.payloads
+        try:
+            [agent] = await client.data_converter.decode(payloads, [AgentInput])
+        except Exception:  # noqa: BLE001 - another workflow under the id: no chain of ours goes on
+            return None
+        return (agent.carry.first_run_id or None) if agent.carry is not None else None
+    return None
 
 
 def _workflow_id_from_name(chain: str) -> str | None:

@@ -20,6 +20,7 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.snapshots import SnapshotError, Store
+from durable_agent.gc import continued_chain
 
 SWEEP_GRACE_S = 3_600.0
 _CHAIN = re.compile(r"^(.+)-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
@@ -70,10 +71,11 @@ async def _closed_at(client: Client, ref: Path) -> tuple[float | None, str]:
         if e.status != RPCStatusCode.NOT_FOUND:
             raise
         return written, f"run {workflow_id} unknown to Temporal"
-    # A later chain of the id may be this one going on (`durable-agent continue` keeps its
-    # snapshots' chain) or another: while it is open the ref is kept, after it by its close.
-    later = description.raw_description.workflow_execution_info.first_run_id != first_run_id
-    of = f"run {workflow_id}" + (" (a later chain of the id)" if later else "")
+    of = f"run {workflow_id}"
+    if description.raw_description.workflow_execution_info.first_run_id != first_run_id:
+        if await continued_chain(client, workflow_id) != first_run_id:
+            return written, f"{of}: a later chain reused its id"
+        of += " (a later turn of the conversation)"  # `durable-agent continue` keeps the chain's snapshots
     if description.status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW, None):
         return None, f"{of}: open"
     closed = description.close_time.timestamp() if description.close_time else written
@@ -123,24 +125,43 @@ def _removed_if_old(path: Path) -> bool:
 def _unreachable(store: Store, refs: list[Path], lines: list[str]) -> dict[Path, int]:
     """The objects no ref reaches, older than SWEEP_GRACE_S, with their sizes; none when a kept
     chain lacks a manifest (what its earlier snapshots reach is unknown), said in `lines`."""
-    manifests, blobs = set(), set()
+    reached = _reached(store, refs, lines)
+    if reached is None:
+        return {}
+    young = time.time() - SWEEP_GRACE_S
+    found = {}
+    for kind in ("manifests", "blobs"):
+        for folder in sorted((store.root / kind).glob("[0-9a-f][0-9a-f]")):  # not `incoming`
+            for path in folder.iterdir():
+                name = path.name.removesuffix(".gc")  # an object a killed gc had moved aside
+                if (st := _stat(path)) is None:
+                    continue
+                if name != path.name and path.with_name(name).exists():
+                    path.unlink(missing_ok=True)  # written again meanwhile: the same bytes
+                elif folder.name + name in reached or st.st_mtime >= young:
+                    if name != path.name:
+                        os.replace(path, path.with_name(name))  # back: reached, or stamped by a worker
+                else:
+                    found[path] = st.st_size
+    return found
+
+
+def _reached(store: Store, refs: list[Path], lines: list[str]) -> set[str] | None:
+    """The digests of every manifest and blob the refs reach through the parents; None (said
+    in `lines`) when a manifest is missing."""
+    walked: set[str] = set()
+    reached: set[str] = set()
     for ref in refs:
         digest: str | None = ref.read_text().strip()
-        while digest and digest not in manifests:
-            manifests.add(digest)
+        while digest and digest not in walked:
+            walked.add(digest)
+            reached.add(digest)
             try:
                 manifest = store.manifest(digest)
             except SnapshotError as e:
                 lines.append(f"not swept     snapshots of {ref.name} are damaged ({e}): no object is removed")
-                return {}
+                return None
             entries = manifest.get("files") or manifest.get("changes") or {}
-            blobs.update(entry[-1] for entry in entries.values() if entry is not None)
+            reached.update(entry[-1] for entry in entries.values() if entry is not None)
             digest = manifest["parent"]
-    young = time.time() - SWEEP_GRACE_S
-    found = {}
-    for kind, reached in (("manifests", manifests), ("blobs", blobs)):
-        for folder in sorted((store.root / kind).glob("[0-9a-f][0-9a-f]")):  # not `incoming`
-            for path in folder.iterdir():
-                if folder.name + path.name not in reached and (st := _stat(path)) and st.st_mtime < young:
-                    found[path] = st.st_size
-    return found
+    return reached

@@ -297,6 +297,12 @@ def test_gc_spares_an_object_stamped_after_it_was_found_old_and_a_store_it_canno
     os.utime(blob)  # a new run's snapshot reuses it (`_kept`), between gc's look and its removal
 
     assert not snapshot_gc._removed_if_old(blob) and blob.exists()
+    os.utime(blob, (0, 0))
+    os.rename(blob, blob.with_name(blob.name + ".gc"))  # a gc killed after moving it aside
+    assert snapshot_gc._unreachable(store, [], []) and not blob.exists()  # unreached: it goes
+    os.utime(blob.with_name(blob.name + ".gc"))  # a worker's stamp came first
+    snapshot_gc._unreachable(store, [], [])
+    assert blob.exists()  # put back
     manifest = Path(store.object_path("manifests", digest))
     assert snapshot_gc._removed_if_old(manifest) and not manifest.exists()
     (store.root / "refs").mkdir()
@@ -339,7 +345,9 @@ def test_a_large_file_is_stored_reset_and_diffed_in_pieces_never_whole_in_memory
     tracemalloc.start()
     try:
         digest, added = store.take(str(workspace), None)
-        big.chmod(0o600)  # a reset compares its content too
+        store.reset(digest, str(workspace))  # compares its content, unchanged
+        assert big.stat().st_mtime_ns == store.files(digest)["big.bin"][2]  # so it was not written again
+        big.chmod(0o600)  # written again, from its blob
         store.reset(digest, str(workspace))
         _, peak = tracemalloc.get_traced_memory()
     finally:
@@ -671,6 +679,7 @@ async def test_rewind_of_a_failed_run_then_resume_completes_and_rewinding_the_re
     (workspace / "node_modules").mkdir()  # left out of the run's snapshots: a rewind leaves it too
     (workspace / "node_modules" / "dep.js").write_text("installed")
     (workspace / "run.sh").write_text("echo run")
+    (workspace / "run.sh").chmod(0o644)  # whatever the umask
     handle = await start(
         client, task_queue, goal="write a.txt", workspace=str(workspace), snapshot_exclude=["node_modules"]
     )
@@ -750,10 +759,9 @@ async def test_gc_removes_the_snapshots_of_a_closed_run_by_age_and_keeps_an_open
     refs = {p.name: p.read_text() for p in (store.root / "refs").iterdir()}
     [closed_digest] = [d for name, d in refs.items() if name.startswith(closed.id)]
     [open_digest] = [d for name, d in refs.items() if name.startswith(opened.id)]
-    # A conversation going on (`durable-agent continue`) keeps its chain's ref under the id's
-    # earlier first run: open, it is kept, however old its last snapshot.
-    going_on = store.root / "refs" / f"{opened.id}-{uuid.uuid4()}"
-    going_on.write_text(open_digest)
+    # An earlier chain of the open run's id, not one it goes on with: aged by its last write.
+    reused = store.root / "refs" / f"{opened.id}-{uuid.uuid4()}"
+    reused.write_text(open_digest)
     left_copy = store.root / "blobs" / "incoming" / ".4242.tmp"  # a large file's copy, its worker killed
     left_copy.parent.mkdir(exist_ok=True)
     left_copy.write_bytes(b"half a file")
@@ -771,7 +779,7 @@ async def test_gc_removes_the_snapshots_of_a_closed_run_by_age_and_keeps_an_open
     assert collected.returncode == 0, collected
     assert f"removed       snapshots of {closed.id}" in collected.stdout
     assert f"kept          snapshots of {opened.id}" in collected.stdout
-    assert f"kept          snapshots of {going_on.name}: run {opened.id} (a later chain of the id): open" in (
+    assert f"removed       snapshots of {reused.name}: run {opened.id}: a later chain reused its id" in (
         collected.stdout
     )
     with pytest.raises(SnapshotError):
@@ -781,6 +789,49 @@ async def test_gc_removes_the_snapshots_of_a_closed_run_by_age_and_keeps_an_open
     Store().restore(open_digest, str(restored))
     assert (restored / "kept.txt").read_text() == "the open run's file"
     await opened.terminate()
+
+
+async def test_gc_keeps_a_conversations_snapshots_and_files_while_its_next_turn_is_open(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path, tmp_path: Path
+) -> None:
+    """`durable-agent continue` starts a conversation's next turn as a new chain of the id that
+    goes on with the first's snapshots and run files (their names keep its first run id): gc
+    took them for an earlier chain's and removed them while the turn was open."""
+    first_turn = Script([tools(("run_command", {"command": "seq 1 20000"}))], final="first turn")
+    held = threading.Event()
+
+    def respond(request: dict[str, Any]) -> Reply:
+        if any(m.get("content") == "and more" for m in request["messages"]):
+            held.wait(60)  # the next turn waits on its model call: open
+            return answer("second turn")
+        return first_turn(request)
+
+    model_server.responder = respond
+    handle = await start(client, task_queue, goal="count", workspace=str(workspace))
+    assert (await handle.result()).output == "first turn"
+    asked = len(model_server.requests)
+    env = cli_env(DURABLE_AGENT_TASK_QUEUE=task_queue)
+    went_on = await durable_agent("continue", handle.id, "--message", "and more", "--detach", "--no-worker", env=env)
+    assert went_on.returncode == 0, went_on
+    turn = client.get_workflow_handle(handle.id, result_type=AgentResult)
+    await until(lambda: len(model_server.requests) > asked)
+    store = Store()
+    [ref] = [p for p in (store.root / "refs").iterdir() if p.name.startswith(handle.id)]
+    for path in [*store.root.rglob("*"), *(workspace / ".durable-agent").rglob("*")]:
+        os.utime(path, (0, 0))
+
+    swept = await durable_agent(
+        "gc", str(workspace), "--snapshots-older-than", "0s", "--outputs-older-than", "0s", env=env
+    )
+
+    assert swept.returncode == 0, swept
+    assert f"kept          snapshots of {ref.name}: run {handle.id} (a later turn of the conversation): open" in (
+        swept.stdout
+    ), swept.stdout
+    assert "removed" not in swept.stdout.replace("total: removed 0 files", ""), swept.stdout
+    assert f"run {handle.id}: open" in swept.stdout.split("snapshots of")[0], swept.stdout  # its saved output's folder
+    held.set()
+    assert (await turn.result()).output == "second turn"
 
 
 async def test_edit_context_drops_a_poisoned_output_and_history_shows_who(

@@ -69,8 +69,14 @@ class EndpointGate:
         if check is None:
             check = self._checks[endpoint] = asyncio.get_running_loop().create_task(self._probe_once(endpoint))
             check.add_done_callback(lambda _: self._checks.pop(endpoint, None))
-        if await asyncio.shield(check):  # shielded: one asker's cancel must not cancel the others' probe
-            return None
+        try:
+            if await asyncio.shield(check):  # shielded: one asker's cancel must not cancel the others' probe
+                return None
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._stopped and check.cancelled() and not (task is not None and task.cancelling()):
+                return None  # `stop` ended the probe, not this asker: its call's own error stands
+            raise
         return self.mark_down(endpoint, error)
 
     async def _probe_once(self, endpoint: str) -> bool:

@@ -88,6 +88,8 @@ class ModelClients:
             raise ApplicationError("the worker has stopped: its model clients are closed", type="WorkerStopped")
         if not self._clients:
             await self._first_client()
+        if self._closed:  # closed while the first client was made
+            raise ApplicationError("the worker has stopped: its model clients are closed", type="WorkerStopped")
         index = self._pick()
         client = self._clients[index]
         self._in_flight[index] += 1

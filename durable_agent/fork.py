@@ -94,8 +94,7 @@ def _fork_folder(source: str, given: str | None, name: str) -> str:
     the files are restored, never followed. A `--workspace` given is resolved now."""
     if given is None:
         return os.path.join(os.path.dirname(source), name)
-    folder = os.path.abspath(given)
-    return os.path.join(os.path.realpath(os.path.dirname(folder)), os.path.basename(folder))
+    return os.path.realpath(given)  # a link named is followed, once
 
 
 def find_point(steps: ChainSteps, source: str, step: int) -> StepPoint:

@@ -150,6 +150,7 @@ class DurableAgentPlugin(SimplePlugin):
         tools = self._tool_activities.get(config["task_queue"])  # type: ignore[typeddict-item]
         async with AsyncExitStack() as stack:
             if (model := self._model_of(worker.config(active_config=True))) is not None:
+                stack.callback(self._models.remove, model)  # done with once its worker stops
                 await stack.enter_async_context(model.serving())  # entered first, so left last
             if tools is not None and tools.mcp is not None:
                 # Pushed first, so run last: after the host's and the tools' workers, which may start servers, stopped.

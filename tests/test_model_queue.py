@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -285,9 +286,12 @@ async def test_a_plugin_closes_its_model_calls_where_a_worker_brings_its_own_cal
         return input
 
     plugin = DurableAgentPlugin()
-    worker = Worker(client, task_queue="own-model", activities=[own_call_model], plugins=[plugin])
+    worker = Worker(client, task_queue=f"own-model-{uuid.uuid4()}", activities=[own_call_model], plugins=[plugin])
     [model] = plugin._models
-    assert plugin._model_of(worker.config(active_config=True)) is model
+    async with worker:
+        assert model.outages.gate.mark_down("http://127.0.0.1:9/v1/", "down").prober is not None
+    assert model.outages.gate.waiting() == {}  # its probe ended with the worker
+    assert model.outages.gate.mark_down("http://127.0.0.1:9/v1/", "down").prober is None
 
 
 def test_a_rate_puts_model_calls_on_their_own_queue(monkeypatch: pytest.MonkeyPatch) -> None:

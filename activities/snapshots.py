@@ -158,6 +158,8 @@ class Store:
         changes.update({p: None for p in old_files.keys() - files.keys()})
         if previous is not None and not changes and taken_from == root:
             self._remember(root, previous, files, depth, verified_ns)
+            if chain and not os.path.exists(self.root / "refs" / chain):
+                self._write_ref(chain, previous)  # a chain that begins on another's snapshot (a rewind's)
             return previous, added
         base = previous is None or depth + 1 >= BASE_EVERY
         manifest = {"parent": previous, "verified_ns": verified_ns, "root": root}

@@ -17,14 +17,14 @@ import re
 from collections.abc import Iterator
 
 from pydantic import BaseModel
-from temporalio.client import Client, WorkflowExecutionStatus
+from temporalio.client import Client, WorkflowExecutionDescription, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities import run_files
 from activities.run_files import LEGACY, ChainFiles
 from activities.workspace import RESERVED_DIR
 from workflows.compaction import run_folder
-from workflows.types import AgentInput
+from workflows.types import WORKFLOW_TYPE
 
 DAY_S = 86_400.0
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhd])$")
@@ -84,34 +84,47 @@ async def chain_state(client: Client, files: ChainFiles) -> ChainState:
             raise
         return _unknown(f"run {workflow_id} unknown to Temporal (retention expired, or another namespace)")
     info = description.raw_description.workflow_execution_info
-    chains = {run_folder(workflow_id, info.first_run_id)}
-    if files.chain not in chains and (went_on := await continued_chain(client, workflow_id)):
-        chains.add(run_folder(workflow_id, went_on))  # a conversation's later turn keeps its files
-    if files.chain not in chains:
+    if run_folder(workflow_id, info.first_run_id) != files.chain:
+        in_use = await chains_in_use(client, workflow_id)
+        if isinstance(in_use, str):
+            return ChainState(closed=False, text=f"run {workflow_id}: {in_use}; kept")
+        if files.chain in in_use:  # a later turn of a conversation, or a rewound run, goes on with them
+            return _latest_run_state(description, workflow_id)
         # The id was reused by a later chain, which starts only once ours has closed.
         started = info.start_time.ToSeconds()
         return ChainState(
             closed=True, closed_at=started, text=f"run {workflow_id}: closed before a later run reused its id"
         )
+    return _latest_run_state(description, workflow_id)
+
+
+def _latest_run_state(description: WorkflowExecutionDescription, workflow_id: str) -> ChainState:
     if description.status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW, None):
         return ChainState(closed=False, text=f"run {workflow_id}: open")
     closed_at = description.close_time.timestamp() if description.close_time else None
     return ChainState(closed=True, closed_at=closed_at, text=f"run {workflow_id}: {description.status.name.lower()}")
 
 
-async def continued_chain(client: Client, workflow_id: str) -> str | None:
-    """The chain (its first run id) whose files the id's latest run goes on with, when that is
-    not its own: `durable-agent continue` starts a later turn of a conversation as a new chain
-    of the id, its input's carry naming the first. None for a chain of its own, or an input
-    that is not a run's of durable-agent."""
-    async for event in client.get_workflow_handle(workflow_id).fetch_history_events(page_size=1):
-        payloads = event.workflow_execution_started_event_attributes.input.payloads
-        try:
-            [agent] = await client.data_converter.decode(payloads, [AgentInput])
-        except Exception:  # noqa: BLE001 - another workflow under the id: no chain of ours goes on
-            return None
-        return (agent.carry.first_run_id or None) if agent.carry is not None else None
-    return None
+async def chains_in_use(client: Client, workflow_id: str) -> set[str] | str:
+    """The chains (run folder names, which snapshot refs share) of earlier runs whose files the
+    id's latest chain goes on with, as its first input's carry names them: a conversation's
+    later turn (`durable-agent continue`) keeps `first_run_id`, a rewound run the earlier
+    chain's `archive_dir` (and stands on its snapshots). A string says why they cannot be
+    told here (an input this process cannot decode: kept, never taken for another chain's)."""
+    handle = client.get_workflow_handle(workflow_id)
+    try:
+        async for event in handle.fetch_history_events(page_size=1):
+            started = event.workflow_execution_started_event_attributes
+            if started.workflow_type.name != WORKFLOW_TYPE:
+                return set()  # another workflow under the id: no chain of ours goes on
+            [given] = await client.data_converter.decode(started.input.payloads, [dict])
+            carry = given.get("carry") or {}
+            first, archive = carry.get("first_run_id"), carry.get("archive_dir")
+            named = (first and run_folder(workflow_id, first), archive and os.path.basename(archive))
+            return {name for name in named if name}
+    except Exception as e:  # noqa: BLE001 - a missing key, a history gone: nothing is taken for closed
+        return f"its latest run's input cannot be read here ({type(e).__name__}: {e})"
+    return set()
 
 
 def _workflow_id_from_name(chain: str) -> str | None:

@@ -10,6 +10,7 @@ blobs (or stamped a stored one it reuses) before the manifest and ref that will 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
@@ -20,9 +21,11 @@ from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.snapshots import SnapshotError, Store
-from durable_agent.gc import continued_chain
+from durable_agent.gc import chains_in_use
 
 SWEEP_GRACE_S = 3_600.0
+ASIDE = ".gc"
+"""An object's name while gc removes it (`_removed_if_old`)."""
 _CHAIN = re.compile(r"^(.+)-([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})$")
 """workflows/compaction.run_folder: the workflow id (its unsafe characters replaced) and the chain's first run id."""
 
@@ -34,6 +37,8 @@ class SnapshotSweep(BaseModel):
 
 
 async def collect(client: Client, store: Store, older_than_s: float, dry_run: bool) -> SnapshotSweep:
+    if not dry_run:
+        _put_back_aside(store)
     refs = sorted((store.root / "refs").glob("*")) if (store.root / "refs").is_dir() else []
     sweep = SnapshotSweep(lines=[])
     verb = "would remove" if dry_run else "removed"
@@ -73,9 +78,12 @@ async def _closed_at(client: Client, ref: Path) -> tuple[float | None, str]:
         return written, f"run {workflow_id} unknown to Temporal"
     of = f"run {workflow_id}"
     if description.raw_description.workflow_execution_info.first_run_id != first_run_id:
-        if await continued_chain(client, workflow_id) != first_run_id:
+        in_use = await chains_in_use(client, workflow_id)
+        if isinstance(in_use, str):
+            return None, f"{of}: {in_use}"
+        if ref.name not in in_use:
             return written, f"{of}: a later chain reused its id"
-        of += " (a later turn of the conversation)"  # `durable-agent continue` keeps the chain's snapshots
+        of += " (a later chain goes on with its snapshots)"  # a conversation's next turn, a rewound run
     if description.status in (WorkflowExecutionStatus.RUNNING, WorkflowExecutionStatus.CONTINUED_AS_NEW, None):
         return None, f"{of}: open"
     closed = description.close_time.timestamp() if description.close_time else written
@@ -106,11 +114,26 @@ def _stat(path: Path) -> os.stat_result | None:
         return None
 
 
+def _put_back_aside(store: Store) -> None:
+    """The objects a gc killed between its two renames left aside (`X.gc`, `X.gc.gc`): back
+    under their name, or dropped where a worker wrote `X` again (the same bytes). Before any
+    walk: a kept chain may reach one."""
+    for kind in ("manifests", "blobs"):
+        for folder in (store.root / kind).glob("[0-9a-f][0-9a-f]"):
+            for path in folder.glob(f"*{ASIDE}"):
+                target = path.with_name(path.name.split(".", 1)[0])
+                if target.exists():
+                    path.unlink(missing_ok=True)
+                else:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rename(path, target)
+
+
 def _removed_if_old(path: Path) -> bool:
     """Remove an object found old and unreached, unless a worker stamped it since (a snapshot
     reusing it: activities/snapshots.py `_kept`). Renamed first: a stamp after the rename finds
     no object and writes it again; one before it shows in the second look, and it goes back."""
-    aside = path.with_name(f"{path.name}.gc")
+    aside = path.with_name(f"{path.name}{ASIDE}")
     try:
         os.rename(path, aside)
     except FileNotFoundError:
@@ -133,15 +156,9 @@ def _unreachable(store: Store, refs: list[Path], lines: list[str]) -> dict[Path,
     for kind in ("manifests", "blobs"):
         for folder in sorted((store.root / kind).glob("[0-9a-f][0-9a-f]")):  # not `incoming`
             for path in folder.iterdir():
-                name = path.name.removesuffix(".gc")  # an object a killed gc had moved aside
-                if (st := _stat(path)) is None:
-                    continue
-                if name != path.name and path.with_name(name).exists():
-                    path.unlink(missing_ok=True)  # written again meanwhile: the same bytes
-                elif folder.name + name in reached or st.st_mtime >= young:
-                    if name != path.name:
-                        os.replace(path, path.with_name(name))  # back: reached, or stamped by a worker
-                else:
+                if path.name.endswith(ASIDE):
+                    continue  # left by a killed gc: put back before the walk (`_put_back_aside`)
+                if folder.name + path.name not in reached and (st := _stat(path)) and st.st_mtime < young:
                     found[path] = st.st_size
     return found
 

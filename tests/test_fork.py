@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -18,18 +19,20 @@ import threading
 import time
 import tracemalloc
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.api.common.v1 import Payload
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
+from temporalio.converter import PayloadCodec
 from temporalio.worker import Worker
 
 from activities import snapshots
 from activities.snapshots import STORE_ENV, SnapshotError, Store, store_path
-from durable_agent import snapshot_gc
+from durable_agent import gc, snapshot_gc
 from durable_agent.fork import ForkError, ForkPlan, ForkRequest, checked_workspace, fork_input
 from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
@@ -297,13 +300,11 @@ def test_gc_spares_an_object_stamped_after_it_was_found_old_and_a_store_it_canno
     os.utime(blob)  # a new run's snapshot reuses it (`_kept`), between gc's look and its removal
 
     assert not snapshot_gc._removed_if_old(blob) and blob.exists()
-    os.utime(blob, (0, 0))
-    os.rename(blob, blob.with_name(blob.name + ".gc"))  # a gc killed after moving it aside
-    assert snapshot_gc._unreachable(store, [], []) and not blob.exists()  # unreached: it goes
-    os.utime(blob.with_name(blob.name + ".gc"))  # a worker's stamp came first
-    snapshot_gc._unreachable(store, [], [])
-    assert blob.exists()  # put back
     manifest = Path(store.object_path("manifests", digest))
+    os.rename(manifest, manifest.with_name(manifest.name + ".gc.gc"))  # two gcs killed after moving it aside
+    blob.with_name(blob.name + ".gc").write_bytes(b"old content")  # and a blob written again since
+    snapshot_gc._put_back_aside(store)
+    assert manifest.exists() and store.files(digest) and list(blob.parent.iterdir()) == [blob]
     assert snapshot_gc._removed_if_old(manifest) and not manifest.exists()
     (store.root / "refs").mkdir()
     (store.root / "refs" / "damaged").write_text(digest)
@@ -706,6 +707,19 @@ async def test_rewind_of_a_failed_run_then_resume_completes_and_rewinding_the_re
     assert (workspace / "run.sh").stat().st_mode & 0o777 == 0o644  # the mode of step 2 too
     rewound = client.get_workflow_handle(handle.id, result_type=AgentResult)
     assert (await wait_for(rewound, lambda s: s.state == "paused")).step == 2
+    # The rewound run stands on the earlier chain's snapshots: gc keeps them while it is open,
+    # however old (it removed them as another chain's). The state before the rewind, unchanged
+    # since the last step, has a ref of its own all the same (it had none: only its chain's).
+    store = Store()
+    before = back.stdout.rsplit("snapshot ", 1)[1].strip()
+    [before_ref] = [p for p in (store.root / "refs").iterdir() if p.name.startswith(f"{handle.id}-before-rewind")]
+    assert before_ref.read_text() == before
+    for path in store.root.rglob("*"):
+        if path != before_ref:
+            os.utime(path, (0, 0))
+    swept = await durable_agent("gc", str(workspace), "--snapshots-older-than", "1d", env=cli_env())
+    assert "(a later chain goes on with its snapshots): open" in swept.stdout, swept.stdout
+    assert store.files(before)["a.txt"]
     asked_before = len(model_server.requests)
     assert (await durable_agent("resume", handle.id, env=cli_env())).returncode == 0
     result = await rewound.result()
@@ -825,13 +839,39 @@ async def test_gc_keeps_a_conversations_snapshots_and_files_while_its_next_turn_
     )
 
     assert swept.returncode == 0, swept
-    assert f"kept          snapshots of {ref.name}: run {handle.id} (a later turn of the conversation): open" in (
-        swept.stdout
+    assert (
+        f"kept          snapshots of {ref.name}: run {handle.id} (a later chain goes on with its snapshots): open"
+        in (swept.stdout)
     ), swept.stdout
     assert "removed" not in swept.stdout.replace("total: removed 0 files", ""), swept.stdout
     assert f"run {handle.id}: open" in swept.stdout.split("snapshots of")[0], swept.stdout  # its saved output's folder
     held.set()
     assert (await turn.result()).output == "second turn"
+
+
+class NoKey(PayloadCodec):
+    """A gc without the key the runs' payloads were encrypted with."""
+
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return list(payloads)
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        raise ValueError("no key for these payloads")
+
+
+async def test_gc_takes_no_chain_for_closed_when_it_cannot_read_the_latest_runs_input(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    """Whether a later chain of an id goes on with an earlier one's files is in its input: a gc
+    that cannot decode it (no key) keeps them, saying why (it took them for another chain's)."""
+    model_server.responder = Script([], final="done")
+    handle = await start(client, task_queue, goal="answer", workspace=str(workspace))
+    await handle.result()
+    no_key = dataclasses.replace(client.data_converter, payload_codec=NoKey())
+
+    assert await gc.chains_in_use(client, handle.id) == set()  # a chain of its own
+    reason = await gc.chains_in_use(Client(client.service_client, data_converter=no_key), handle.id)
+    assert isinstance(reason, str) and "no key for these payloads" in reason
 
 
 async def test_edit_context_drops_a_poisoned_output_and_history_shows_who(

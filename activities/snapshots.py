@@ -128,13 +128,19 @@ class Store:
     # --- taking -------------------------------------------------------------------------
 
     def take(
-        self, workspace: str, previous: str | None, chain: str | None = None, exclude: Sequence[str] = ()
+        self,
+        workspace: str,
+        previous: str | None,
+        chain: str | None = None,
+        exclude: Sequence[str] = (),
+        owner: str | None = None,
     ) -> tuple[str, int]:
         """Snapshot `workspace` (resolved: its real path, as `Workspace.root` gives it) but the
-        names matching `exclude`; returns the digest and the bytes it added to the store."""
+        names matching `exclude`; returns the digest and the bytes it added to the store.
+        `chain`: the ref to point at it, `owner` the workflow id of that chain's runs."""
         root = os.path.abspath(workspace)
         verified_ns = _coarse_now_ns()
-        old_files, depth, old_verified, taken_from = self._previous(root, previous)
+        old_files, depth, old_verified, taken_from, warm = self._previous(root, previous)
         known, known_verified = (old_files, old_verified) if previous is not None else self._stat_hints(root)
         added = 0
         files: Files = {}
@@ -158,8 +164,8 @@ class Store:
         changes.update({p: None for p in old_files.keys() - files.keys()})
         if previous is not None and not changes and taken_from == root:
             self._remember(root, previous, files, depth, verified_ns)
-            if chain and not os.path.exists(self.root / "refs" / chain):
-                self._write_ref(chain, previous)  # a chain that begins on another's snapshot (a rewind's)
+            if chain and not warm and not os.path.exists(self.root / "refs" / chain):
+                self.write_ref(chain, previous, owner)  # a chain that begins on another's snapshot (a rewind's)
             return previous, added
         base = previous is None or depth + 1 >= BASE_EVERY
         manifest = {"parent": previous, "verified_ns": verified_ns, "root": root}
@@ -167,20 +173,21 @@ class Store:
         digest, written = self._put_manifest(manifest)
         self._remember(root, digest, files, manifest["depth"], verified_ns)
         if chain:
-            self._write_ref(chain, digest)
+            self.write_ref(chain, digest, owner)
         return digest, added + written
 
-    def _previous(self, root: str, previous: str | None) -> tuple[Files, int, int, str | None]:
-        """The previous snapshot's files, depth, `verified_ns` and the folder it was taken of."""
+    def _previous(self, root: str, previous: str | None) -> tuple[Files, int, int, str | None, bool]:
+        """The previous snapshot's files, depth, `verified_ns`, the folder it was taken of, and
+        whether this worker took it (then it wrote the chain's ref, or found one)."""
         with self._lock:
             cached = self._latest.get(root)
         if previous is None:
-            return ({}, 0, 0, None)
+            return ({}, 0, 0, None, False)
         if cached is not None and cached[0] == previous:
-            return (*cached[1:], root)
+            return (*cached[1:], root, True)
         manifest = self.manifest(previous)
         verified_ns = int(manifest.get("verified_ns", 0))
-        return (self.files(previous), int(manifest["depth"]), verified_ns, manifest.get("root"))
+        return (self.files(previous), int(manifest["depth"]), verified_ns, manifest.get("root"), False)
 
     def taken_from(self, digest: str) -> str | None:
         """The folder (resolved, as the worker that checked it saw it) a snapshot was taken of;
@@ -275,12 +282,17 @@ class Store:
             raise
         return len(data)
 
-    def _write_ref(self, chain: str, digest: str) -> None:
+    def write_ref(self, chain: str, digest: str, owner: str | None = None) -> None:
+        """Point the ref `chain` (a run folder's name: workflows/compaction.run_folder) at
+        `digest`. Its second line names `owner`, the workflow id whose runs use the chain:
+        `durable-agent gc` asks Temporal about it (the name holds the id made safe for a file)."""
+        if "/" in chain or chain.startswith(".") or len(chain) > 200:
+            raise SnapshotError(f"{chain!r} is not a ref's name: one short file name")
         path = self.root / "refs" / chain
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temporary = _temporary_in(str(path.parent))
         with os.fdopen(fd, "w") as f:
-            f.write(digest)
+            f.write(digest if owner is None else f"{digest}\n{owner}")
         os.replace(temporary, path)
 
     # --- reading ------------------------------------------------------------------------
@@ -647,7 +659,8 @@ class SnapshotActivities:
     async def take(self, request: SnapshotRequest) -> SnapshotTaken:
         try:
             root = Workspace(request.workspace, self._roots).root
-            take = functools.partial(self._store.take, exclude=request.exclude)
+            owner = activity.info().workflow_id
+            take = functools.partial(self._store.take, exclude=request.exclude, owner=owner)
             digest, added = await asyncio.to_thread(take, root, request.previous, request.chain or None)
         except (WorkspaceError, SnapshotError) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from None

@@ -31,6 +31,7 @@ from activities.snapshots import SnapshotError, Store
 from durable_agent.launch import LaunchError
 from durable_agent.runs import start_agent
 from durable_agent.step_history import ChainSteps, StepPoint, chain_steps
+from workflows.compaction import run_folder
 from workflows.state import Carry
 from workflows.tool_specs import call_summary
 from workflows.types import AgentInput, ToolCall, Usage
@@ -127,11 +128,21 @@ async def start_fork(client: Client, request: ForkRequest, plan: ForkPlan) -> Wo
     agent = fork_input(request, plan)
     summary = f"fork of {request.source} at step {request.step}: {agent.goal}"
     try:
-        return await start_agent(
+        started = await start_agent(
             client, agent, plan.workflow_id, queue, summary=summary, details=_details(request, plan)
         )
     except WorkflowAlreadyStartedError:
         raise ForkError(f"a run with id {plan.workflow_id} exists already (--id)") from None
+    _stands_on(started, point.digest)
+    return started
+
+
+def _stands_on(started: WorkflowHandle, digest: str) -> None:
+    """The new chain's ref, pointing at the snapshot it starts from, before its first step:
+    until then it stands on another chain's snapshots, which `durable-agent gc` may remove
+    once that chain has closed long enough (a fork of an old run, a rewind of a rewind)."""
+    chain = run_folder(started.id, started.result_run_id or "")
+    Store().write_ref(chain, digest, owner=started.id)
 
 
 def fork_input(request: ForkRequest, plan: ForkPlan) -> AgentInput:
@@ -217,7 +228,7 @@ async def rewind(
         before, _ = store.take(
             workspace,
             steps.points[-1].digest,
-            chain=f"{workflow_id}-before-rewind-{uuid.uuid4().hex[:6]}",
+            chain=run_folder(workflow_id, f"before-rewind-{uuid.uuid4().hex[:6]}"),  # a file name, whatever the id
             exclude=exclude,
         )
         store.reset(point.digest, workspace, exclude)
@@ -227,6 +238,7 @@ async def rewind(
     started = await start_agent(
         client, agent, workflow_id, description.task_queue, summary=f"rewound to step {step}: {agent.goal}"
     )
+    _stands_on(started, point.digest)
     return Rewound(
         workflow_id=workflow_id, run_id=started.result_run_id, step=step, before=before, side_effects=effects
     )

@@ -39,7 +39,8 @@ class SnapshotSweep(BaseModel):
 async def collect(client: Client, store: Store, older_than_s: float, dry_run: bool) -> SnapshotSweep:
     if not dry_run:
         _put_back_aside(store)
-    refs = sorted((store.root / "refs").glob("*")) if (store.root / "refs").is_dir() else []
+    listed = (store.root / "refs").glob("*") if (store.root / "refs").is_dir() else []
+    refs = sorted(ref for ref in listed if ref.is_file())  # a folder there is no ref (a raw id's `/` made one)
     sweep = SnapshotSweep(lines=[])
     verb = "would remove" if dry_run else "removed"
     gone: list[Path] = []
@@ -59,7 +60,7 @@ async def collect(client: Client, store: Store, older_than_s: float, dry_run: bo
         if dry_run or _removed_if_old(path):
             sweep.files, sweep.bytes = sweep.files + 1, sweep.bytes + size
     for ref in gone if not dry_run else []:
-        ref.unlink()
+        ref.unlink(missing_ok=True)
     return sweep
 
 
@@ -69,7 +70,9 @@ async def _closed_at(client: Client, ref: Path) -> tuple[float | None, str]:
     match = _CHAIN.match(ref.name)
     if match is None:
         return written, "not a run chain's (the files kept before a rewind)"
-    workflow_id, first_run_id = match.group(1), match.group(2)
+    first_run_id = match.group(2)
+    # The id as its runs have it (second line; refs written before name it only made safe).
+    workflow_id = (ref.read_text().split("\n")[1:] or [match.group(1)])[0]
     try:
         description = await client.get_workflow_handle(workflow_id).describe()
     except RPCError as e:
@@ -136,9 +139,10 @@ def _removed_if_old(path: Path) -> bool:
     aside = path.with_name(f"{path.name}{ASIDE}")
     try:
         os.rename(path, aside)
+        stamped = os.stat(aside).st_mtime >= time.time() - SWEEP_GRACE_S
     except FileNotFoundError:
-        return False
-    if os.stat(aside).st_mtime >= time.time() - SWEEP_GRACE_S:
+        return False  # gone, or put back by another gc meanwhile
+    if stamped:
         os.rename(aside, path)  # the same bytes as any copy written meanwhile: named by them
         return False
     aside.unlink()
@@ -169,7 +173,7 @@ def _reached(store: Store, refs: list[Path], lines: list[str]) -> set[str] | Non
     walked: set[str] = set()
     reached: set[str] = set()
     for ref in refs:
-        digest: str | None = ref.read_text().strip()
+        digest: str | None = ref.read_text().split("\n")[0].strip()
         while digest and digest not in walked:
             walked.add(digest)
             reached.add(digest)

@@ -36,6 +36,7 @@ from durable_agent import gc, snapshot_gc
 from durable_agent.fork import ForkError, ForkPlan, ForkRequest, checked_workspace, fork_input
 from durable_agent.model_server import ModelServer, Reply, count_assistant_turns
 from durable_agent.processes import kill_hard, spawn_worker, stop_gently
+from durable_agent.runs import start_agent
 from durable_agent.server import EmbeddedServer
 from durable_agent.step_history import StepPoint, chain_steps
 from tests.helpers import HELD_COMMAND, release, start, step_done, until, wait_for
@@ -711,6 +712,11 @@ async def test_rewind_of_a_failed_run_then_resume_completes_and_rewinding_the_re
     # however old (it removed them as another chain's). The state before the rewind, unchanged
     # since the last step, has a ref of its own all the same (it had none: only its chain's).
     store = Store()
+    rewound_run = back.stdout.split("(run ", 1)[1].split(")", 1)[0]
+    # The rewound run's chain has a ref before its first step: the snapshot it starts from.
+    step_2 = (await chain_steps(client, handle.id)).point(2)
+    assert step_2 is not None
+    assert (store.root / "refs" / f"{handle.id}-{rewound_run}").read_text() == f"{step_2.digest}\n{handle.id}"
     before = back.stdout.rsplit("snapshot ", 1)[1].strip()
     [before_ref] = [p for p in (store.root / "refs").iterdir() if p.name.startswith(f"{handle.id}-before-rewind")]
     assert before_ref.read_text() == before
@@ -770,9 +776,10 @@ async def test_gc_removes_the_snapshots_of_a_closed_run_by_age_and_keeps_an_open
     opened = await start(client, task_queue, start_signal="pause", goal="wait", workspace=str(open_ws))
     store = Store()
     await until(lambda: any(p.name.startswith(opened.id) for p in (store.root / "refs").glob("*")))  # step 0's
-    refs = {p.name: p.read_text() for p in (store.root / "refs").iterdir()}
-    [closed_digest] = [d for name, d in refs.items() if name.startswith(closed.id)]
-    [open_digest] = [d for name, d in refs.items() if name.startswith(opened.id)]
+    refs = {p.name: p.read_text().split("\n") for p in (store.root / "refs").iterdir()}
+    [(closed_digest, closed_owner)] = [d for name, d in refs.items() if name.startswith(closed.id)]
+    [(open_digest, _)] = [d for name, d in refs.items() if name.startswith(opened.id)]
+    assert closed_owner == closed.id  # the id as Temporal has it, which a ref's name may not
     # An earlier chain of the open run's id, not one it goes on with: aged by its last write.
     reused = store.root / "refs" / f"{opened.id}-{uuid.uuid4()}"
     reused.write_text(open_digest)
@@ -847,6 +854,31 @@ async def test_gc_keeps_a_conversations_snapshots_and_files_while_its_next_turn_
     assert f"run {handle.id}: open" in swept.stdout.split("snapshots of")[0], swept.stdout  # its saved output's folder
     held.set()
     assert (await turn.result()).output == "second turn"
+
+
+async def test_gc_asks_temporal_about_a_runs_real_id_and_skips_what_is_no_ref(
+    client: Client, worker: Worker, task_queue: str, model_server: ModelServer, workspace: Path
+) -> None:
+    """A delegate's id holds `/` (parent/<uuid>/3/call_1), which a ref's name (a file's) cannot:
+    gc asked Temporal about the name's form, was told no such run, and removed an open run's
+    snapshots as unknown. A folder in `refs/` (a rewind's raw `/` made one) stopped gc."""
+    workflow_id = f"team/{uuid.uuid4().hex[:8]}/3/call_1"
+    agent = AgentInput(goal="wait", workspace=str(workspace))
+    opened = await start_agent(client, agent, workflow_id, task_queue, start_signal="pause")
+    store = Store()
+    await until(lambda: any(p.name.startswith("team_") for p in (store.root / "refs").glob("*")))  # step 0's
+    [ref] = list((store.root / "refs").glob("team_*"))
+    (store.root / "refs" / "team").mkdir()
+    for path in store.root.rglob("*"):
+        os.utime(path, (0, 0))
+
+    swept = await durable_agent("gc", str(workspace), "--snapshots-older-than", "0s", env=cli_env())
+
+    assert swept.returncode == 0, swept
+    assert f"kept          snapshots of {ref.name}: run {workflow_id}: open" in swept.stdout, swept.stdout
+    await opened.terminate()
+    with pytest.raises(SnapshotError, match="not a ref's name"):
+        store.write_ref("../../outside", "d" * 64)
 
 
 class NoKey(PayloadCodec):

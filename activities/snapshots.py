@@ -10,8 +10,9 @@ Layout under the store (`DURABLE_AGENT_SNAPSHOT_STORE`, default `DURABLE_AGENT_H
   the folder it was taken of (`root`, as the worker resolved and checked it): `rewind` resets
   no other. A step that changed nothing in the same folder costs nothing: its digest is its
   parent's.
-- `refs/<chain>`: the digest of a run chain's latest snapshot, for `durable-agent gc`; every
-  snapshot of the chain is reached from it through the parents.
+- `refs/<chain>`: the digest of a run chain's latest snapshot, for `durable-agent gc`, and on a
+  second line the workflow id of its runs; every snapshot of the chain is reached from it
+  through the parents.
 
 An entry is `[mode, size, mtime_ns, ctime_ns, inode, sha256]`. Those stat fields are the stat
 cache: a file whose stat matches the previous snapshot's entry, and whose mtime is older than
@@ -124,6 +125,9 @@ class Store:
         self.root = root or store_path()
         self._latest = LatestSnapshots()
         self._lock = threading.Lock()  # takes of several workspaces run in threads at once
+        self._ref_seen: dict[str, str] = {}
+        """folder -> the chain whose ref this store wrote or found for it last: an unchanged
+        snapshot of the same chain looks for no ref (no `stat` per step)."""
 
     # --- taking -------------------------------------------------------------------------
 
@@ -140,7 +144,7 @@ class Store:
         `chain`: the ref to point at it, `owner` the workflow id of that chain's runs."""
         root = os.path.abspath(workspace)
         verified_ns = _coarse_now_ns()
-        old_files, depth, old_verified, taken_from, warm = self._previous(root, previous)
+        old_files, depth, old_verified, taken_from = self._previous(root, previous)
         known, known_verified = (old_files, old_verified) if previous is not None else self._stat_hints(root)
         added = 0
         files: Files = {}
@@ -164,8 +168,10 @@ class Store:
         changes.update({p: None for p in old_files.keys() - files.keys()})
         if previous is not None and not changes and taken_from == root:
             self._remember(root, previous, files, depth, verified_ns)
-            if chain and not warm and not os.path.exists(self.root / "refs" / chain):
-                self.write_ref(chain, previous, owner)  # a chain that begins on another's snapshot (a rewind's)
+            if chain and self._ref_seen.get(root) != chain:  # a chain begun on another's snapshot (a rewind's)
+                if not os.path.exists(self.root / "refs" / chain):
+                    self.write_ref(chain, previous, owner)
+                self._ref_seen[root] = chain
             return previous, added
         base = previous is None or depth + 1 >= BASE_EVERY
         manifest = {"parent": previous, "verified_ns": verified_ns, "root": root}
@@ -174,20 +180,20 @@ class Store:
         self._remember(root, digest, files, manifest["depth"], verified_ns)
         if chain:
             self.write_ref(chain, digest, owner)
+            self._ref_seen[root] = chain
         return digest, added + written
 
-    def _previous(self, root: str, previous: str | None) -> tuple[Files, int, int, str | None, bool]:
-        """The previous snapshot's files, depth, `verified_ns`, the folder it was taken of, and
-        whether this worker took it (then it wrote the chain's ref, or found one)."""
+    def _previous(self, root: str, previous: str | None) -> tuple[Files, int, int, str | None]:
+        """The previous snapshot's files, depth, `verified_ns` and the folder it was taken of."""
         with self._lock:
             cached = self._latest.get(root)
         if previous is None:
-            return ({}, 0, 0, None, False)
+            return ({}, 0, 0, None)
         if cached is not None and cached[0] == previous:
-            return (*cached[1:], root, True)
+            return (*cached[1:], root)
         manifest = self.manifest(previous)
         verified_ns = int(manifest.get("verified_ns", 0))
-        return (self.files(previous), int(manifest["depth"]), verified_ns, manifest.get("root"), False)
+        return (self.files(previous), int(manifest["depth"]), verified_ns, manifest.get("root"))
 
     def taken_from(self, digest: str) -> str | None:
         """The folder (resolved, as the worker that checked it saw it) a snapshot was taken of;
@@ -286,8 +292,8 @@ class Store:
         """Point the ref `chain` (a run folder's name: workflows/compaction.run_folder) at
         `digest`. Its second line names `owner`, the workflow id whose runs use the chain:
         `durable-agent gc` asks Temporal about it (the name holds the id made safe for a file)."""
-        if "/" in chain or chain.startswith(".") or len(chain) > 200:
-            raise SnapshotError(f"{chain!r} is not a ref's name: one short file name")
+        if "/" in chain or "\0" in chain or chain in ("", ".", "..") or len(chain.encode()) > 255:
+            raise SnapshotError(f"{chain!r} is not a ref's name: one file name")
         path = self.root / "refs" / chain
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temporary = _temporary_in(str(path.parent))

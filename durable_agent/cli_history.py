@@ -116,7 +116,9 @@ async def fork_run(args: argparse.Namespace, console: Console) -> int:
     if not args.json:
         console.line(f"calls of {args.id} after step {args.at_step} that the fork does not undo outside its files:")
         console.lines([f"  {line}" for line in plan.side_effects] or ["  none"])
-    handle = await start_fork(client, request, plan)
+    handle, warning = await start_fork(client, request, plan)
+    if warning:
+        console.error(warning)
     if args.json:
         fields = {"workflow_id": handle.id, "run_id": handle.result_run_id, "workspace": plan.workspace}
         fields |= {"source": args.id, "step": args.at_step, "side_effects": plan.side_effects}
@@ -134,6 +136,8 @@ async def rewind_run(args: argparse.Namespace, console: Console) -> int:
         console.lines([f"  {line}" for line in effects] or ["  none"])
 
     done = await rewind(await connect_client(), args.id, args.to_step, args.message, announce)
+    if done.warning:
+        console.error(done.warning)
     console.line(
         f"rewound {args.id} to step {args.to_step} (run {done.run_id}), paused: `durable-agent resume {args.id}`; "
         f"the files before the rewind are snapshot {done.before}"

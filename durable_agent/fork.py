@@ -116,8 +116,9 @@ def describe_call(call: ToolCall) -> str:
     return call_summary(call.name, args if isinstance(args, dict) else {})
 
 
-async def start_fork(client: Client, request: ForkRequest, plan: ForkPlan) -> WorkflowHandle:
-    """Restores the files, then starts the run on the source's task queue."""
+async def start_fork(client: Client, request: ForkRequest, plan: ForkPlan) -> tuple[WorkflowHandle, str | None]:
+    """Restores the files, then starts the run on the source's task queue; the handle, and a
+    warning line (`stands_on`)."""
     point = plan.point
     queue = (await client.get_workflow_handle(request.source).describe()).task_queue
     try:
@@ -133,16 +134,22 @@ async def start_fork(client: Client, request: ForkRequest, plan: ForkPlan) -> Wo
         )
     except WorkflowAlreadyStartedError:
         raise ForkError(f"a run with id {plan.workflow_id} exists already (--id)") from None
-    _stands_on(started, point.digest)
-    return started
+    return started, stands_on(started, point.digest)
 
 
-def _stands_on(started: WorkflowHandle, digest: str) -> None:
-    """The new chain's ref, pointing at the snapshot it starts from, before its first step:
-    until then it stands on another chain's snapshots, which `durable-agent gc` may remove
-    once that chain has closed long enough (a fork of an old run, a rewind of a rewind)."""
+def stands_on(started: WorkflowHandle, digest: str) -> str | None:
+    """The new chain's ref, pointing at the snapshot it starts from, unless it has one: until
+    its first step it stands on another chain's snapshots, which `durable-agent gc` may remove
+    once that chain has closed long enough (a fork of an old run, a rewind of a rewind). The
+    run has started whatever happens here: a ref that cannot be written is a warning line."""
     chain = run_folder(started.id, started.result_run_id or "")
-    Store().write_ref(chain, digest, owner=started.id)
+    store = Store()
+    try:
+        if not (store.root / "refs" / chain).exists():
+            store.write_ref(chain, digest, owner=started.id)
+    except (SnapshotError, OSError) as e:
+        return f"warning: the run's snapshot {digest[:12]} has no ref of its own until its first step ({e})"
+    return None
 
 
 def fork_input(request: ForkRequest, plan: ForkPlan) -> AgentInput:
@@ -199,6 +206,7 @@ class Rewound(BaseModel):
     before: str
     """The digest of the workspace as it was before the rewind: what undoing it restores."""
     side_effects: list[str]
+    warning: str | None = None
 
 
 async def rewind(
@@ -238,9 +246,13 @@ async def rewind(
     started = await start_agent(
         client, agent, workflow_id, description.task_queue, summary=f"rewound to step {step}: {agent.goal}"
     )
-    _stands_on(started, point.digest)
     return Rewound(
-        workflow_id=workflow_id, run_id=started.result_run_id, step=step, before=before, side_effects=effects
+        workflow_id=workflow_id,
+        run_id=started.result_run_id,
+        step=step,
+        before=before,
+        side_effects=effects,
+        warning=stands_on(started, point.digest),
     )
 
 

@@ -39,13 +39,17 @@ class SnapshotSweep(BaseModel):
 async def collect(client: Client, store: Store, older_than_s: float, dry_run: bool) -> SnapshotSweep:
     if not dry_run:
         _put_back_aside(store)
-    listed = (store.root / "refs").glob("*") if (store.root / "refs").is_dir() else []
-    refs = sorted(ref for ref in listed if ref.is_file())  # a folder there is no ref (a raw id's `/` made one)
+    # Below too: a rewind of an id with `/` wrote its "before" ref in a folder, up to 2ec1192.
+    listed = (store.root / "refs").rglob("*") if (store.root / "refs").is_dir() else []
+    refs = sorted(ref for ref in listed if ref.is_file())
     sweep = SnapshotSweep(lines=[])
     verb = "would remove" if dry_run else "removed"
     gone: list[Path] = []
     for ref in refs:
-        closed_at, text = await _closed_at(client, ref)
+        try:
+            closed_at, text = await _closed_at(client, ref)
+        except FileNotFoundError:
+            continue  # removed by another gc meanwhile
         age = time.time() - closed_at if closed_at is not None else None
         if age is None or age < older_than_s:
             sweep.lines.append(f"kept          snapshots of {ref.name}: {text}")
@@ -145,7 +149,7 @@ def _removed_if_old(path: Path) -> bool:
     if stamped:
         os.rename(aside, path)  # the same bytes as any copy written meanwhile: named by them
         return False
-    aside.unlink()
+    aside.unlink(missing_ok=True)
     return True
 
 

@@ -45,6 +45,7 @@ from tests.test_cli import cli_env, durable_agent, one_line_error
 from tests.test_crash import SlowTurn, worker_env
 from tests.test_sandbox import EXCHANGER
 from tests.unprivileged import nobody_folder, owned_by_nobody, unprivileged_argv, unprivileged_unavailable
+from workflows.compaction import run_folder
 from workflows.state import Carry
 from workflows.types import AgentInput, AgentResult, AgentStatus, Usage
 
@@ -329,6 +330,8 @@ def test_a_snapshot_names_the_folder_it_was_taken_of(tmp_path: Path) -> None:
     forked, _ = store.take(str(fork), first)
 
     assert unchanged == first and store.taken_from(first) == str(source)
+    again, _ = store.take(str(source), first, chain="another-chain", owner="another")  # a rewound run's first step
+    assert again == first and (store.root / "refs" / "another-chain").read_text() == f"{first}\nanother"
     assert forked != first and store.taken_from(forked) == str(fork)
     assert [e[-1] for e in store.files(forked).values()] == [e[-1] for e in store.files(first).values()]
 
@@ -868,7 +871,8 @@ async def test_gc_asks_temporal_about_a_runs_real_id_and_skips_what_is_no_ref(
     store = Store()
     await until(lambda: any(p.name.startswith("team_") for p in (store.root / "refs").glob("*")))  # step 0's
     [ref] = list((store.root / "refs").glob("team_*"))
-    (store.root / "refs" / "team").mkdir()
+    (store.root / "refs" / "team").mkdir()  # a rewind of an id with `/` wrote its "before" ref there, up to 2ec1192
+    (store.root / "refs" / "team" / "x-before-rewind-abcdef").write_text(ref.read_text().split("\n")[0])
     for path in store.root.rglob("*"):
         os.utime(path, (0, 0))
 
@@ -876,9 +880,11 @@ async def test_gc_asks_temporal_about_a_runs_real_id_and_skips_what_is_no_ref(
 
     assert swept.returncode == 0, swept
     assert f"kept          snapshots of {ref.name}: run {workflow_id}: open" in swept.stdout, swept.stdout
+    assert "removed       snapshots of x-before-rewind-abcdef: not a run chain's" in swept.stdout, swept.stdout
     await opened.terminate()
     with pytest.raises(SnapshotError, match="not a ref's name"):
         store.write_ref("../../outside", "d" * 64)
+    store.write_ref(run_folder(".hidden", str(uuid.uuid4())), "d" * 64, owner=".hidden")  # an id may begin with a dot
 
 
 class NoKey(PayloadCodec):

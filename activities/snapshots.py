@@ -195,6 +195,10 @@ class Store:
         verified_ns = int(manifest.get("verified_ns", 0))
         return (self.files(previous), int(manifest["depth"]), verified_ns, manifest.get("root"))
 
+    def has(self, digest: str) -> bool:
+        """Whether the store holds the snapshot `digest` (`gc` removes those of closed chains)."""
+        return os.path.exists(self.object_path("manifests", digest))
+
     def taken_from(self, digest: str) -> str | None:
         """The folder (resolved, as the worker that checked it saw it) a snapshot was taken of;
         None for a snapshot stored before manifests named it. A step that changed nothing

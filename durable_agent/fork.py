@@ -235,7 +235,7 @@ async def rewind(
     try:
         before, _ = store.take(
             workspace,
-            steps.points[-1].digest,
+            next((p.digest for p in reversed(steps.points) if store.has(p.digest)), None),
             chain=run_folder(workflow_id, f"before-rewind-{uuid.uuid4().hex[:6]}"),  # a file name, whatever the id
             exclude=exclude,
         )
@@ -262,8 +262,14 @@ def checked_workspace(store: Store, point: StepPoint, workflow_id: str, digests:
     is now a link (a command of a run whose workspace holds this one can swap one), or the
     workspace moved: resetting where the path leads could empty any folder."""
     real = os.path.realpath(point.agent.workspace)
+    if not store.has(point.digest):
+        raise ForkError(
+            f"step {point.step}'s snapshot {point.digest[:12]} is not in the store {store.root} (`durable-agent gc` "
+            "removes those of chains closed long enough); nothing was changed"
+        )
     try:
-        taken_from = {store.taken_from(digest) for digest in dict.fromkeys(digests)} - {None, real}
+        stored = [digest for digest in dict.fromkeys(digests) if store.has(digest)]  # a line rewound away: gc'd
+        taken_from = {store.taken_from(digest) for digest in stored} - {None, real}
     except SnapshotError as e:
         raise ForkError(str(e)) from None
     if taken_from:

@@ -1029,6 +1029,10 @@ def test_rewind_checks_every_snapshot_from_its_step_on_not_only_the_latest(tmp_p
     with pytest.raises(ForkError, match=f"since step 1 are of {first}: a folder on its path was replaced"):
         checked_workspace(store, point, "run-id", [step_1, step_2])
     assert checked_workspace(store, point.model_copy(update={"step": 2}), "run-id", [step_2]) == str(other)
+    gone = "f" * 64  # a point of a line rewound away, whose snapshots gc has removed since
+    assert checked_workspace(store, point.model_copy(update={"step": 2}), "run-id", [step_2, gone]) == str(other)
+    with pytest.raises(ForkError, match="is not in the store"):  # the step's own: refused before anything changes
+        checked_workspace(store, point.model_copy(update={"digest": gone}), "run-id", [gone])
 
 
 def test_fork_input_takes_the_model_and_counts_budgets_from_the_step_unless_fresh() -> None:

@@ -84,12 +84,10 @@ class ModelClients:
     @asynccontextmanager
     async def lease(self) -> AsyncIterator[AsyncOpenAI]:
         """The client for one call, counted as in flight on it until the call ends."""
-        if self._closed:
-            raise ApplicationError("the worker has stopped: its model clients are closed", type="WorkerStopped")
+        self._refuse_if_closed()
         if not self._clients:
             await self._first_client()
-        if self._closed:  # closed while the first client was made
-            raise ApplicationError("the worker has stopped: its model clients are closed", type="WorkerStopped")
+            self._refuse_if_closed()  # closed while the first client was made
         index = self._pick()
         client = self._clients[index]
         self._in_flight[index] += 1
@@ -138,6 +136,10 @@ class ModelClients:
             self._tls = tls
             self._clients.append(client)
             self._in_flight.append(0)
+
+    def _refuse_if_closed(self) -> None:
+        if self._closed:
+            raise ApplicationError("the worker has stopped: its model clients are closed", type="WorkerStopped")
 
     async def aclose(self) -> None:
         """Close the connections of the clients made here (a given client is its owner's to

@@ -598,11 +598,8 @@ def _holds(entry: Entry, st: os.stat_result, where: tuple[int, str]) -> bool:
     opened = open_regular_at(*where)
     if opened is None:
         return False
-    hashed = hashlib.sha256()
-    with opened as f:
-        while chunk := f.read(WHOLE_READ_BYTES):
-            hashed.update(chunk)
-    return hashed.hexdigest() == entry[_DIGEST]  # bytes beyond the size (written meanwhile) differ too
+    with opened as f:  # in pieces; bytes beyond the size (written meanwhile) differ too
+        return hashlib.file_digest(f, "sha256").hexdigest() == entry[_DIGEST]
 
 
 def _link_target(where: tuple[int, str]) -> bytes | None:

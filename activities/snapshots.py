@@ -113,6 +113,20 @@ def _temporary_in(folder: str) -> tuple[int, str]:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), path
 
 
+def _write_whole(path: str, data: bytes) -> None:
+    """`data` at `path`, whole or not at all: a reader never sees half an object or ref, and a
+    failed write leaves no temporary file behind."""
+    fd, temporary = _temporary_in(os.path.dirname(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+
+
 def _coarse_now_ns() -> int:
     """The clock file times are stamped with (a coarse one on Linux): a file stamped at or
     after this instant may still change within the same tick."""
@@ -169,8 +183,7 @@ class Store:
         if previous is not None and not changes and taken_from == root:
             self._remember(root, previous, files, depth, verified_ns)
             if chain and self._ref_seen.get(root) != chain:  # a chain begun on another's snapshot (a rewind's)
-                if not os.path.exists(self.root / "refs" / chain):
-                    self.write_ref(chain, previous, owner)
+                self.ref_unless_there(chain, previous, owner)
                 self._ref_seen[root] = chain
             return previous, added
         base = previous is None or depth + 1 >= BASE_EVERY
@@ -279,17 +292,8 @@ class Store:
         path = self.object_path(kind, digest)
         if _kept(path):  # most blobs of a snapshot are there already
             return 0
-        folder = os.path.dirname(path)
-        os.makedirs(folder, exist_ok=True)
-        fd, temporary = _temporary_in(folder)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(temporary, path)  # whole or absent: a reader never sees half an object
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(temporary)
-            raise
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        _write_whole(path, data)
         return len(data)
 
     def write_ref(self, chain: str, digest: str, owner: str | None = None) -> None:
@@ -298,12 +302,18 @@ class Store:
         `durable-agent gc` asks Temporal about it (the name holds the id made safe for a file)."""
         if "/" in chain or "\0" in chain or chain in ("", ".", "..") or len(chain.encode()) > 255:
             raise SnapshotError(f"{chain!r} is not a ref's name: one file name")
-        path = self.root / "refs" / chain
+        path = self._ref_path(chain)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = _temporary_in(str(path.parent))
-        with os.fdopen(fd, "w") as f:
-            f.write(digest if owner is None else f"{digest}\n{owner}")
-        os.replace(temporary, path)
+        _write_whole(str(path), (digest if owner is None else f"{digest}\n{owner}").encode())
+
+    def ref_unless_there(self, chain: str, digest: str, owner: str | None = None) -> None:
+        """`write_ref`, unless the chain has a ref already: a chain that starts on another's
+        snapshot (a fork's, a rewound run's) is reached from its first moment."""
+        if not self._ref_path(chain).exists():
+            self.write_ref(chain, digest, owner)
+
+    def _ref_path(self, chain: str) -> Path:
+        return self.root / "refs" / chain
 
     # --- reading ------------------------------------------------------------------------
 
@@ -360,12 +370,14 @@ class Store:
             os.close(top)
         return len(files)
 
-    def reset(self, digest: str, workspace: str, exclude: Sequence[str] = ()) -> None:
+    def reset(self, digest: str, workspace: str, exclude: Sequence[str] = ()) -> int:
         """Make `workspace` (resolved, as `Workspace.root` gives it) hold exactly the snapshot's
         files, with their permission bits (PERMISSIONS); `.durable-agent/` and the names
         matching `exclude` (which the run's snapshots leave out: `node_modules`, a virtualenv)
-        are left as they are, but for a folder standing where the snapshot has a file."""
+        are left as they are, but for a folder standing where the snapshot has a file.
+        Returns how many files the snapshot holds."""
         wanted = self.files(digest)
+        count = len(wanted)
         root = os.path.abspath(workspace)
         for rel, st, (folder_fd, name) in _walk(root, exclude):
             entry = wanted.get(rel)
@@ -380,6 +392,7 @@ class Store:
             os.close(top)
         with self._lock:
             self._latest.drop(root)
+        return count
 
     def _write_files_at(self, top: int, files: Files) -> None:
         """Each file and link of `files` into the opened folder `top`, through descriptors as
@@ -684,8 +697,8 @@ class SnapshotActivities:
             check_allowed(request.workspace, self._roots)
             await asyncio.to_thread(os.makedirs, request.workspace, exist_ok=True)
             root = Workspace(request.workspace, self._roots).root
-            await asyncio.to_thread(self._store.reset, request.digest, root, request.exclude)
-            return RestoreDone(files=len(await asyncio.to_thread(self._store.files, request.digest)))
+            files = await asyncio.to_thread(self._store.reset, request.digest, root, request.exclude)
+            return RestoreDone(files=files)
         except (WorkspaceError, SnapshotError) as e:
             raise ApplicationError(str(e), type=type(e).__name__, non_retryable=True) from None
         except OSError as e:

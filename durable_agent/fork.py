@@ -143,10 +143,8 @@ def stands_on(started: WorkflowHandle, digest: str) -> str | None:
     once that chain has closed long enough (a fork of an old run, a rewind of a rewind). The
     run has started whatever happens here: a ref that cannot be written is a warning line."""
     chain = run_folder(started.id, started.result_run_id or "")
-    store = Store()
     try:
-        if not (store.root / "refs" / chain).exists():
-            store.write_ref(chain, digest, owner=started.id)
+        Store().ref_unless_there(chain, digest, owner=started.id)
     except (SnapshotError, OSError) as e:
         return f"warning: the run's snapshot {digest[:12]} has no ref of its own until its first step ({e})"
     return None
